@@ -1,0 +1,226 @@
+"""Jury stage: a panel of judges rates candidates; one output row per (item, judge), aggregated on the driver.
+
+Formats (per judge, `format`):
+- `score`: each candidate alone -> an integer 1-5 (`Answer: [k]`, paper 001).
+- `best_worst`: all candidates of one (source, policy) at once -> Best/Worst index per aspect (paper 000). The
+  candidates are shown in an order shuffled from (jury.seed, source id, policy, judge); the order is stored with
+  the row and indices are mapped back to the original candidates, so position bias is controlled and the run
+  reproducible.
+- `pairwise`: every pair of candidates, in both orders when `both_orders` -> A / B / tie.
+
+An output the judge's parser cannot read is retried (new seed) up to `max_parse_retries` times, then kept with
+`parse_error` set and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pandas as pd
+import ray.data
+
+from actors.chat_worker import ChatWorker
+from actors.stage_config import ModelConfig, check_unique_names
+from eval.aggregate import shuffle_order, to_original_index
+from eval.judge_parse import parse_best_worst, parse_pairwise, parse_score
+from eval.prompts import load_template, prompt_path, render_candidates_block
+
+ASPECTS = ("Lexical", "Structural", "Overall")
+
+
+@dataclass
+class JudgeConfig(ModelConfig):
+    # prompt template name in configs/prompts (or a path)
+    template: str = "jury_score"
+    format: Literal["score", "best_worst", "pairwise"] = "score"
+    max_parse_retries: int = 2
+    retry_temperature: float = 0.7
+
+
+@dataclass
+class JuryConfig:
+    judges: list[JudgeConfig] = field(default_factory=lambda: [JudgeConfig()])
+    # how judge scores become one score per candidate: mean (paper 001), median or majority
+    aggregate: Literal["mean", "median", "majority"] = "mean"
+    # seed of the candidate-order shuffles (position-bias control)
+    seed: int = 0
+    # pairwise: judge (A, B) and (B, A)
+    both_orders: bool = True
+
+    def validate(self) -> None:
+        check_unique_names(self.judges, "jury.judges")
+        formats = sorted({j.format for j in self.judges})
+        if len(formats) > 1:
+            # one panel answers one question; mixing formats would mix incomparable rows
+            raise ValueError(f"jury.judges: all judges must share one format, got {formats}")
+        for i, judge in enumerate(self.judges):
+            judge.pool.validate(f"jury.judges.{i}.pool")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks (run inside the worker to decide retries) — named so Ray can pickle them
+
+
+def check_score(text: str, row: dict) -> str:
+    return parse_score(text).error
+
+
+def check_best_worst(text: str, row: dict) -> str:
+    verdicts = parse_best_worst(text, int(row["n_candidates"]))
+    errors = [f"{aspect}: {v['error']}" for aspect, v in verdicts.items() if v["error"]]
+    return "; ".join(errors)
+
+
+def check_pairwise(text: str, row: dict) -> str:
+    return parse_pairwise(text).error
+
+
+CHECKS = {"score": check_score, "best_worst": check_best_worst, "pairwise": check_pairwise}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Items: what one judge call looks at
+
+
+def build_score_items(batch: pd.DataFrame) -> pd.DataFrame:
+    out = batch[["id", "policy", "model", "source", "candidate"]].copy()
+    out["item"] = out["model"]
+    return out
+
+
+def build_candidate_sets(group: pd.DataFrame) -> pd.DataFrame:
+    """One row per (source, policy) with all its candidates, in model-name order (the *original* order)."""
+    group = group.sort_values("model")
+    return pd.DataFrame([{
+        "id": group["id"].iloc[0], "policy": group["policy"].iloc[0], "source": group["source"].iloc[0],
+        "models_json": json.dumps(list(group["model"])), "candidates_json": json.dumps(list(group["candidate"])),
+        "n_candidates": len(group), "item": "set",
+    }])
+
+
+def build_pair_items(group: pd.DataFrame, both_orders: bool) -> pd.DataFrame:
+    group = group.sort_values("model")
+    models, cands = list(group["model"]), list(group["candidate"])
+    rows = []
+    for i, j in itertools.combinations(range(len(models)), 2):
+        orders = [(i, j), (j, i)] if both_orders else [(i, j)]
+        for a, b in orders:
+            rows.append({"id": group["id"].iloc[0], "policy": group["policy"].iloc[0],
+                         "source": group["source"].iloc[0], "model_a": models[a], "model_b": models[b],
+                         "candidate_a": cands[a], "candidate_b": cands[b], "item": f"{models[a]}|{models[b]}"})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rendering and parsing around the worker
+
+
+def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: str, sampling_json: str,
+                          seed: int) -> pd.DataFrame:
+    tpl = load_template(prompt_path(template))
+    out = batch.copy()
+    out["judge"] = judge
+    messages, orders = [], []
+    for row in batch.to_dict("records"):
+        if fmt == "score":
+            msgs, order = tpl.render(base_sentence=row["source"], new_sentence=row["candidate"]), []
+        elif fmt == "best_worst":
+            order = shuffle_order(int(row["n_candidates"]), seed, f"{row['id']}|{row['policy']}|{judge}")
+            cands = json.loads(row["candidates_json"])
+            values = {"source": row["source"], "candidates": render_candidates_block([cands[k] for k in order])}
+            values.update({v: row.get(f"{v}_block", "") or "" for v in tpl.variables if v not in values})
+            msgs = tpl.render(**values)
+        else:
+            msgs, order = tpl.render(source=row["source"], candidate_a=row["candidate_a"],
+                                     candidate_b=row["candidate_b"]), []
+        messages.append(json.dumps(msgs, ensure_ascii=False))
+        orders.append(json.dumps(order))
+    out["messages_json"], out["order_json"], out["sampling_json"] = messages, orders, sampling_json
+    return out
+
+
+def parse_judgments(batch: pd.DataFrame, fmt: str) -> pd.DataFrame:
+    """Turn judge text into values; `parse_error` is kept (never dropped) when the text is unusable."""
+    out = batch.drop(columns=["messages_json"])
+    out["format"] = fmt
+    scores, winners, verdicts, errors = [], [], [], []
+    for row in batch.to_dict("records"):
+        score, winner, verdict, error = None, "", "", row["check_error"]
+        if not row["engine_error"]:
+            if fmt == "score":
+                parsed = parse_score(row["completion"])
+                score, error = parsed.value, parsed.error
+            elif fmt == "pairwise":
+                parsed = parse_pairwise(row["completion"])
+                winner, error = parsed.value or "", parsed.error
+            else:
+                verdict, error = _best_worst_in_original_order(row)
+        scores.append(float(score) if score is not None else None)
+        winners.append(winner)
+        verdicts.append(verdict)
+        errors.append(error)
+    out["score"], out["winner"], out["verdict_json"], out["parse_error"] = scores, winners, verdicts, errors
+    return out
+
+
+def _best_worst_in_original_order(row: dict) -> tuple[str, str]:
+    order = json.loads(row["order_json"])
+    parsed = parse_best_worst(row["completion"], int(row["n_candidates"]))
+    mapped, errors = {}, []
+    for aspect, v in parsed.items():
+        best = to_original_index(v["best"], order) if v["best"] is not None else None
+        worst = to_original_index(v["worst"], order) if v["worst"] is not None else None
+        mapped[aspect] = {"best": best, "worst": worst, "error": v["error"]}
+        if v["error"]:
+            errors.append(f"{aspect}: {v['error']}")
+    return json.dumps(mapped), "; ".join(errors)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The stage plan
+
+
+def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir: str) -> ray.data.Dataset:
+    """Lazy plan: for each judge, items -> rendered requests -> ChatWorker pool -> parsed judgments; unioned."""
+    usable = candidates.filter(lambda r: not r["generation_error"])
+    per_judge = []
+    for judge in jury.judges:
+        items = _items_for(usable, judge.format, jury.both_orders)
+        rendered = items.map_batches(render_judge_requests, batch_format="pandas", fn_kwargs={
+            "judge": judge.name, "template": judge.template, "fmt": judge.format,
+            "sampling_json": judge.sampling.to_json(), "seed": jury.seed})
+        judged = rendered.map_batches(
+            ChatWorker, batch_format="pandas",
+            fn_constructor_kwargs={
+                "spec": dataclasses.asdict(judge.engine), "cache_dir": cache_dir, "check": CHECKS[judge.format],
+                "max_parse_retries": judge.max_parse_retries, "retry_temperature": judge.retry_temperature},
+            **judge.pool.map_batches_kwargs())
+        per_judge.append(judged.map_batches(parse_judgments, batch_format="pandas", fn_kwargs={"fmt": judge.format}))
+    return per_judge[0].union(*per_judge[1:]) if len(per_judge) > 1 else per_judge[0]
+
+
+def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> ray.data.Dataset:
+    if fmt == "score":
+        return candidates.map_batches(build_score_items, batch_format="pandas")
+    grouped = candidates.groupby(["id", "policy"])
+    if fmt == "best_worst":
+        return grouped.map_groups(build_candidate_sets, batch_format="pandas")
+    return grouped.map_groups(functools.partial(build_pair_items, both_orders=both_orders), batch_format="pandas")
+
+
+def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
+    """Per-stage numbers: judgments, parse failures (kept, counted), retries, tokens, throughput."""
+    tokens = int(df["completion_tokens"].sum())
+    return {
+        "rows_out": len(df), "parse_failures": int((df["parse_error"] != "").sum()),
+        "retried": int((df["attempts"] > 1).sum()), "engine_errors": int((df["engine_error"] != "").sum()),
+        "cached": int(df["cached"].sum()), "prompt_tokens": int(df["prompt_tokens"].sum()),
+        "completion_tokens": tokens, "actor_seconds": round(float(df["worker_seconds"].sum()), 3),
+        "seconds": round(seconds, 3), "rows_per_s": round(len(df) / seconds, 3) if seconds else None,
+        "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
+    }

@@ -1,0 +1,69 @@
+"""Config sections shared by the Ray Data stages: sampling, actor pools, and one model of a list.
+
+YAML-shaped twins of the engine types (lists instead of tuples) so job configs can embed them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from actors.engine import EngineSpec, SamplingParams
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 128
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(**{**asdict(self), "stop": tuple(self.stop)})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class PoolConfig:
+    """How the model's actor pool is placed: actors, resources per actor, rows per batch."""
+
+    concurrency: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    batch_size: int = 16
+
+    def validate(self, where: str) -> None:
+        if self.concurrency < 1 or self.batch_size < 1:
+            raise ValueError(f"{where}: concurrency and batch_size must be >= 1")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError(f"{where}: num_cpus and num_gpus must be >= 0")
+
+    def map_batches_kwargs(self) -> dict:
+        kwargs = {"concurrency": self.concurrency, "batch_size": self.batch_size, "num_cpus": self.num_cpus}
+        if self.num_gpus:
+            kwargs["num_gpus"] = self.num_gpus
+        return kwargs
+
+
+@dataclass
+class ModelConfig:
+    """One model in a generator pool or a jury: a label, an engine, sampling and placement."""
+
+    # label used in outputs and reports ("smollm2-greedy"); must be unique in its list
+    name: str = "smollm2"
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+
+
+def check_unique_names(models: list, where: str) -> None:
+    names = [m.name for m in models]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{where}: model names must be unique, repeated: {dupes}")
+    if not models:
+        raise ValueError(f"{where}: at least one model is required")

@@ -1,0 +1,163 @@
+"""Chat engine on vLLM's offline `LLM` (GPU only): one `llm.chat` call per batch, continuous batching inside vLLM.
+
+    spec = EngineSpec(kind="vllm", model="hf:Qwen/Qwen3-8B", thinking=True, tensor_parallel_size=2)
+    engine = build_engine(spec)            # loads the model onto the actor's GPUs
+    completions = engine.generate(requests)
+
+`vllm` is imported inside `VLLMEngine` only, so this module, `to_vllm_sampling_kwargs` and `build_llm_kwargs`
+import and run on machines without vLLM or a GPU (the CPU tests use them).
+"""
+
+from __future__ import annotations
+
+import gc
+
+from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
+
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def to_vllm_sampling_kwargs(sampling: SamplingParams) -> dict:
+    """Map our `SamplingParams` onto keyword arguments for `vllm.SamplingParams`.
+
+    Our "no top-k filter" is -1; current vLLM documents 0 for that (and still accepts -1), so -1 becomes 0.
+    An empty stop tuple becomes None, vLLM's "no stop strings".
+
+    Raises:
+        ValueError: a field vLLM would reject, named as `sampling.<field>`.
+
+    >>> to_vllm_sampling_kwargs(SamplingParams())["top_k"]
+    0
+    """
+    if sampling.temperature < 0:
+        raise ValueError(f"sampling.temperature: must be >= 0, got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"sampling.top_p: must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < -1:
+        raise ValueError(f"sampling.top_k: must be -1 (no filter) or >= 0, got {sampling.top_k}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"sampling.max_tokens: must be >= 1, got {sampling.max_tokens}")
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": 0 if sampling.top_k == -1 else sampling.top_k,
+        "max_tokens": sampling.max_tokens,
+        "seed": sampling.seed,
+        "stop": list(sampling.stop) or None,
+    }
+
+
+def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
+    """Keyword arguments for `vllm.LLM` from the engine spec (model already resolved to a path or repo id).
+
+    Raises:
+        ValueError: a vLLM field of `spec` is out of range, named as `engine.<field>`.
+    """
+    if spec.dtype not in VLLM_DTYPES:
+        raise ValueError(f"engine.dtype: {spec.dtype!r} is not one of {VLLM_DTYPES}")
+    if spec.tensor_parallel_size < 1:
+        raise ValueError(f"engine.tensor_parallel_size: must be >= 1, got {spec.tensor_parallel_size}")
+    if not 0 < spec.gpu_memory_utilization <= 1:
+        raise ValueError(f"engine.gpu_memory_utilization: must be in (0, 1], got {spec.gpu_memory_utilization}")
+    if spec.max_model_len < 1:
+        raise ValueError(f"engine.max_model_len: must be >= 1, got {spec.max_model_len}")
+    return {
+        "model": model_path,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "dtype": spec.dtype,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "enable_prefix_caching": spec.enable_prefix_caching,
+        "max_model_len": spec.max_model_len,
+    }
+
+
+def to_completion(output) -> Completion:
+    """Map one `vllm.RequestOutput` (first sample) to a `Completion`, splitting off `<think>` reasoning.
+
+    vLLM reports "stop", "length" or "abort"; an aborted request is an error, not a short answer.
+    """
+    sample = output.outputs[0]
+    answer, reasoning = split_thinking(sample.text)
+    aborted = sample.finish_reason == "abort"
+    return Completion(
+        text="" if aborted else answer,
+        raw_text=sample.text,
+        reasoning=reasoning,
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        completion_tokens=len(sample.token_ids or ()),
+        finish_reason="error" if aborted else ("length" if sample.finish_reason == "length" else "stop"),
+        error="vllm aborted the request" if aborted else "",
+    )
+
+
+def build_error_completion(exc: Exception) -> Completion:
+    return Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+
+
+class VLLMEngine:
+    """`Engine` on an in-process vLLM `LLM`. Not thread-safe: one caller (one Ray actor) at a time."""
+
+    def __init__(self, spec: EngineSpec):
+        # Resolved before importing vllm so a bad spec fails fast with our message, even off-GPU.
+        from actors.models import resolve_model_dir
+
+        llm_kwargs = build_llm_kwargs(spec, resolve_model_dir(spec.model))
+        from vllm import LLM
+
+        self.spec = spec
+        self._llm = LLM(**llm_kwargs)
+
+    def __repr__(self) -> str:
+        return f"VLLMEngine(model={self.spec.model!r}, tp={self.spec.tensor_parallel_size})"
+
+    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
+        """Complete every request in one vLLM batch; results keep the input order.
+
+        A row with invalid sampling settings becomes an error completion. vLLM validates the whole batch
+        before running it, so one bad prompt (e.g. longer than `max_model_len`) rejects all of them; then
+        each row is retried alone and only the bad ones fail.
+        """
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        results: list[Completion | None] = [None] * len(requests)
+        batch: list[tuple[int, object]] = []
+        for i, request in enumerate(requests):
+            try:
+                batch.append((i, VLLMSamplingParams(**to_vllm_sampling_kwargs(request.sampling))))
+            except ValueError as exc:
+                results[i] = build_error_completion(exc)
+        if batch:
+            for (i, _), completion in zip(batch, self._generate_batch([(requests[i], p) for i, p in batch])):
+                results[i] = completion
+        return results
+
+    def close(self) -> None:
+        """Drop the engine so its GPU memory can be reclaimed (vLLM frees it when the `LLM` is collected)."""
+        self._llm = None
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _chat(self, conversations: list[list[dict]], params: list) -> list:
+        return self._llm.chat(
+            conversations,
+            sampling_params=params,
+            use_tqdm=False,
+            chat_template_kwargs={"enable_thinking": self.spec.thinking},
+        )
+
+    def _generate_batch(self, rows: list[tuple[ChatRequest, object]]) -> list[Completion]:
+        try:
+            outputs = self._chat([r.messages for r, _ in rows], [p for _, p in rows])
+        except ValueError:
+            return [self._generate_alone(r, p) for r, p in rows]
+        return [to_completion(o) for o in outputs]
+
+    def _generate_alone(self, request: ChatRequest, params) -> Completion:
+        try:
+            [output] = self._chat([request.messages], [params])
+        except ValueError as exc:
+            return build_error_completion(exc)
+        return to_completion(output)

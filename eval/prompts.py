@@ -1,0 +1,386 @@
+"""Prompt templates as data: load, validate and render `configs/prompts/<name>.yaml`.
+
+A template file has four keys::
+
+    description: what the prompt is for
+    source: "paper 000, Fig. 5a"        # where the text comes from
+    variables: [input]                  # placeholders the messages use
+    messages:
+      - {role: system, content: "..."}
+      - {role: user, content: "{input}"}
+
+Placeholder rules (one pass over the text, so substituted values are never re-scanned):
+
+- ``{name}`` where ``name`` is a Python identifier is a placeholder. It must be declared in
+  ``variables``, and every declared variable must be used by at least one message.
+- ``{{`` and ``}}`` render as literal ``{`` and ``}``.
+- Any other brace, e.g. ``{Lexical / Structural / Overall}`` in paper 000's guideline or a JSON
+  example such as ``{"a": 1}``, is left untouched.
+
+The helpers at the bottom build the pre-rendered blocks of the paper-000 judge prompt
+(``judge_policy.yaml``): candidates, word alignments and constituency parses.
+
+Example::
+
+    from eval.prompts import load_template, prompt_path
+    messages = load_template(prompt_path("simplify_lexical_zeroshot")).render(input="A sentence.")
+
+This module is pure: it never imports ray, vllm, deepspeed or torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "configs" / "prompts"
+ROLES = ("system", "user", "assistant")
+REQUIRED_KEYS = ("description", "source", "variables", "messages")
+
+# Rendered in place of the whole alignment / parse section when that judge feature is switched off.
+# An explicit line tells the judge the material was withheld on purpose, rather than leaving a gap
+# that looks like a formatting accident next to the three worked examples that do show it.
+ALIGNMENTS_ABSENT = "Word alignments: not provided."
+PARSES_ABSENT = "Parses: not provided."
+# Rendered for one candidate whose alignment or parse failed upstream (nothing is silently skipped).
+FEATURE_UNAVAILABLE = "(not available)"
+INDENT = "    "
+
+_TOKEN_RE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class PromptError(ValueError):
+    """A template file is malformed, or render() got the wrong values."""
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A validated chat prompt template.
+
+    Attributes:
+        name: File stem, e.g. ``"jury_score"``; used in error messages.
+        description: Free text from the file.
+        source: Where the prompt text comes from (paper and figure).
+        variables: Declared placeholder names, in file order.
+        messages: ``({"role": ..., "content": ...}, ...)`` with placeholders unrendered.
+    """
+
+    name: str
+    description: str
+    source: str
+    variables: tuple[str, ...]
+    messages: tuple[dict, ...]
+
+    def render(self, **values: str) -> list[dict]:
+        """Substitute every declared placeholder and return fresh message dicts.
+
+        Args:
+            **values: One string per declared variable; no more, no fewer.
+
+        Returns:
+            ``[{"role": ..., "content": ...}, ...]`` ready for a chat template.
+
+        Raises:
+            PromptError: A declared variable is missing, an undeclared one is given, or a value
+                is not a string. The message names the template and the variable.
+        """
+        missing = [v for v in self.variables if v not in values]
+        if missing:
+            raise PromptError(f"template {self.name!r}: missing variable {missing[0]!r}")
+        extra = sorted(set(values) - set(self.variables))
+        if extra:
+            raise PromptError(f"template {self.name!r}: undeclared variable {extra[0]!r}")
+        for key, value in values.items():
+            if not isinstance(value, str):
+                raise PromptError(f"template {self.name!r}: variable {key!r} must be str, got {type(value).__name__}")
+        return [{"role": m["role"], "content": _substitute(m["content"], values)} for m in self.messages]
+
+
+def _substitute(text: str, values: dict[str, str]) -> str:
+    def replace(match: re.Match) -> str:
+        token = match.group(0)
+        if token == "{{":
+            return "{"
+        if token == "}}":
+            return "}"
+        return values[match.group(1)]
+
+    return _TOKEN_RE.sub(replace, text)
+
+
+def find_placeholders(text: str) -> list[str]:
+    """Return the placeholder names used in ``text``, in order of appearance.
+
+    Args:
+        text: Template text.
+
+    Returns:
+        Names of ``{identifier}`` placeholders; escaped ``{{x}}`` and non-identifier braces are skipped.
+
+    >>> find_placeholders('Aspect: {Lexical / Overall} {input} {{literal}} {"k": 1} {input}')
+    ['input', 'input']
+    """
+    return [m.group(1) for m in _TOKEN_RE.finditer(text) if m.group(1)]
+
+
+# -----------------------------------------------------------------------------
+# Loading and validation
+
+
+def prompt_path(name_or_path: str | Path) -> Path:
+    """Resolve a template name to ``configs/prompts/<name>.yaml``, or pass an explicit path through.
+
+    Args:
+        name_or_path: A bare name such as ``"jury_score"``, or a path (anything containing a path
+            separator or ending in ``.yaml``/``.yml``).
+
+    Returns:
+        The path; existence is checked by :func:`load_template`.
+    """
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or "/" in text or "\\" in text or text.endswith((".yaml", ".yml")):
+        return Path(name_or_path)
+    return PROMPTS_DIR / f"{text}.yaml"
+
+
+def load_template(path: str | Path) -> PromptTemplate:
+    """Load and validate a template file.
+
+    Args:
+        path: Path to the YAML file (see :func:`prompt_path`).
+
+    Returns:
+        The validated template.
+
+    Raises:
+        PromptError: On any structural problem; the message names the file and, for message
+            problems, the message index.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PromptError(f"{path}: template file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise PromptError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PromptError(f"{path}: top level must be a mapping")
+    _check_keys(path, data)
+    variables = _check_variables(path, data["variables"])
+    messages = tuple(_check_message(path, i, m) for i, m in enumerate(_as_list(path, data["messages"])))
+    _check_placeholders(path, variables, messages)
+    return PromptTemplate(path.stem, data["description"], data["source"], variables, messages)
+
+
+def _check_keys(path: Path, data: dict) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise PromptError(f"{path}: missing key {missing[0]!r}")
+    unknown = sorted(set(data) - set(REQUIRED_KEYS))
+    if unknown:
+        raise PromptError(f"{path}: unknown key {unknown[0]!r}")
+    for key in ("description", "source"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise PromptError(f"{path}: {key!r} must be a non-empty string")
+
+
+def _check_variables(path: Path, variables: object) -> tuple[str, ...]:
+    if not isinstance(variables, list):
+        raise PromptError(f"{path}: 'variables' must be a list")
+    for v in variables:
+        if not isinstance(v, str) or not v.isidentifier():
+            raise PromptError(f"{path}: variable {v!r} is not an identifier")
+    if len(set(variables)) != len(variables):
+        raise PromptError(f"{path}: duplicate entries in 'variables'")
+    return tuple(variables)
+
+
+def _as_list(path: Path, messages: object) -> list:
+    if not isinstance(messages, list) or not messages:
+        raise PromptError(f"{path}: 'messages' must be a non-empty list")
+    return messages
+
+
+def _check_message(path: Path, index: int, message: object) -> dict:
+    where = f"{path}: messages[{index}]"
+    if not isinstance(message, dict) or set(message) != {"role", "content"}:
+        raise PromptError(f"{where}: must be a mapping with exactly 'role' and 'content'")
+    if message["role"] not in ROLES:
+        raise PromptError(f"{where}: role {message['role']!r} not in {ROLES}")
+    if not isinstance(message["content"], str):
+        raise PromptError(f"{where}: content must be a string")
+    return {"role": message["role"], "content": message["content"]}
+
+
+def _check_placeholders(path: Path, variables: tuple[str, ...], messages: tuple[dict, ...]) -> None:
+    used: set[str] = set()
+    for i, message in enumerate(messages):
+        for name in find_placeholders(message["content"]):
+            if name not in variables:
+                raise PromptError(f"{path}: messages[{i}]: placeholder {{{name}}} is not declared in 'variables'")
+            used.add(name)
+    unused = [v for v in variables if v not in used]
+    if unused:
+        raise PromptError(f"{path}: variable {unused[0]!r} is declared but no message uses it")
+
+
+# -----------------------------------------------------------------------------
+# Chat-template adapters
+
+
+def merge_system_into_user(messages: list[dict]) -> list[dict]:
+    """Fold a leading system message into the first user turn, for chat templates without a system role.
+
+    The system text is prepended to the first user message, separated by a blank line (paper 001
+    does this for Gemma 2 without naming a separator; the blank line is our choice).
+
+    Args:
+        messages: Rendered messages; at most one system message, and only at index 0.
+
+    Returns:
+        New message dicts without a system role. A system message with no user turn after it
+        becomes a user message.
+
+    Raises:
+        ValueError: A system message appears anywhere but index 0.
+
+    >>> merge_system_into_user([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    [{'role': 'user', 'content': 'Be brief.\\n\\nHi'}]
+    """
+    out = [dict(m) for m in messages]
+    if any(m["role"] == "system" for m in out[1:]):
+        raise ValueError("system message only allowed at index 0")
+    if not out or out[0]["role"] != "system":
+        return out
+    system = out.pop(0)["content"]
+    for m in out:
+        if m["role"] == "user":
+            m["content"] = f"{system}\n\n{m['content']}"
+            return out
+    return [{"role": "user", "content": system}, *out]
+
+
+# -----------------------------------------------------------------------------
+# Paper-000 judge input blocks (format of Figs. 8-10 / notes A.1)
+
+
+def render_candidates_block(candidates: list[str]) -> str:
+    """Number candidates as in paper 000's judge input.
+
+    Args:
+        candidates: Candidate texts in the order shown to the judge.
+
+    Returns:
+        ``"0: ...\\n1: ..."``.
+
+    >>> render_candidates_block(["A b.", "C."])
+    '0: A b.\\n1: C.'
+    """
+    return "\n".join(f"{i}: {c}" for i, c in enumerate(candidates))
+
+
+def tokenize_for_alignment(text: str) -> list[str]:
+    """Split like the paper's alignment display: lowercased, whitespace split, punctuation attached.
+
+    >>> tokenize_for_alignment("We'll slip you  through, device.")
+    ["we'll", 'slip', 'you', 'through,', 'device.']
+    """
+    return text.lower().split()
+
+
+def render_alignment_block(index: int, source: str, candidate: str, pairs: list[tuple[int, int]] | None) -> str:
+    """Render one candidate's alignment block: header, source tokens, candidate tokens, aligned pairs.
+
+    Args:
+        index: Candidate index as shown to the judge.
+        source: Source sentence.
+        candidate: Candidate sentence.
+        pairs: ``(src_idx, tgt_idx)`` token pairs (indices into the token lists of
+            :func:`tokenize_for_alignment`); rendered sorted by ``(src, tgt)`` as in the paper's
+            examples. ``None`` means the aligner failed for this candidate.
+
+    Returns:
+        ``"k alignment:\\n    0_w ...\\n    0_v ...\\n    0_w-0_v ..."``.
+
+    Raises:
+        ValueError: A pair index is outside its sentence (a caller bug, not model output).
+
+    >>> print(render_alignment_block(1, "We'll go.", "We will go.", [(1, 2), (0, 0), (0, 1)]))
+    1 alignment:
+        0_we'll 1_go.
+        0_we 1_will 2_go.
+        0_we'll-0_we 0_we'll-1_will 1_go.-2_go.
+    """
+    header = f"{index} alignment:"
+    if pairs is None:
+        return f"{header}\n{INDENT}{FEATURE_UNAVAILABLE}"
+    src, tgt = tokenize_for_alignment(source), tokenize_for_alignment(candidate)
+    for s, t in pairs:
+        if not (0 <= s < len(src) and 0 <= t < len(tgt)):
+            raise ValueError(f"alignment pair ({s}, {t}) out of range for {len(src)}x{len(tgt)} tokens")
+    lines = [
+        " ".join(f"{i}_{w}" for i, w in enumerate(src)),
+        " ".join(f"{i}_{w}" for i, w in enumerate(tgt)),
+        " ".join(f"{s}_{src[s]}-{t}_{tgt[t]}" for s, t in sorted(pairs)),
+    ]
+    return "\n".join([header, *(INDENT + line for line in lines)])
+
+
+def render_alignments_section(
+    source: str, candidates: list[str], alignments: list[list[tuple[int, int]] | None] | None
+) -> str:
+    """Render the alignment blocks of all candidates, or :data:`ALIGNMENTS_ABSENT` when switched off.
+
+    Args:
+        source: Source sentence.
+        candidates: Candidates in shown order.
+        alignments: One pair list (or ``None`` for a failed alignment) per candidate; ``None``
+            overall when the alignment feature is off.
+
+    Returns:
+        The ``{alignments}`` value for ``judge_policy.yaml``.
+    """
+    if alignments is None:
+        return ALIGNMENTS_ABSENT
+    if len(alignments) != len(candidates):
+        raise ValueError(f"{len(alignments)} alignments for {len(candidates)} candidates")
+    return "\n".join(render_alignment_block(i, source, c, a) for i, (c, a) in enumerate(zip(candidates, alignments)))
+
+
+def flatten_parse(parse: str) -> str:
+    """Put a parse on one line: each whitespace run containing a line break becomes a literal ``\\n`` and a space.
+
+    This mirrors the escaped one-line style of the parses in paper 000's worked examples.
+
+    >>> flatten_parse("(S\\n  (NP (PRP We))\\n  (. .))")
+    '(S\\\\n (NP (PRP We))\\\\n (. .))'
+    """
+    return re.sub(r"[ \t]*\r?\n\s*", r"\\n ", parse.strip())
+
+
+def render_parses_section(source_parse: str | None, candidate_parses: list[str | None] | None) -> str:
+    """Render ``Source parse:`` then ``k parse:`` blocks, or :data:`PARSES_ABSENT` when switched off.
+
+    Args:
+        source_parse: PTB parse of the source (``None`` if it failed).
+        candidate_parses: One parse (or ``None`` if it failed) per candidate; ``None`` overall when
+            the parse feature is off.
+
+    Returns:
+        The ``{parses}`` value for ``judge_policy.yaml``.
+
+    >>> print(render_parses_section("(S (NN Hi))", ["(S (UH Hi))", None]))
+    Source parse:
+        (S (NN Hi))
+    0 parse:
+        (S (UH Hi))
+    1 parse:
+        (not available)
+    """
+    if candidate_parses is None:
+        return PARSES_ABSENT
+    blocks = [("Source parse:", source_parse)] + [(f"{i} parse:", p) for i, p in enumerate(candidate_parses)]
+    return "\n".join(f"{head}\n{INDENT}{flatten_parse(p) if p is not None else FEATURE_UNAVAILABLE}" for head, p in blocks)

@@ -1,0 +1,140 @@
+"""Text normalisation shared by the simplification metrics: tokenising and sentence splitting.
+
+`normalize` reproduces EASSE's `easse.utils.preprocessing.normalize` for the tokenizers it
+supports through sacrebleu: optional lowercasing first, then sacrebleu's '13a' (mteval-v13a,
+the WMT default), 'intl' (international punctuation) or 'none' (leave the text as is). EASSE's
+'moses' and 'penn' tokenizers need sacremoses, which we do not ship; asking for them raises.
+'plain' is accepted as an alias of 'none' (EASSE's CLI offers that name).
+
+`split_sentences` is our own rule-based splitter. EASSE counts sentences with NLTK's Punkt
+model; NLTK and its model data are not installed here and cannot be downloaded at run time, so
+FKGL, the split rate and D-SARI use these rules instead:
+
+1. A blank line (paragraph break) always ends a sentence.
+2. A whitespace token whose last character, after any closing quotes/brackets, is '.', '!'
+   or '?' ends a sentence, except
+   - a '.' after a known abbreviation ("Mr.", "e.g.", "U.S.", month names, ...), after a
+     single letter (an initial: "J. Smith"), or after a word with an inner period, and
+   - an ellipsis ("...", "…"), which ends a sentence only when the next token starts with an
+     upper-case letter.
+3. A stand-alone '.' token (tokenised text such as TurkCorpus, "the cat sat .") ends a
+   sentence like an attached one does, which is also what Punkt does.
+
+On one-sentence-per-line corpora (TurkCorpus, ASSET) this agrees with Punkt on almost every
+line; on messy text it can differ by a sentence here and there.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+TOKENIZERS = ("13a", "intl", "none", "plain")
+
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al no nos vol fig figs inc ltd co corp "
+    "dept est approx gen gov sen rep rev lt col sgt capt cmdr adm maj pres u.s u.k u.n a.m p.m "
+    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
+)
+_CLOSERS = "\"')]}»”’"
+_OPENERS = "\"'([{«“‘"
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+
+
+@lru_cache(maxsize=None)
+def _load_tokenizer(name: str):
+    # sacrebleu's tokenizers keep their own lru_cache per instance, so one shared instance per
+    # name makes repeated normalisation of the same corpus (tests, benches) nearly free.
+    if name == "13a":
+        from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+        return Tokenizer13a()
+    if name == "intl":
+        from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
+
+        return TokenizerV14International()
+    return None
+
+
+def check_tokenizer(tokenizer: str) -> None:
+    """Raise a ValueError naming the supported tokenizers if `tokenizer` is not one of them.
+
+    Args:
+        tokenizer: tokenizer name.
+    """
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}: expected one of {', '.join(TOKENIZERS)}")
+
+
+def normalize(sentence: str, lowercase: bool = True, tokenizer: str = "13a") -> str:
+    """Lowercase (optionally) then tokenise a sentence the way EASSE does.
+
+    Args:
+        sentence: raw text.
+        lowercase: lowercase before tokenising.
+        tokenizer: '13a', 'intl', or 'none'/'plain' (no tokenisation).
+
+    Returns:
+        The tokens joined by single spaces ('none' returns the text unchanged apart from case).
+
+    >>> normalize("Hello, World.")
+    'hello , world .'
+    """
+    check_tokenizer(tokenizer)
+    if lowercase:
+        sentence = sentence.lower()
+    tok = _load_tokenizer(tokenizer)
+    return sentence if tok is None else tok(sentence)
+
+
+def _ends_sentence(token: str, next_token: str | None) -> bool:
+    core = token.rstrip(_CLOSERS)
+    if not core or core[-1] not in ".!?…":
+        return False
+    if core.endswith("...") or core.endswith("…"):
+        return next_token is not None and next_token.lstrip(_OPENERS)[:1].isupper()
+    if core[-1] != ".":
+        return True
+    word = core.lstrip(_OPENERS)[:-1].lower()
+    if not word:
+        return True  # a stand-alone "." token
+    if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+        return False
+    return "." not in word
+
+
+def _split_paragraph(paragraph: str) -> list[str]:
+    tokens = paragraph.split()
+    sentences, current = [], []
+    for i, token in enumerate(tokens):
+        current.append(token)
+        next_token = tokens[i + 1] if i + 1 < len(tokens) else None
+        if _ends_sentence(token, next_token):
+            sentences.append(" ".join(current))
+            current = []
+    if current:
+        sentences.append(" ".join(current))
+    return sentences
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split text into sentences with the rules in the module docstring.
+
+    Args:
+        text: any text; whitespace inside a sentence is collapsed to single spaces.
+
+    Returns:
+        The sentences in order; an empty or blank text gives an empty list.
+
+    >>> split_sentences("Mr. Smith left. He was tired! Really?")
+    ['Mr. Smith left.', 'He was tired!', 'Really?']
+    """
+    sentences = []
+    for paragraph in _PARAGRAPH_BREAK.split(text):
+        sentences.extend(_split_paragraph(paragraph))
+    return sentences
+
+
+def count_sentences(text: str) -> int:
+    """Number of sentences `split_sentences` finds in `text`."""
+    return len(split_sentences(text))

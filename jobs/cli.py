@@ -1,0 +1,100 @@
+"""The `quorum` command.
+
+    quorum run CONFIG.yaml [key=value ...] [--no-resume]    run the job named by the config's `job:` key
+    quorum eval --metrics sari,bleu --orig O --sys S --refs R1 R2 ...   corpus metrics (see eval/cli.py)
+    quorum serve CONFIG.yaml [key=value ...]                 start / update the reward-model Serve app
+
+Exit codes: 0 success, 2 bad config or bad input (the message names the key, file or line), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from jobs.config import ConfigError, load_config, read_yaml
+
+# job name (the YAML `job:` key) -> entry module exposing `Config` and `main(cfg, config_path)`
+JOBS = {
+    "policy_simplify": "jobs.policy_simplify",
+}
+
+USAGE = __doc__
+
+
+def job_module(config_path: str):
+    data = read_yaml(config_path)
+    name = data.get("job")
+    if name not in JOBS:
+        raise ConfigError(f"{config_path}: key 'job' must be one of {sorted(JOBS)}, got {name!r}")
+    return importlib.import_module(JOBS[name])
+
+
+def run_job(module, argv: list[str]) -> int:
+    """Shared by `quorum run` and `python -m jobs.<name>`: parse CONFIG + overrides, validate, run."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(module.__doc__ or USAGE)
+        return 0 if argv else 2
+    config_path, rest = argv[0], argv[1:]
+    overrides = [a for a in rest if not a.startswith("--")]
+    flags = [a for a in rest if a.startswith("--")]
+    for flag in flags:
+        if flag == "--no-resume":
+            overrides.append("run.resume=false")
+        elif flag != "--resume":
+            raise ConfigError(f"unknown flag {flag!r} (known: --resume, --no-resume)")
+    cfg = load_config(module.Config, config_path, overrides)
+    module.main(cfg, config_path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command == "run":
+            if not rest:
+                raise ConfigError("quorum run: missing CONFIG.yaml")
+            return run_job(job_module(rest[0]), rest)
+        if command == "eval":
+            from eval.cli import main as eval_main
+
+            return eval_main(rest)
+        if command == "serve":
+            from serve.cli import main as serve_main
+
+            return serve_main(rest)
+        raise ConfigError(f"unknown command {command!r}; expected run, eval or serve")
+    except ConfigError as exc:
+        print(f"quorum: error: {exc}", file=sys.stderr)
+        return 2
+    except InputError as exc:
+        print(f"quorum: input error: {exc}", file=sys.stderr)
+        return 2
+
+
+class InputError(ValueError):
+    """Bad input data (a corpus or ratings file): the message names the file and line."""
+
+
+def entry(module_name: str) -> None:
+    """`python -m jobs.<name> CONFIG [overrides]` entry used by each job module."""
+    module = importlib.import_module(module_name)
+    try:
+        code = run_job(module, sys.argv[1:])
+    except (ConfigError, InputError) as exc:
+        print(f"quorum: error: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]

@@ -1,0 +1,61 @@
+"""Connecting to Ray: a local cluster on a laptop, the job's cluster under `ray job submit`.
+
+Worker environment defaults live here, once (not scattered through jobs); an operator's own environment wins over
+each default, so `HF_HUB_OFFLINE=0 ray job submit ...` does what it says.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+WORKER_ENV_DEFAULTS = {
+    # models load from local paths only; the hub is never contacted unless the operator says so
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "WANDB_MODE": "offline",
+    # DeepSpeed picks its accelerator at import; on CPU-only workers it must be told
+    "DS_ACCELERATOR": "",
+}
+PASS_THROUGH = ("QUORUM_CACHE", "WANDB_API_KEY", "WANDB_MODE", "DS_ACCELERATOR", "OMP_NUM_THREADS")
+
+
+@dataclass
+class RayConfig:
+    # "" = RAY_ADDRESS if set (ray job submit sets it), else start a local cluster; or "auto" / "ray://host:port"
+    address: str = ""
+    # CPUs of a *local* cluster; 0 = all cores
+    num_cpus: int = 0
+    # extra environment variables for every worker
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+
+def worker_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: os.environ.get(k, v) for k, v in WORKER_ENV_DEFAULTS.items()}
+    env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
+    env.update(extra)
+    if not env.get("DS_ACCELERATOR"):
+        env.pop("DS_ACCELERATOR", None)
+    return env
+
+
+def init_ray(cfg: RayConfig) -> None:
+    """Idempotent: a second call (or a test that already started Ray) is a no-op."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    runtime_env = {"env_vars": worker_env(cfg.env_vars)}
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        log.info("connecting to Ray at %s", address)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+    else:
+        log.info("starting a local Ray cluster (num_cpus=%s)", cfg.num_cpus or "all")
+        ray.init(num_cpus=cfg.num_cpus or None, runtime_env=runtime_env, include_dashboard=False,
+                 log_to_driver=True)
+    ray.data.DataContext.get_current().enable_progress_bars = True

@@ -1,0 +1,146 @@
+"""VLLMEngine: pure mapping tests on CPU; real generation with the embedded SmolLM2 on a CUDA machine with vLLM.
+
+GPU run: `python -m pytest tests/test_vllm_engine.py -m gpu -q` (needs `pip install -e '.[gpu]'`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from actors.engine import ChatRequest, EngineSpec, SamplingParams, build_engine
+from actors.vllm_engine import VLLMEngine, build_llm_kwargs, to_completion, to_vllm_sampling_kwargs
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def ask(text: str, **sampling) -> ChatRequest:
+    return ChatRequest(messages=[{"role": "user", "content": text}], sampling=SamplingParams(**sampling))
+
+
+# ----- CPU: pure mappings -----
+
+
+def test_sampling_mapping_defaults_and_full():
+    assert to_vllm_sampling_kwargs(SamplingParams()) == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,  # our -1 "no filter" is vLLM's 0
+        "max_tokens": 128,
+        "seed": 0,
+        "stop": None,  # no stop strings
+    }
+    full = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, max_tokens=9, seed=7, stop=("</s>", "\n\n"))
+    assert to_vllm_sampling_kwargs(full) == {
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "top_k": 40,
+        "max_tokens": 9,
+        "seed": 7,
+        "stop": ["</s>", "\n\n"],
+    }
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("max_tokens", 0)],
+)
+def test_sampling_mapping_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"sampling.{field}"):
+        to_vllm_sampling_kwargs(SamplingParams(**{field: value}))
+
+
+def test_llm_kwargs_from_spec():
+    spec = EngineSpec(
+        kind="vllm",
+        dtype="bfloat16",
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.5,
+        enable_prefix_caching=False,
+        max_model_len=2048,
+    )
+    assert build_llm_kwargs(spec, "/models/x") == {
+        "model": "/models/x",
+        "tensor_parallel_size": 2,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.5,
+        "enable_prefix_caching": False,
+        "max_model_len": 2048,
+    }
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("dtype", "fp8"), ("tensor_parallel_size", 0), ("gpu_memory_utilization", 1.2), ("max_model_len", 0)],
+)
+def test_bad_vllm_spec_fails_before_importing_vllm(field, value):
+    with pytest.raises(ValueError, match=f"engine.{field}"):
+        VLLMEngine(EngineSpec(kind="vllm", model="hf:any/model", **{field: value}))
+
+
+def test_to_completion_splits_thinking_and_maps_finish_reasons():
+    # Shaped like vllm.RequestOutput (prompt_token_ids + outputs[0].text/token_ids/finish_reason).
+    def output(text, finish_reason, n_tokens=3):
+        sample = SimpleNamespace(text=text, token_ids=list(range(n_tokens)), finish_reason=finish_reason)
+        return SimpleNamespace(prompt_token_ids=[1, 2, 3, 4, 5], outputs=[sample])
+
+    done = to_completion(output("<think>hmm</think> Answer: [4]", "stop"))
+    assert (done.text, done.reasoning, done.raw_text) == ("Answer: [4]", "hmm", "<think>hmm</think> Answer: [4]")
+    assert (done.prompt_tokens, done.completion_tokens, done.finish_reason) == (5, 3, "stop")
+    assert to_completion(output("cut", "length")).finish_reason == "length"
+    aborted = to_completion(output("partial", "abort"))
+    assert (aborted.text, aborted.finish_reason) == ("", "error") and aborted.error
+
+
+def test_module_imports_without_vllm():
+    code = "import sys, actors.vllm_engine; assert 'vllm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----- GPU: real vLLM generation -----
+
+
+@pytest.fixture(scope="module")
+def engine():
+    pytest.importorskip("vllm")
+    spec = EngineSpec(kind="vllm", model="smollm2-135m", gpu_memory_utilization=0.3, max_model_len=512)
+    eng = build_engine(spec)
+    yield eng
+    eng.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_greedy_generation_is_ordered_and_deterministic(engine):
+    short, long = ask("Hi.", max_tokens=16), ask("Please name one primary colour, in a single word.", max_tokens=16)
+    first = engine.generate([short, long])
+    # Prompt lengths differ, so the token counts show each completion sits at its request's index.
+    assert first[0].prompt_tokens < first[1].prompt_tokens
+    for c in first:
+        assert c.finish_reason in ("stop", "length") and c.text
+        assert 0 < c.completion_tokens <= 16
+    assert [c.text for c in engine.generate([short, long])] == [c.text for c in first]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_max_tokens_and_sampled_seed(engine):
+    [short] = engine.generate([ask("Tell me a long story.", max_tokens=1)])
+    assert (short.finish_reason, short.completion_tokens) == ("length", 1)
+    sampled = ask("Write a word.", temperature=1.0, top_k=50, max_tokens=8, seed=11)
+    assert engine.generate([sampled])[0].text == engine.generate([sampled])[0].text
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_bad_rows_fail_alone(engine):
+    too_long = ask("word " * 2000, max_tokens=4)  # far beyond max_model_len=512
+    bad_sampling = ask("hi", top_p=0.0)
+    done = engine.generate([ask("Say hi.", max_tokens=4), too_long, bad_sampling])
+    assert done[0].finish_reason in ("stop", "length") and done[0].text
+    assert done[1].finish_reason == "error" and done[1].error
+    assert done[2].finish_reason == "error" and "sampling.top_p" in done[2].error
