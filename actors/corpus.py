@@ -26,7 +26,6 @@ ASSET_ASPECTS = ("fluency", "meaning", "simplicity")
 ASSET_RATING_COLUMNS = ("original", "simplification", "original_sentence_id", "aspect", "worker_id", "rating")
 SIMPEVAL_COLUMNS = ("original_id", "original", "generation", "system", "sentence_type",
                     "rating_1", "rating_2", "rating_3")
-SIMPEVAL_ZSCORES = ("rating_1_zscore", "rating_2_zscore", "rating_3_zscore")
 
 
 class CorpusError(ValueError):
@@ -134,7 +133,7 @@ def _read_csv_frame(path: Path, **kw) -> pd.DataFrame:
     except pd.errors.EmptyDataError as err:
         raise CorpusError(f"{path} is empty (no header, no rows)") from err
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise CorpusError(f"{path}: malformed CSV: {err}") from err
+        raise CorpusError(f"{path}: malformed CSV: {str(err).strip()}") from err
 
 
 def _load_csv(path: Path, limit, offset, text_column, id_column) -> tuple[pd.DataFrame, list[int]]:
@@ -227,8 +226,6 @@ def _read_aligned(source: Path, references: list[Path]) -> tuple[list[str], list
     columns = []
     for path in [source, *references]:
         lines = _read_lines(_check_file(path))
-        if not lines:
-            raise CorpusError(f"{path} is empty")
         if columns and len(lines) != len(columns[0]):
             raise CorpusError(f"{path} has {len(lines)} lines but {source} has {len(columns[0])}")
         for number, line in enumerate(lines, start=1):
@@ -340,7 +337,8 @@ def read_asset_ratings(path) -> pd.DataFrame:
 def read_simpeval(path) -> pd.DataFrame:
     """Read SimpEval 2022 (Maddela et al., 2023): system outputs with three 0-100 ratings each.
 
-    Missing ratings stay NaN; their count is ``frame.attrs["missing_ratings"]``.
+    Missing ratings stay NaN; their count is ``frame.attrs["missing_ratings"]``. ``*_zscore`` columns are
+    parsed as floats.
 
     Returns:
         Rows in file order; ``original_id`` as int, ratings and z-scores as float.
@@ -349,7 +347,7 @@ def read_simpeval(path) -> pd.DataFrame:
     frame["original_id"] = _parse_numbers(frame, "original_id", Path(path), kind="int")
     for column in ("rating_1", "rating_2", "rating_3"):
         frame[column] = _parse_numbers(frame, column, Path(path), low=0, high=100)
-    for column in (c for c in SIMPEVAL_ZSCORES if c in frame.columns):
+    for column in (c for c in frame.columns if c.endswith("_zscore")):
         frame[column] = _parse_numbers(frame, column, Path(path))
     missing = frame[["rating_1", "rating_2", "rating_3"]].isna().sum().sum()
     frame.attrs.update(path=str(path), missing_ratings=int(missing))

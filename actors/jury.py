@@ -28,7 +28,8 @@ from actors.chat_worker import ChatWorker
 from actors.stage_config import ModelConfig, check_unique_names
 from eval.aggregate import shuffle_order, to_original_index
 from eval.judge_parse import parse_best_worst, parse_pairwise, parse_score
-from eval.prompts import load_template, prompt_path, render_candidates_block
+from eval.prompts import (load_template, prompt_path, render_alignments_section, render_candidates_block,
+                          render_parses_section)
 
 ASPECTS = ("Lexical", "Structural", "Overall")
 
@@ -94,13 +95,23 @@ def build_score_items(batch: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_candidate_sets(group: pd.DataFrame) -> pd.DataFrame:
-    """One row per (source, policy) with all its candidates, in model-name order (the *original* order)."""
+    """One row per (source, policy) with all its candidates, in model-name order (the *original* order).
+
+    Optional judge features travel along when the candidates carry them: `alignment_json` (word-alignment pairs
+    per candidate) and `parse` + `source_parse` (PTB parses).
+    """
     group = group.sort_values("model")
-    return pd.DataFrame([{
+    row = {
         "id": group["id"].iloc[0], "policy": group["policy"].iloc[0], "source": group["source"].iloc[0],
         "models_json": json.dumps(list(group["model"])), "candidates_json": json.dumps(list(group["candidate"])),
-        "n_candidates": len(group), "item": "set",
-    }])
+        "n_candidates": len(group), "item": "set", "alignments_json": "", "parses_json": "",
+    }
+    if "alignment_json" in group:
+        row["alignments_json"] = json.dumps([json.loads(a) if a else None for a in group["alignment_json"]])
+    if "parse" in group and "source_parse" in group:
+        row["parses_json"] = json.dumps({"source": group["source_parse"].iloc[0] or None,
+                                         "candidates": [p or None for p in group["parse"]]})
+    return pd.DataFrame([row])
 
 
 def build_pair_items(group: pd.DataFrame, both_orders: bool) -> pd.DataFrame:
@@ -131,10 +142,7 @@ def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: s
             msgs, order = tpl.render(base_sentence=row["source"], new_sentence=row["candidate"]), []
         elif fmt == "best_worst":
             order = shuffle_order(int(row["n_candidates"]), seed, f"{row['id']}|{row['policy']}|{judge}")
-            cands = json.loads(row["candidates_json"])
-            values = {"source": row["source"], "candidates": render_candidates_block([cands[k] for k in order])}
-            values.update({v: row.get(f"{v}_block", "") or "" for v in tpl.variables if v not in values})
-            msgs = tpl.render(**values)
+            msgs = tpl.render(**render_candidate_set(row, order))
         else:
             msgs, order = tpl.render(source=row["source"], candidate_a=row["candidate_a"],
                                      candidate_b=row["candidate_b"]), []
@@ -142,6 +150,19 @@ def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: s
         orders.append(json.dumps(order))
     out["messages_json"], out["order_json"], out["sampling_json"] = messages, orders, sampling_json
     return out
+
+
+def render_candidate_set(row: dict, order: list[int]) -> dict:
+    """Template values for a best/worst judge: candidates (and their features) in the shown order."""
+    cands = [json.loads(row["candidates_json"])[k] for k in order]
+    aligns = json.loads(row["alignments_json"]) if row.get("alignments_json") else None
+    parses = json.loads(row["parses_json"]) if row.get("parses_json") else None
+    return {
+        "source": row["source"], "candidates": render_candidates_block(cands),
+        "alignments": render_alignments_section(row["source"], cands, [aligns[k] for k in order] if aligns else None),
+        "parses": render_parses_section(parses["source"], [parses["candidates"][k] for k in order])
+        if parses else render_parses_section(None, None),
+    }
 
 
 def parse_judgments(batch: pd.DataFrame, fmt: str) -> pd.DataFrame:

@@ -93,7 +93,9 @@ def document_sari(
     base = score_xu2016(orig_toks, sys_toks, refs_toks)
     ref_len = int(sum(len(t) for t in refs_toks) / len(refs_toks))
     ref_sents = int(sum(count_sentences(ref) for ref in ref_docs) / len(ref_docs))
-    lp1, lp2, slp = compute_length_penalties(len(orig_toks), len(sys_toks), ref_len, count_sentences(sys_doc), ref_sents)
+    lp1, lp2, slp = compute_length_penalties(
+        len(orig_toks), len(sys_toks), ref_len, count_sentences(sys_doc), ref_sents
+    )
     keep, delete, add = base.keep * lp2 * slp, base.delete * lp2, base.add * lp1
     score = SariScore((add + keep + delete) / 3, add, keep, delete)
     return score if return_components else score.sari

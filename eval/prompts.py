@@ -383,4 +383,5 @@ def render_parses_section(source_parse: str | None, candidate_parses: list[str |
     if candidate_parses is None:
         return PARSES_ABSENT
     blocks = [("Source parse:", source_parse)] + [(f"{i} parse:", p) for i, p in enumerate(candidate_parses)]
-    return "\n".join(f"{head}\n{INDENT}{flatten_parse(p) if p is not None else FEATURE_UNAVAILABLE}" for head, p in blocks)
+    rendered = [(head, flatten_parse(p) if p is not None else FEATURE_UNAVAILABLE) for head, p in blocks]
+    return "\n".join(f"{head}\n{INDENT}{body}" for head, body in rendered)

@@ -28,7 +28,8 @@ Choices, each matching EASSE where EASSE has the metric:
   sentences (`eval.textnorm.split_sentences`, our stand-in for NLTK Punkt), and every whitespace
   token counts as a word, punctuation included. FKGL = max(0, 0.39·words/sentences +
   11.8·syllables/words - 15.59); 0 for an empty corpus. Syllables follow EASSE's counter
-  (itself from the DRESS/nltk_contrib readability scripts), restated in `count_syllables`:
+  (itself from the DRESS/nltk_contrib readability scripts), restated in
+  `eval.textnorm.count_syllables`:
   (1) a table of special words with fixed counts; (2) strip *all* trailing 'e's; (3) count runs
   of vowels (a e i o u y); (4) +1 for each of a list of patterns ("ia", "riet", "io", a vowel+"bl"
   ending, three vowels in a row, a leading "mc", "ism" ending, ...); (5) -1 for each of
@@ -46,14 +47,12 @@ Choices, each matching EASSE where EASSE has the metric:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 
 from eval.dsari import corpus_dsari, document_sari
 from eval.sari import corpus_sari, sentence_sari_scores, transpose_refs
-from eval.textnorm import check_tokenizer, count_sentences, normalize, split_sentences
+from eval.textnorm import check_tokenizer, count_sentences, count_syllables, normalize, split_sentences
 
 METRICS = (
     "sari", "bleu", "fkgl", "dsari", "compression_ratio", "exact_copy", "levenshtein", "split_rate",
@@ -62,42 +61,6 @@ METRICS = (
 NEEDS_REFS = frozenset({"sari", "bleu", "dsari", "bertscore", "lens"})
 
 # ----------------------------------------------------------------------------- FKGL
-
-_SPECIAL_SYLLABLES = {
-    "the": 1, "tottered": 2, "chummed": 1, "peeped": 1, "moustaches": 2, "shamefully": 3, "messieurs": 2,
-    "satiated": 4, "sailmaker": 4, "sheered": 1, "disinterred": 3, "propitiatory": 6, "bepatched": 2,
-    "particularized": 5, "caressed": 2, "trespassed": 2, "sepulchre": 3, "flapped": 1, "hemispheres": 3,
-    "pencilled": 2, "motioned": 2, "poleman": 2, "slandered": 2, "sombre": 2, "etc": 4, "sidespring": 2,
-    "mimes": 1, "effaces": 2, "mr": 2, "mrs": 2, "ms": 1, "dr": 2, "st": 1, "sr": 2, "jr": 2, "truckle": 2,
-    "foamed": 1, "fringed": 2, "clattered": 2, "capered": 2, "mangroves": 2, "suavely": 2, "reclined": 2,
-    "brutes": 1, "effaced": 2, "quivered": 2, "h'm": 1, "veriest": 3, "sententiously": 4, "deafened": 2,
-    "manoeuvred": 3, "unstained": 2, "gaped": 1, "stammered": 2, "shivered": 2, "discoloured": 3,
-    "gravesend": 2, "60": 2, "lb": 1, "unexpressed": 3, "greyish": 2, "unostentatious": 5,
-}
-_SYLLABLE_PLUS = [re.compile(p) for p in (
-    "ia", "riet", "dien", "iu", "io", "ii", "[aeiouy]bl$", "mbl$", "[aeiou]{3}", "^mc", "ism$",
-    r"(.)(?!\1)([aeiouy])\2l$", "[^l]llien", "^coad.", "^coag.", "^coal.", "^coax.",
-    r"(.)(?!\1)[gq]ua(.)(?!\2)[aeiou]", "dnt$",
-)]
-_SYLLABLE_MINUS = [re.compile(p) for p in ("cial", "tia", "cius", "cious", "gui", "ion", "iou", "sia$", ".ely$")]
-_VOWEL_RUN = re.compile("[aeiouy]+")
-
-
-@lru_cache(maxsize=100_000)
-def count_syllables(word: str) -> int:
-    """Syllables in one word by EASSE's rules (listed in the module docstring).
-
-    >>> [count_syllables(w) for w in ("the", "cat", "table", "simple", "ion", "free", ",")]
-    [1, 1, 2, 1, 1, 0, 0]
-    """
-    word = word.lower().strip()
-    if word in _SPECIAL_SYLLABLES:
-        return _SPECIAL_SYLLABLES[word]
-    word = word.rstrip("e")
-    count = len(_VOWEL_RUN.findall(word))
-    count += sum(1 for p in _SYLLABLE_PLUS if p.search(word))
-    count -= sum(1 for p in _SYLLABLE_MINUS if p.search(word))
-    return count
 
 
 def _fkgl_counts(text: str, tokenizer: str) -> tuple[int, int, int]:
@@ -161,9 +124,11 @@ def corpus_bleu(
         tokenizer: '13a', 'intl' or 'none'.
 
     Returns:
-        BLEU in 0..100.
+        BLEU in 0..100 (0.0 for an empty corpus, which sacrebleu rejects).
     """
     transpose_refs(refs_sents, len(sys_sents))  # validates the layout with clear messages
+    if not sys_sents:
+        return 0.0
     sys_norm = [normalize(s, lowercase, tokenizer) for s in sys_sents]
     refs_norm = [[None if r is None else normalize(r, lowercase, tokenizer) for r in stream] for stream in refs_sents]
     return _bleu_scorer(sentence_level=False).corpus_score(sys_norm, refs_norm).score
@@ -285,6 +250,8 @@ def _pad(refs_per_sent: Sequence[Sequence[str]]) -> list[list[str | None]]:
 
 
 def _to_streams(refs_per_sent: Sequence[Sequence[str]]) -> list[list[str | None]]:
+    if not refs_per_sent:
+        return [[]]  # an empty corpus: one empty stream keeps the streams layout valid
     return [list(stream) for stream in zip(*_pad(refs_per_sent))]
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
+from actors.corpus import CorpusError
 from jobs.config import ConfigError, load_config, read_yaml
 
 # job name (the YAML `job:` key) -> entry module exposing `Config` and `main(cfg, config_path)`
 JOBS = {
     "policy_simplify": "jobs.policy_simplify",
+    "jury_eval": "jobs.jury_eval",
 }
 
 USAGE = __doc__
@@ -72,13 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2
-    except InputError as exc:
+    except CorpusError as exc:
         print(f"quorum: input error: {exc}", file=sys.stderr)
         return 2
-
-
-class InputError(ValueError):
-    """Bad input data (a corpus or ratings file): the message names the file and line."""
 
 
 def entry(module_name: str) -> None:
@@ -86,7 +83,7 @@ def entry(module_name: str) -> None:
     module = importlib.import_module(module_name)
     try:
         code = run_job(module, sys.argv[1:])
-    except (ConfigError, InputError) as exc:
+    except (ConfigError, CorpusError) as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         code = 2
     sys.exit(code)
@@ -94,7 +91,3 @@ def entry(module_name: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[1]

@@ -162,10 +162,30 @@ def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
 # Public entry points
 
 
+def with_defaults(cls: type, data: Any) -> Any:
+    """The class defaults overlaid with `data`: nested sections merge, lists/dicts/values replace.
+
+    Overrides then address any default too (`generate.1.sampling.seed=3` works without a YAML entry). Unknown
+    keys are carried over untouched so `build` can name them.
+    """
+    if not isinstance(data, dict):
+        return data
+    merged = dataclasses.asdict(cls())
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        field_type = hints.get(key)
+        if field_type is not None and dataclasses.is_dataclass(field_type) and isinstance(value, dict):
+            merged[key] = with_defaults(field_type, value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -> Any:
     """Read YAML `path` (may be None for all defaults), apply overrides, build and validate `cls`."""
     data = read_yaml(path) if path else {}
     data.pop("job", None)
+    data = with_defaults(cls, data)
     for override in overrides:
         apply_override(data, override)
     where = f"{path}: " if path else ""

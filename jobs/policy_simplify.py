@@ -79,8 +79,10 @@ class Config:
 
 
 def load_sources(cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
-    df = read_standard(cfg.data.format, cfg.data.path, text_column=cfg.data.text_column,
-                       id_column=cfg.data.id_column or None, offset=cfg.data.offset, limit=cfg.data.limit or None)
+    kwargs = {"offset": cfg.data.offset, "limit": cfg.data.limit or None}
+    if cfg.data.format in ("jsonl", "parquet", "csv"):
+        kwargs.update(text_column=cfg.data.text_column, id_column=cfg.data.id_column or None)
+    df = read_standard(cfg.data.format, cfg.data.path, **kwargs)
     return source_filter(df, min_words=cfg.data.min_words)
 
 

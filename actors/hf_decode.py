@@ -1,0 +1,323 @@
+"""Continuous-batching greedy/sampled decoding over a transformers causal LM's `forward` (not `generate`).
+
+Why not `model.generate`: it keeps a batch until its longest row ends, re-copies the whole KV cache every step
+(`DynamicLayer` grows by `torch.cat`) and pays per-step Python overhead in logits processors and stopping
+criteria. Here:
+
+- the KV cache is preallocated (`RowKVLayer`), every row writes its next token at the same column;
+- a row that finishes leaves the batch and a waiting prompt takes its place (prefilled on its own, then
+  merged in, right-aligned to the shared column), so the batch stays full until the queue runs dry;
+- greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
+  request's random stream does not depend on which other requests share its batch.
+
+Greedy output is token-for-token what `generate(do_sample=False)` gives for the same left-padded prompt: the
+same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from actors.engine import SamplingParams
+
+# Tokens decoded around the end of a completion when looking for a stop string (longest stop + this margin).
+_STOP_WINDOW_MARGIN = 8
+
+
+@dataclass
+class DecodeRow:
+    """One prompt being completed; the loop fills `token_ids` (EOS included, when it came) and `finish_reason`."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    # character offset in the decoded completion where the earliest stop string starts (-1: none)
+    stop_at: int = -1
+    generator: torch.Generator | None = None
+
+
+class RowKVLayer(DynamicLayer):
+    """One layer's keys/values in preallocated buffers of shape (rows, kv_heads, capacity, head_dim).
+
+    Each forward writes at column `length` for all rows and attention reads the views `[:, :, :length]`.
+    `DynamicLayer.get_mask_sizes` (kv length = cached + new tokens) stays correct for these views.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self.key_buffer: torch.Tensor | None = None
+        self.value_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        rows, heads, _, key_dim = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        # Zeros, not empty: masked columns still enter softmax(QK)V, and 0 * NaN garbage would poison a row.
+        self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, key_dim)
+        self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV buffer overflow: {end} columns needed, capacity {self.capacity}")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys = self.key_buffer[:, :, :end]
+        self.values = self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+@dataclass
+class _Batch:
+    """The rows decoding together, their KV cache, and the tensors fed to the next forward."""
+
+    rows: list[DecodeRow]
+    cache: Cache
+    # (rows, capacity) 1 where a column holds a real token of that row
+    mask: torch.Tensor
+    # (rows, 1) token to feed next and its position id
+    next_ids: torch.Tensor
+    next_pos: torch.Tensor
+    length: int
+
+
+@dataclass
+class DecodeSettings:
+    """What the loop needs to know about the model beyond its forward."""
+
+    eos_ids: frozenset[int]
+    pad_id: int
+    num_layers: int
+    max_batch_size: int
+    # decodes completion token ids to text (stop strings are searched in it)
+    decode: Callable[[list[int]], str]
+    # the model's forward accepts `logits_to_keep` (skip the LM head on prompt positions)
+    logits_to_keep: bool = True
+
+
+def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> None:
+    """Complete every row in place, keeping up to `settings.max_batch_size` rows in flight.
+
+    Rows are admitted in the order given (callers sort by prompt length so co-admitted prompts need little
+    padding). Freed slots are refilled once a quarter of the batch is free (or the queue can fill them all),
+    which amortises a prefill pass over several prompts.
+
+    Args:
+        model: a causal LM taking `input_ids, attention_mask, position_ids, past_key_values`.
+        rows: prompts with their sampling params; `token_ids`, `finish_reason`, `stop_at` are filled in.
+        settings: EOS ids, pad id, layer count, batch size and the token decoder.
+    """
+    for row in rows:
+        if row.sampling.temperature > 0:
+            row.generator = torch.Generator(device=model.device).manual_seed(row.sampling.seed)
+    pending = deque(rows)
+    refill_at = max(1, settings.max_batch_size // 4)
+    batch: _Batch | None = None
+    with torch.inference_mode():
+        while pending or batch is not None:
+            live = [] if batch is None else [i for i, row in enumerate(batch.rows) if not row.finish_reason]
+            free = settings.max_batch_size - len(live)
+            admitted = None
+            if pending and free >= min(refill_at, len(pending)):
+                admitted = _prefill(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings)
+            if batch is None or len(live) < len(batch.rows) or admitted is not None:
+                batch = _merge(batch, live, admitted)
+            if batch is not None:
+                _step(model, batch, settings)
+
+
+def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> _Batch:
+    """Run the prompts of `rows` (left-padded) through the model and choose each row's first token."""
+    device = model.device
+    width = max(len(row.prompt_ids) for row in rows)
+    ids = torch.full((len(rows), width), settings.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+        mask[i, width - len(row.prompt_ids) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    # Same position ids as `generate`: count of real tokens so far, pads at 0.
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = Cache(layers=[RowKVLayer(width) for _ in range(settings.num_layers)])
+    extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, **extra
+    )
+    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], width)
+    _accept_tokens(batch, out.logits[:, -1, :], settings)
+    return batch
+
+
+def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> None:
+    """Feed every row its last token, append the next one."""
+    end = batch.length + 1
+    batch.mask[:, batch.length] = 1
+    out = model(
+        input_ids=batch.next_ids,
+        attention_mask=batch.mask[:, :end],
+        position_ids=batch.next_pos,
+        past_key_values=batch.cache,
+        use_cache=True,
+    )
+    batch.length = end
+    _accept_tokens(batch, out.logits[:, -1, :], settings)
+
+
+def _accept_tokens(batch: _Batch, logits: torch.Tensor, settings: DecodeSettings) -> None:
+    """Choose one token per row from `logits` (rows, vocab) and update the rows and the next inputs."""
+    tokens = choose_tokens(logits.float(), batch.rows)
+    batch.next_ids = tokens[:, None]
+    batch.next_pos = batch.next_pos + 1
+    for row, token in zip(batch.rows, tokens.tolist()):
+        _record_token(row, token, settings)
+
+
+def choose_tokens(logits: torch.Tensor, rows: list[DecodeRow]) -> torch.Tensor:
+    """Greedy argmax for rows at temperature 0, a seeded draw for the others.
+
+    Args:
+        logits: float32 scores. Shape: (rows, vocab).
+        rows: the rows, in the same order; sampled rows carry their own generator.
+
+    Returns:
+        Token ids. Shape: (rows,).
+    """
+    tokens = logits.argmax(dim=-1)
+    for i, row in enumerate(rows):
+        if row.sampling.temperature > 0:
+            tokens[i] = sample_token(logits[i], row.sampling, row.generator)
+    return tokens
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token from temperature-scaled logits after top-k then top-p (nucleus) filtering.
+
+    Args:
+        logits: float32 scores for one row. Shape: (vocab,).
+        params: temperature (> 0), top_k (-1 = off) and top_p (1.0 = off).
+        generator: the row's random stream.
+
+    Returns:
+        A 0-d token id tensor.
+    """
+    scores = logits / params.temperature
+    if 0 < params.top_k < scores.numel():
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens ranked above it already reach top_p; the best token always stays.
+        drop = (cumulative - sorted_scores.softmax(-1)) >= params.top_p
+        scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
+    probs = scores.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def _record_token(row: DecodeRow, token: int, settings: DecodeSettings) -> None:
+    """Append `token` to `row` and decide whether the row is finished (EOS, stop string, max_tokens)."""
+    if row.finish_reason:
+        return
+    row.token_ids.append(token)
+    if token in settings.eos_ids:
+        row.finish_reason = "stop"
+        return
+    if row.sampling.stop and _find_stop(row, settings.decode) >= 0:
+        row.finish_reason = "stop"
+        return
+    if len(row.token_ids) >= row.sampling.max_tokens:
+        row.finish_reason = "length"
+
+
+def _find_stop(row: DecodeRow, decode: Callable[[list[int]], str]) -> int:
+    """Set and return `row.stop_at` if a stop string now appears in the completion.
+
+    Only the last few tokens are decoded each step (a stop string is new only near the end); on a hit the
+    whole completion is decoded once to locate its earliest stop string.
+    """
+    longest = max(len(s) for s in row.sampling.stop)
+    tail = decode(row.token_ids[-(longest + _STOP_WINDOW_MARGIN) :])
+    if not any(s in tail for s in row.sampling.stop):
+        return -1
+    text = decode(row.token_ids)
+    hits = [text.find(s) for s in row.sampling.stop if s in text]
+    row.stop_at = min(hits) if hits else -1
+    return row.stop_at
+
+
+def _merge(old: _Batch | None, keep: list[int], new: _Batch | None) -> _Batch | None:
+    """Build the next batch from the unfinished rows of `old` (indices `keep`) and the unfinished rows of `new`.
+
+    The survivors' KV columns are copied right-aligned into fresh buffers sized for the longest remaining
+    generation, which also drops columns that only finished rows were using.
+    """
+    parts = [(old, keep)] if old is not None and keep else []
+    if new is not None:
+        new_keep = [i for i, row in enumerate(new.rows) if not row.finish_reason]
+        parts += [(new, new_keep)] if new_keep else []
+    if not parts:
+        return None
+    widths = [_used_width(batch, idx) for batch, idx in parts]
+    width = max(widths)
+    rows = [batch.rows[i] for batch, idx in parts for i in idx]
+    capacity = width + max(row.sampling.max_tokens - len(row.token_ids) for row in rows) + 1
+    layers = []
+    for layer_idx in range(len(parts[0][0].cache.layers)):
+        sources = [(batch.cache.layers[layer_idx], idx, w) for (batch, idx), w in zip(parts, widths)]
+        layers.append(_merge_layer(sources, capacity, width))
+    mask = torch.cat([_align(batch.mask[idx, batch.length - w : batch.length], width) for (batch, idx), w in zip(parts, widths)])
+    return _Batch(
+        rows=rows,
+        cache=Cache(layers=layers),
+        mask=torch.nn.functional.pad(mask, (0, capacity - width)),
+        next_ids=torch.cat([batch.next_ids[idx] for batch, idx in parts]),
+        next_pos=torch.cat([batch.next_pos[idx] for batch, idx in parts]),
+        length=width,
+    )
+
+
+def _used_width(batch: _Batch, idx: list[int]) -> int:
+    """Columns from the first one any kept row uses up to the write position."""
+    used = batch.mask[idx, : batch.length].any(dim=0)
+    first = int(used.int().argmax())
+    return batch.length - first
+
+
+def _align(columns: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad the last dimension of `columns` with zeros to `width`."""
+    return torch.nn.functional.pad(columns, (width - columns.shape[-1], 0))
+
+
+def _merge_layer(sources: list[tuple[RowKVLayer, list[int], int]], capacity: int, width: int) -> RowKVLayer:
+    """Copy the last `w` columns of the kept rows of each source layer, right-aligned at `width`."""
+    layer = RowKVLayer(capacity)
+    rows = sum(len(idx) for _, idx, _ in sources)
+    first = sources[0][0]
+    heads, key_dim = first.key_buffer.shape[1], first.key_buffer.shape[3]
+    layer.key_buffer = first.key_buffer.new_zeros(rows, heads, capacity, key_dim)
+    layer.value_buffer = first.value_buffer.new_zeros(rows, heads, capacity, first.value_buffer.shape[3])
+    layer.dtype, layer.device, layer.is_initialized = first.dtype, first.device, True
+    start = 0
+    for src, idx, w in sources:
+        index = torch.tensor(idx, device=src.key_buffer.device)
+        stop = start + len(idx)
+        layer.key_buffer[start:stop, :, width - w : width] = src.key_buffer[index, :, src.length - w : src.length]
+        layer.value_buffer[start:stop, :, width - w : width] = src.value_buffer[index, :, src.length - w : src.length]
+        start = stop
+    layer.length = width
+    layer.keys, layer.values = layer.key_buffer[:, :, :width], layer.value_buffer[:, :, :width]
+    return layer

@@ -1,0 +1,330 @@
+"""The `hf` engine: chat completions from a transformers causal LM on CPU or GPU, batched for throughput.
+
+    from actors.engine import ChatRequest, EngineSpec, SamplingParams
+    from actors.hf_engine import HFEngine
+    engine = HFEngine(EngineSpec(model="smollm2-135m"))
+    [answer] = engine.generate([ChatRequest([{"role": "user", "content": "Simplify: ..."}])])
+
+What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/README.md):
+
+- bfloat16 on CPUs with native bf16 dot products (avx512_bf16 / AMX) when a quick matmul probe confirms it;
+- nn.Linear weights pre-reordered into oneDNN's blocked layout (`PackedLinear`): the skinny decode matmuls
+  stream weights far faster, with bit-identical results in bf16;
+- prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`).
+
+Greedy decoding (temperature 0) gives the same tokens as `model.generate(do_sample=False)`.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import time
+from pathlib import Path
+
+import jinja2
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
+from actors.hf_decode import DecodeRow, DecodeSettings, run_decode
+from actors.models import resolve_model_dir
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# bf16 must beat fp32 by this factor in the startup probe to be picked on CPU (guards against timing noise).
+_BF16_MIN_SPEEDUP = 1.2
+
+
+class HFEngine:
+    """Engine over a transformers causal LM. See module docstring.
+
+    Args:
+        spec: which model, device, dtype, batch size and thread count to use.
+
+    Raises:
+        ValueError: a spec field is invalid (the message names it), or the model has no chat template.
+    """
+
+    def __init__(self, spec: EngineSpec):
+        validate_spec(spec)
+        self.spec = spec
+        if spec.num_threads > 0:
+            torch.set_num_threads(spec.num_threads)
+        self.device = pick_device(spec.device)
+        self.dtype = pick_dtype(spec.dtype, self.device)
+        model_dir = resolve_model_dir(spec.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"engine.model: {spec.model!r} has no chat template in its tokenizer")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
+        self.packed_layers = 0
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            self.packed_layers = pack_linear_layers(self.model, spec.max_batch_size)
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        eos_ids = collect_eos_ids(self.model, self.tokenizer)
+        pad_id = self.tokenizer.pad_token_id
+        self.settings = DecodeSettings(
+            eos_ids=eos_ids,
+            # Pad columns are masked out, so any valid id works when the tokenizer defines none.
+            pad_id=pad_id if pad_id is not None else min(eos_ids, default=0),
+            num_layers=self.model.config.get_text_config().num_hidden_layers,
+            max_batch_size=spec.max_batch_size,
+            decode=self._decode,
+            logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
+        )
+
+    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
+        """Complete each request; the result list is in request order.
+
+        A prompt longer than the model's context gets a Completion with finish_reason "error"; malformed
+        requests raise before any work starts.
+        """
+        for i, request in enumerate(requests):
+            validate_request(i, request)
+        prompts = [self._encode(request.messages) for request in requests]
+        rows: dict[int, DecodeRow] = {}
+        errors: dict[int, str] = {}
+        for i, (request, prompt) in enumerate(zip(requests, prompts)):
+            room = self.max_positions - len(prompt) if self.max_positions else request.sampling.max_tokens
+            if room < 1:
+                errors[i] = f"prompt has {len(prompt)} tokens; the model's context is {self.max_positions}"
+                continue
+            sampling = request.sampling
+            if sampling.max_tokens > room:
+                sampling = SamplingParams(**{**sampling.__dict__, "max_tokens": room})
+            rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling)
+        # Longest prompts first: co-admitted prompts have similar lengths (little padding), and later, shorter
+        # prompts always fit left of the shared write column.
+        order = sorted(rows, key=lambda i: -len(rows[i].prompt_ids))
+        run_decode(self.model, [rows[i] for i in order], self.settings)
+        return [
+            Completion(text="", finish_reason="error", error=errors[i], prompt_tokens=len(prompts[i]))
+            if i in errors
+            else self._completion(rows[i])
+            for i in range(len(requests))
+        ]
+
+    def close(self) -> None:
+        """Free the model (and GPU memory); the engine cannot generate afterwards."""
+        self.model = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _encode(self, messages: list[dict]) -> list[int]:
+        text = render_prompt(self.tokenizer, messages, self.spec.thinking)
+        # The template already wrote any BOS/special tokens into the text.
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _completion(self, row: DecodeRow) -> Completion:
+        ids = row.token_ids
+        if ids and ids[-1] in self.settings.eos_ids:
+            ids = ids[:-1]
+        raw = self._decode(ids)
+        if row.stop_at >= 0:
+            raw = raw[: row.stop_at]
+        text, reasoning = split_thinking(raw)
+        return Completion(
+            text=text,
+            raw_text=raw,
+            reasoning=reasoning,
+            prompt_tokens=len(row.prompt_ids),
+            completion_tokens=len(row.token_ids),
+            finish_reason=row.finish_reason,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate_spec(spec: EngineSpec) -> None:
+    """Raise ValueError naming the first EngineSpec field the hf engine cannot use."""
+    if spec.kind != "hf":
+        raise ValueError(f"engine.kind: HFEngine needs kind 'hf', got {spec.kind!r}")
+    if spec.dtype != "auto" and spec.dtype not in _DTYPES:
+        raise ValueError(f"engine.dtype: {spec.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+    if spec.device not in ("auto", "cpu") and not spec.device.startswith("cuda"):
+        raise ValueError(f"engine.device: {spec.device!r} is not one of auto, cpu, cuda, cuda:<n>")
+    if not isinstance(spec.max_batch_size, int) or spec.max_batch_size < 1:
+        raise ValueError(f"engine.max_batch_size: must be an integer >= 1, got {spec.max_batch_size!r}")
+    if not isinstance(spec.num_threads, int) or spec.num_threads < 0:
+        raise ValueError(f"engine.num_threads: must be an integer >= 0, got {spec.num_threads!r}")
+
+
+def validate_request(index: int, request: ChatRequest) -> None:
+    """Raise ValueError naming the field of `requests[index]` that is malformed."""
+    where = f"requests[{index}]"
+    if not isinstance(request, ChatRequest):
+        raise ValueError(f"{where}: expected a ChatRequest, got {type(request).__name__}")
+    if not isinstance(request.messages, list) or not request.messages:
+        raise ValueError(f"{where}.messages: expected a non-empty list of {{role, content}} dicts")
+    for j, message in enumerate(request.messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"{where}.messages[{j}]: expected a dict, got {type(message).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise ValueError(f"{where}.messages[{j}].{key}: expected a string, got {message.get(key)!r}")
+    validate_sampling(f"{where}.sampling", request.sampling)
+
+
+def validate_sampling(where: str, params: SamplingParams) -> None:
+    """Raise ValueError naming the SamplingParams field that is out of range."""
+    if params.temperature < 0:
+        raise ValueError(f"{where}.temperature: must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"{where}.top_p: must be in (0, 1], got {params.top_p}")
+    if params.top_k != -1 and params.top_k < 1:
+        raise ValueError(f"{where}.top_k: must be -1 (off) or >= 1, got {params.top_k}")
+    if params.max_tokens < 1:
+        raise ValueError(f"{where}.max_tokens: must be >= 1, got {params.max_tokens}")
+    if any(not isinstance(s, str) or not s for s in params.stop):
+        raise ValueError(f"{where}.stop: stop strings must be non-empty strings, got {params.stop!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def render_prompt(tokenizer, messages: list[dict], thinking: bool) -> str:
+    """Apply the chat template with a generation prompt.
+
+    `enable_thinking` is passed for templates that read it (Qwen3-style) and ignored by the others. A template
+    that rejects the system role (it raises, like Gemma's) gets the system text merged into the first user turn.
+    """
+    try:
+        return _apply_template(tokenizer, messages, thinking)
+    except jinja2.TemplateError:
+        if not any(m["role"] == "system" for m in messages):
+            raise
+        return _apply_template(tokenizer, merge_system_into_user(messages), thinking)
+
+
+def _apply_template(tokenizer, messages: list[dict], thinking: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+    )
+
+
+def merge_system_into_user(messages: list[dict]) -> list[dict]:
+    """Drop system turns and prefix their text to the first user turn (or make one).
+
+    >>> merge_system_into_user([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    [{'role': 'user', 'content': 'Be brief.\\n\\nHi'}]
+    """
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    for message in rest:
+        if message["role"] == "user":
+            message["content"] = f"{system}\n\n{message['content']}"
+            return rest
+    return [{"role": "user", "content": system}, *rest]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Device, dtype, weights
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto` is the first GPU if there is one, else the CPU; asking for CUDA without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"engine.device: {name!r} requested but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Resolve `auto`: bf16 on GPU (fp16 if unsupported); on CPU bf16 only with native bf16 math that is faster."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if cpu_has_native_bf16() and measure_bf16_speedup() >= _BF16_MIN_SPEEDUP:
+        return torch.bfloat16
+    return torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when /proc/cpuinfo lists avx512_bf16 or amx_bf16 (without them bf16 is emulated and slow)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return False
+    flags = set()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    return any(flag in flags for flag in _CPU_BF16_FLAGS)
+
+
+def measure_bf16_speedup(rows: int = 64, size: int = 1024, reps: int = 5) -> float:
+    """fp32 time / bf16 time of a decode-shaped matmul, best of `reps` each (~20 ms in all)."""
+    timings = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w = torch.randn(rows, size).to(dtype), torch.randn(4 * size, size).to(dtype)
+        torch.nn.functional.linear(x, w)
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            best = min(best, time.perf_counter() - start)
+        timings[dtype] = best
+    return timings[torch.float32] / timings[torch.bfloat16]
+
+
+class PackedLinear(torch.nn.Module):
+    """Inference-only stand-in for nn.Linear with its weight pre-reordered into oneDNN's blocked layout.
+
+    A plain bf16 F.linear re-reads the weight in its row-major layout every call; the prepacked one streams it
+    in the order the kernel consumes it, which is what decode (few rows, every weight read once) is bound by.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, batch_size: int):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def pack_linear_layers(model: torch.nn.Module, batch_size: int) -> int:
+    """Swap every nn.Linear of a CPU model for a PackedLinear, if the packed op gives bit-identical outputs.
+
+    Returns:
+        How many layers were swapped (0 when oneDNN is unavailable or the probe differs).
+    """
+    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
+    linears = [(parent, name, child) for parent, name, child in linears if isinstance(child, torch.nn.Linear)]
+    if not linears or not _packing_is_exact(linears[0][2], batch_size):
+        return 0
+    for parent, name, child in linears:
+        setattr(parent, name, PackedLinear(child, batch_size))
+    return len(linears)
+
+
+def _packing_is_exact(linear: torch.nn.Linear, batch_size: int) -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    x = torch.randn(batch_size, 1, linear.in_features, generator=torch.Generator().manual_seed(0))
+    x = x.to(linear.weight.dtype)
+    with torch.inference_mode():
+        try:
+            packed = PackedLinear(linear, batch_size)(x)
+        except RuntimeError:
+            return False
+        return torch.equal(packed, linear(x))
+
+
+def collect_eos_ids(model, tokenizer) -> frozenset[int]:
+    """Token ids that end a completion: the generation config's EOS (int or list) plus the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return frozenset(ids)

@@ -1,0 +1,377 @@
+"""Jury meta-evaluation (paper 001): SynthSimpliEval + human-rated sets -> LLM jury -> agreement report.
+
+Local (embedded default: local Ray, SmolLM2-135M as writer, simplifiers and jury; ~6 min on 2 cores):
+
+    quorum run configs/jury_eval_demo.yaml
+    python -m jobs.jury_eval configs/jury_eval_demo.yaml synth.n=6 simpeval.limit=12 run.id=small
+
+On a cluster (vLLM judges and simplifiers on GPUs, API judges through OpenAI-compatible endpoints):
+
+    ray job submit --address http://HEAD:8265 --working-dir . -- \
+        quorum run configs/jury_eval_cluster.yaml run.root=s3://bucket/runs
+
+Stages (each a Parquet dataset under <run.root>/jury_eval/<run-id>/, skipped when already complete):
+human (SimpEval + ASSET pairs; a malformed ratings file stops the run here, exit code 2) -> prompts (seeded
+domain x noun pairs) -> complex (writer) -> simplify (every simplifier) -> pairs -> jury -> metrics -> scores
+(one row per pair: every judge, the jury mean, the metrics, human scores) -> stats (every statistic with its
+source-clustered bootstrap CI). Then report.md and report.html (tables + plots) are written and logged to W&B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+import pyarrow as pa
+import yaml
+
+from actors.corpus import read_asset_ratings, read_simpeval
+from actors.jury import JuryConfig
+from actors.stage_config import ModelConfig, SamplingConfig, check_unique_names
+from eval import jury_meta as meta
+from eval import report_html as rep
+from eval import synth_bench as bench
+from jobs.cli import entry
+from jobs.config import ConfigError, require_file
+from jobs.policy_simplify import model_key
+from jobs.ray_env import RayConfig, init_ray
+from jobs.runstore import RunConfig, RunStore, write_table
+from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+
+log = logging.getLogger("quorum.jury_eval")
+JOB = "jury_eval"
+
+
+@dataclass
+class SimplifierConfig(ModelConfig):
+    # parameter count in billions: the expected-trend check correlates scores with it (paper: 1, 3, 8, 70)
+    size_b: float = 1.0
+    # prompt template with exactly one variable, filled with the complex sentence
+    template: str = "synth_simplify"
+
+
+@dataclass
+class SynthConfig:
+    enabled: bool = True
+    # synthetic complex sentences (paper: 200)
+    n: int = 12
+    # seed of the (domain, noun) draw; stratified = domains spread evenly, uniform = any grid cell
+    seed: int = 0
+    strategy: Literal["stratified", "uniform"] = "stratified"
+    domains_path: str = "configs/data/synth_domains.txt"
+    nouns_path: str = "configs/data/synth_nouns.txt"
+    template: str = "synth_complex"
+    writer: ModelConfig = field(default_factory=lambda: ModelConfig(
+        name="writer", sampling=SamplingConfig(temperature=0.7, max_tokens=64)))
+    simplifiers: list[SimplifierConfig] = field(default_factory=lambda: [SimplifierConfig(name="simplifier")])
+    # printed in the report next to the sizes (say here when `size_b` is a stand-in, not a parameter count)
+    size_note: str = ""
+
+
+@dataclass
+class SimpEvalConfig:
+    enabled: bool = True
+    path: str = "../shared/data/simpeval/simpeval_2022.csv"
+    # first pairs in file order (0 = all 360)
+    limit: int = 0
+    # human score = mean of the 3 raw 0-100 ratings, or of the file's per-rater z-scores
+    rating: Literal["raw", "zscore"] = "raw"
+
+
+@dataclass
+class AssetRatingsConfig:
+    enabled: bool = True
+    path: str = "../shared/data/asset/human_ratings.csv"
+    # first (sentence, simplification) pairs in file order (0 = all 100)
+    limit: int = 0
+
+
+@dataclass
+class ReportConfig:
+    # automatic metrics per pair (eval.jury_meta.PAIR_METRICS); bertscore is against the source
+    metrics: list[str] = field(default_factory=lambda: ["fkgl", "compression_ratio", "levenshtein", "bertscore",
+                                                        "sari", "bleu"])
+    # bootstrap resamples (of source sentences) per confidence interval; 0 = no CIs
+    n_boot: int = 1000
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    simpeval: SimpEvalConfig = field(default_factory=SimpEvalConfig)
+    asset: AssetRatingsConfig = field(default_factory=AssetRatingsConfig)
+    jury: JuryConfig = field(default_factory=JuryConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+    def validate(self) -> None:
+        if not (self.synth.enabled or self.simpeval.enabled or self.asset.enabled):
+            raise ConfigError("synth, simpeval, asset: at least one set must be enabled")
+        if self.synth.enabled:
+            require_file(self.synth.domains_path, "synth.domains_path")
+            require_file(self.synth.nouns_path, "synth.nouns_path")
+            if self.synth.n < 1:
+                raise ConfigError(f"synth.n: must be >= 1, got {self.synth.n}")
+            self.synth.writer.pool.validate("synth.writer.pool")
+            check_unique_names(self.synth.simplifiers, "synth.simplifiers")
+            for i, simp in enumerate(self.synth.simplifiers):
+                simp.pool.validate(f"synth.simplifiers.{i}.pool")
+                if simp.size_b <= 0:
+                    raise ConfigError(f"synth.simplifiers.{i}.size_b: must be > 0, got {simp.size_b}")
+                if len(bench.template_variables(simp.template)) != 1:
+                    raise ConfigError(f"synth.simplifiers.{i}.template: {simp.template!r} must have exactly one "
+                                      "variable (the complex sentence)")
+        for key, part in (("simpeval", self.simpeval), ("asset", self.asset)):
+            if part.enabled:
+                require_file(part.path, f"{key}.path")
+                if part.limit < 0:
+                    raise ConfigError(f"{key}.limit: must be >= 0, got {part.limit}")
+        self.jury.validate()
+        bad = [j.name for j in self.jury.judges if j.format != "score"]
+        if bad:
+            raise ConfigError(f"jury.judges: this job rates single pairs; judges {bad} must use format 'score'")
+        unknown = sorted(set(self.report.metrics) - set(meta.PAIR_METRICS))
+        if unknown:
+            raise ConfigError(f"report.metrics: unknown {unknown}; expected some of {list(meta.PAIR_METRICS)}")
+        self.wandb.validate()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stages
+
+
+def stage_frame(cfg: Config, store: RunStore, name: str, key: object, build, summarize=None):
+    """A stage whose output is a pandas frame: build() -> DataFrame (Ray plans materialised on the driver)."""
+    def produce(out_dir: str) -> dict:
+        started = time.time()
+        df = build()
+        write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir)
+        return summarize(df, time.time() - started) if summarize else {"rows_out": len(df)}
+
+    return store.run_stage(name, key, produce)
+
+
+def chat_plan(ds, model: ModelConfig, template: str, variables: dict[str, str], cache: str, post):
+    """rows -> rendered `template` requests -> ChatWorker pool of `model` -> post (actors.generate's pattern)."""
+    from actors.chat_worker import ChatWorker
+
+    rendered = ds.map_batches(bench.render_requests, batch_format="pandas", fn_kwargs={
+        "template": template, "variables": variables, "model": model.name,
+        "sampling_json": model.sampling.to_json()})
+    completed = rendered.map_batches(
+        ChatWorker, batch_format="pandas",
+        fn_constructor_kwargs={"spec": dataclasses.asdict(model.engine), "cache_dir": cache},
+        **model.pool.map_batches_kwargs())
+    return completed.map_batches(post, batch_format="pandas")
+
+
+def load_human(cfg: Config) -> pd.DataFrame:
+    parts = []
+    if cfg.simpeval.enabled:
+        parts.append(bench.simpeval_pairs(read_simpeval(cfg.simpeval.path), cfg.simpeval.limit, cfg.simpeval.rating))
+    if cfg.asset.enabled:
+        parts.append(bench.asset_pairs(read_asset_ratings(cfg.asset.path), cfg.asset.limit))
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in
+                             ["set", "id", "model", "source", "candidate", "generation_error", "references"]})
+    return pd.concat(parts, ignore_index=True)
+
+
+def run_generation(cfg: Config, store: RunStore, cache: str) -> list:
+    from actors.generate import finalize_candidates, summarize_generation
+
+    synth = cfg.synth
+
+    def prompts() -> pd.DataFrame:
+        if not synth.enabled:
+            return pd.DataFrame(columns=["id", "domain", "seed_noun", "pair_seed"])
+        domains, nouns = bench.read_word_list(synth.domains_path), bench.read_word_list(synth.nouns_path)
+        return bench.sample_prompt_pairs(domains, nouns, synth.n, synth.seed, synth.strategy)
+
+    def complex_() -> pd.DataFrame:
+        import ray.data
+
+        rows = store.read_stage("prompts").to_pandas()
+        if rows.empty:
+            return rows.assign(source="", generation_error="", completion="", model="")
+        init_ray(cfg.ray)
+        ds = ray.data.from_pandas(rows)
+        return chat_plan(ds, synth.writer, synth.template, {"subject": "domain", "seed_noun": "seed_noun"},
+                         cache, bench.finalize_complex).to_pandas().sort_values("id", ignore_index=True)
+
+    def simplify() -> pd.DataFrame:
+        import ray.data
+
+        sources = store.read_stage("complex").to_pandas()
+        sources = sources[sources["generation_error"] == ""][["id", "domain", "seed_noun", "source"]]
+        if sources.empty:
+            return pd.DataFrame(columns=["id", "model", "source", "candidate", "generation_error", "size_b"])
+        init_ray(cfg.ray)
+        frames = []
+        for simp in synth.simplifiers:
+            (var,) = bench.template_variables(simp.template)
+            plan = chat_plan(ray.data.from_pandas(sources), simp, simp.template, {var: "source"}, cache,
+                             finalize_candidates)
+            frames.append(plan.to_pandas().assign(size_b=simp.size_b))
+        return pd.concat(frames, ignore_index=True).sort_values(["id", "model"], ignore_index=True)
+
+    gen_key = {"template": synth.template, "writer": model_key([synth.writer])}
+    simp_key = model_key(synth.simplifiers)
+    return [
+        stage_frame(cfg, store, "prompts", {k: v for k, v in dataclasses.asdict(synth).items()
+                                             if k not in ("writer", "simplifiers", "size_note")}, prompts),
+        stage_frame(cfg, store, "complex", gen_key, complex_,
+                    lambda df, s: summarize_generation(df, s) if "completion_tokens" in df else {"rows_out": 0}),
+        stage_frame(cfg, store, "simplify", simp_key, simplify,
+                    lambda df, s: summarize_generation(df, s) if "completion_tokens" in df else {"rows_out": 0}),
+    ]
+
+
+def build_pairs(store: RunStore) -> pd.DataFrame:
+    """Synthetic candidates and human-rated pairs in one table (failed generations kept, marked)."""
+    simplified = store.read_stage("simplify").to_pandas()
+    synth = pd.DataFrame({
+        "set": bench.SYNTH, "id": simplified["id"], "model": simplified["model"], "source": simplified["source"],
+        "candidate": simplified["candidate"].fillna(""), "generation_error": simplified["generation_error"],
+        "size_b": simplified["size_b"].astype(float), "references": [[] for _ in range(len(simplified))]})
+    human = store.read_stage("human").to_pandas()
+    if "references" in human:
+        human["references"] = human["references"].map(list)
+    return pd.concat([synth, human], ignore_index=True)
+
+
+def run_jury(cfg: Config, store: RunStore, cache: str):
+    from actors.jury import build_jury_dataset, summarize_jury
+
+    def judge() -> pd.DataFrame:
+        import ray.data
+
+        pairs = store.read_stage("pairs").to_pandas()
+        items = pairs[["id", "set", "model", "source", "candidate", "generation_error"]].rename(
+            columns={"set": "policy"})
+        if not (items["generation_error"] == "").any():
+            return pd.DataFrame({c: pd.Series(dtype=t) for c, t in JURY_EMPTY.items()})
+        init_ray(cfg.ray)
+        return build_jury_dataset(ray.data.from_pandas(items), cfg.jury, cache).to_pandas()
+
+    key = {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed}
+    return stage_frame(cfg, store, "jury", key, judge, summarize_jury)
+
+
+JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "object", "score": "float64",
+              "format": "object", "parse_error": "object", "engine_error": "object", "attempts": "int64",
+              "cached": "bool", "prompt_tokens": "int64", "completion_tokens": "int64", "worker_seconds": "float64"}
+
+
+def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
+    store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
+    config_dict = dataclasses.asdict(cfg)
+    redaction = install_redaction(secret_env_names(config_dict))
+    if not store.uri_prefix:
+        Path(store.path, "logs").mkdir(exist_ok=True)
+        add_file_log(f"{store.path}/logs/driver.log", redaction)
+    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
+    cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
+    judges = [j.name for j in cfg.jury.judges]
+    metrics = list(cfg.report.metrics)
+    boot = meta.Bootstrap(cfg.report.n_boot, cfg.report.seed)
+    # the human sets first: a malformed ratings file fails the run before any model is loaded
+    results = [stage_frame(cfg, store, "human", {"simpeval": dataclasses.asdict(cfg.simpeval),
+                                                 "asset": dataclasses.asdict(cfg.asset)}, lambda: load_human(cfg))]
+    tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, None if store.uri_prefix else store.path)
+    try:
+        results += run_generation(cfg, store, cache)
+        results.append(stage_frame(cfg, store, "pairs", {}, lambda: build_pairs(store)))
+        results.append(run_jury(cfg, store, cache))
+        results.append(stage_frame(cfg, store, "metrics", metrics,
+                                   lambda: meta.pair_metrics(store.read_stage("pairs").to_pandas(), metrics)))
+        results.append(stage_frame(cfg, store, "scores", {"aggregate": cfg.jury.aggregate, "judges": judges},
+                                   lambda: meta.wide_scores(
+                                       store.read_stage("pairs").to_pandas(), store.read_stage("jury").to_pandas(),
+                                       judges, cfg.jury.aggregate, store.read_stage("metrics").to_pandas())))
+        results.append(stage_frame(cfg, store, "stats", dataclasses.asdict(cfg.report), lambda: meta.meta_evaluate(
+            store.read_stage("scores").to_pandas(), judges, meta.metric_columns(metrics), boot)))
+        for result in results:
+            log.info("stage %-8s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
+                     result.rows, result.seconds, result.summary)
+            tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+        stats = write_report(cfg, store, tracker, boot)
+        store.finish({"stats_rows": len(stats)})
+    finally:
+        tracker.finish()
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+
+
+def report_notes(cfg: Config) -> list[str]:
+    sims = ", ".join(f"{s.name} = {s.size_b:g}B" for s in cfg.synth.simplifiers) if cfg.synth.enabled else "none"
+    notes = [
+        f"Jury: {len(cfg.jury.judges)} judges ({', '.join(j.name for j in cfg.jury.judges)}), 1-5 `Answer: [k]` "
+        f"scores aggregated by the {cfg.jury.aggregate}; a judgment without a parsable answer is excluded from "
+        "that mean and counted (Jury health).",
+        f"Human scores: SimpEval = mean of the 3 {'raw 0-100 ratings' if cfg.simpeval.rating == 'raw' else 'per-rater z-scores'}"
+        "; ASSET = mean over workers per aspect, then the mean of fluency, meaning and simplicity. Missing ratings "
+        "are left out of those means and counted.",
+        f"Synthetic set: {cfg.synth.n if cfg.synth.enabled else 0} (domain, noun) prompts ({cfg.synth.strategy}, "
+        f"seed {cfg.synth.seed}); writer {cfg.synth.writer.name}; simplifier sizes: {sims}. {cfg.synth.size_note}",
+        "Automatic metrics: FKGL of the output, compression ratio and Levenshtein similarity to the source, and "
+        "BERTScore F1 against the source (local MiniLM encoder, not comparable to published BERTScore) are "
+        "reference-free. SARI and sentence BLEU need references: only SimpEval's non-human systems have them (the "
+        "sentence's human-written simplifications); SimpEval's human-written rows, ASSET pairs (their sentences "
+        "come from ASSET's held-out test split) and synthetic pairs are n/a there.",
+        f"95% CIs: {cfg.report.n_boot} bootstrap resamples of source sentences (seed {cfg.report.seed}). n/a = "
+        "nothing to compute on (e.g. no parsed judgments, a constant scorer).",
+    ]
+    return [n.strip() for n in notes]
+
+
+def write_report(cfg: Config, store: RunStore, tracker, boot: meta.Bootstrap) -> pd.DataFrame:
+    """report.md, report.html and figures/*.png in the run directory; tables, images and headlines to W&B."""
+    judges = [j.name for j in cfg.jury.judges]
+    scores, stats = store.read_stage("scores").to_pandas(), store.read_stage("stats").to_pandas()
+    health = meta.parse_health(store.read_stage("jury").to_pandas(), judges)
+    systems, overview = meta.system_means(scores, boot), meta.overview(scores)
+    matrix = meta.spearman_matrix(scores, [meta.judge_column(j) for j in judges] + [meta.JURY])
+    markdown, html, figures = rep.build_report("Jury meta-evaluation", report_notes(cfg), overview, health,
+                                               systems, stats, matrix, scores)
+    store.write_text("report.md", markdown)
+    store.write_text("report.html", html)
+    store.fs.create_dir(f"{store.path}/figures", recursive=True)
+    for figure in figures:
+        with store.fs.open_output_stream(f"{store.path}/figures/{_slug(figure.title)}.png") as f:
+            f.write(figure.png)
+    print("\n" + markdown + "\n")
+    for name, table in (("overview", overview), ("jury_health", health), ("system_means", systems),
+                        ("stats", stats), ("judge_spearman", matrix.reset_index(names="scorer"))):
+        tracker.table(f"report/{name}", table, max_rows=2000)
+    if tracker.run is not None:
+        import io
+
+        import wandb
+        from PIL import Image
+
+        tracker.log({f"report/{_slug(f.title)}": wandb.Image(Image.open(io.BytesIO(f.png)), caption=f.title)
+                     for f in figures})
+    headline = stats[stats["section"].isin(["inter_judge", "human_vs_jury", "expected_trend", "human_raters"])]
+    tracker.summary("stats", {f"{r.section}/{r.set}/{r.a}/{r.statistic}": r.value for r in headline.itertuples()})
+    return stats
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text.lower()).strip("_")
+
+
+if __name__ == "__main__":
+    entry("jobs.jury_eval")

@@ -1,0 +1,126 @@
+"""DeepSpeed engine config and the learning-rate schedule for preference training (pure; no deepspeed import).
+
+    ds_config = build_ds_config(micro_batch_size=4, grad_accum=32, world_size=1, zero_stage=2, precision="bf16")
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+
+The optimizer (torch AdamW over the LoRA parameters) and the LambdaLR scheduler over `lr_multiplier` are built by
+the loop and handed to `deepspeed.initialize`, so the config has no "optimizer"/"scheduler" sections: DeepSpeed's
+own Adam needs compiled ops that CPU-only workers may lack, and one schedule function is easier to test.
+"""
+
+from __future__ import annotations
+
+import math
+
+ZERO_STAGES = (0, 2, 3)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+SCHEDULERS = ("constant", "linear", "cosine")
+
+
+def resolve_precision(precision: str, use_gpu: bool) -> str:
+    """Map "auto" to bf16 on GPU workers and fp32 on CPU workers; other values pass through.
+
+    >>> resolve_precision("auto", use_gpu=False), resolve_precision("auto", use_gpu=True)
+    ('fp32', 'bf16')
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: {precision!r} is not one of {list(PRECISIONS)}")
+    if precision == "auto":
+        return "bf16" if use_gpu else "fp32"
+    return precision
+
+
+def build_ds_config(
+    micro_batch_size: int,
+    grad_accum: int,
+    world_size: int,
+    zero_stage: int = 2,
+    precision: str = "fp32",
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
+    gradient_clipping: float = 1.0,
+) -> dict:
+    """DeepSpeed JSON config for one run.
+
+    Args:
+        micro_batch_size: Pairs per worker per forward (``train_micro_batch_size_per_gpu``).
+        grad_accum: Micro-batches per optimizer step and worker.
+        world_size: Number of data-parallel workers. Global batch = micro × accum × world.
+        zero_stage: 0 (plain data parallel), 2 (optimizer state + gradients sharded) or 3 (+ parameters).
+        precision: "fp32", "bf16" or "fp16" (resolve "auto" first with `resolve_precision`).
+        offload_optimizer: ZeRO-2/3: keep optimizer state on the host CPU.
+        offload_params: ZeRO-3 only: keep parameters on the host CPU.
+        gradient_clipping: Max global gradient norm; 0 disables clipping.
+
+    Returns:
+        The config dict.
+
+    Raises:
+        ValueError: naming the argument that is out of range or inconsistent.
+    """
+    for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum", grad_accum),
+                        ("world_size", world_size)):
+        if value < 1:
+            raise ValueError(f"{name}: must be >= 1, got {value}")
+    if zero_stage not in ZERO_STAGES:
+        raise ValueError(f"zero_stage: {zero_stage} is not one of {list(ZERO_STAGES)}")
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision: {precision!r} must be fp32, bf16 or fp16 here (resolve 'auto' first)")
+    if offload_params and zero_stage != 3:
+        raise ValueError("offload_params: parameter offload needs zero_stage 3")
+    if offload_optimizer and zero_stage == 0:
+        raise ValueError("offload_optimizer: optimizer offload needs zero_stage 2 or 3")
+    zero: dict = {"stage": zero_stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload_params:
+        zero["offload_param"] = {"device": "cpu"}
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "gradient_clipping": gradient_clipping,
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if offload_optimizer:
+        # our optimizer is torch AdamW; without this DeepSpeed insists on its compiled DeepSpeedCPUAdam
+        config["zero_force_ds_cpu_optimizer"] = False
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    return config
+
+
+def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
+    """Warm-up length in optimizer steps, rounded up like HF's ``get_warmup_steps``.
+
+    >>> warmup_steps(100, 0.03), warmup_steps(100, 0.0)
+    (3, 0)
+    """
+    return math.ceil(total_steps * warmup_ratio)
+
+
+def lr_multiplier(step: int, total_steps: int, warmup: int, scheduler: str) -> float:
+    """Factor on the peak learning rate at 0-based optimizer step `step` (HF scheduler shapes).
+
+    Linear warm-up from 0 over `warmup` steps, then "constant" (1), "linear" (decay to 0 at `total_steps`) or
+    "cosine" (half cosine to 0 at `total_steps`).
+
+    >>> [round(lr_multiplier(s, 10, 2, "linear"), 3) for s in (0, 1, 2, 6, 10)]
+    [0.0, 0.5, 1.0, 0.5, 0.0]
+    >>> round(lr_multiplier(6, 10, 2, "cosine"), 3), lr_multiplier(9, 10, 2, "constant")
+    (0.5, 1.0)
+    """
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler: {scheduler!r} is not one of {list(SCHEDULERS)}")
+    if step < warmup:
+        return step / max(1, warmup)
+    if scheduler == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    if scheduler == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,323 @@
+"""The Ray Train worker function of preference training: LoRA model -> DeepSpeed engine -> steps -> reports.
+
+`train/trainer.py::run_training` builds the `TorchTrainer`; every worker runs `train_loop_per_worker(config)`,
+whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`, ``model_dir``, ``train_rows``,
+``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only called here: tokenization and
+the batch plan in `train/pairs_data.py`, log-probs in `train/logprobs.py`, losses in `train/losses.py`, the DeepSpeed
+config and LR schedule in `train/ds_config.py`.
+
+Per optimizer step, rank r runs `grad_accum` micro-batches given by `pairs_data.step_row_indices` (a function of the
+step number only), one concatenated forward of chosen + rejected rows each; DPO adds a no-grad forward with the LoRA
+adapter disabled as its reference model (no second model copy). A checkpoint (Ray Train merges the workers'
+directories into one) holds:
+    deepspeed/step_<k>/...   DeepSpeed `save_checkpoint` per rank: LoRA weights, optimizer, LR scheduler (frozen
+                             base weights excluded; they are reloaded from `model_dir`)
+    rng/rank<r>.pt           each rank's torch RNG state (LoRA dropout), so a resumed run replays the same masks
+    adapter/                 rank 0's peft `save_pretrained` of the LoRA adapter
+    train_state.json         step and total steps
+On start a worker restores all of that from `ray.train.get_checkpoint()` and continues at the saved step, so a run
+that failed and resumed ends at the same step, on the same batches, as one that did not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import deepspeed
+import ray.train
+import torch
+import torch.distributed as dist
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
+from train.logprobs import sequence_logps
+from train.losses import compute_preference_loss
+from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
+from train.trainer import TrainConfig
+
+Metrics = dict[str, float]
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Train on this worker's share of the rows and report metrics and checkpoints to Ray Train.
+
+    Args:
+        config: See the module docstring; nothing else (no module globals) is read.
+    """
+    cfg = TrainConfig.from_dict(config["train"])
+    rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
+    total, rows = config["total_steps"], config["train_rows"]
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(config["model_dir"])
+    model = build_lora_model(config["model_dir"], cfg)
+    fingerprint = base_fingerprint(model, gather=False)
+    engine = build_engine(model, cfg, world, total)
+    start = restore_checkpoint(engine, rank)
+    tracker = _init_wandb(cfg, config, rank)
+    sums, tokens, clock = {}, 0, time.perf_counter()
+    for step in range(start, total):
+        step_sums, step_tokens = train_step(engine, tokenizer, cfg, rows, step, rank, world)
+        sums, tokens, done = _add(sums, step_sums), tokens + step_tokens, step + 1
+        save = done % cfg.checkpoint_every == 0 or done == total
+        if not (save or done % cfg.log_every == 0):
+            continue
+        metrics = _reduce_means(sums) | _throughput(tokens, clock) | {"step": done, "start_step": start}
+        metrics["grad_norm"] = _grad_norm(engine)
+        if config["eval_rows"] and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
+            metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world)
+        if done == total:
+            metrics["base_drift"] = float((base_fingerprint(engine.module, gather=cfg.deepspeed.zero_stage == 3)
+                                           - fingerprint).abs().max())
+        _report(engine, cfg, metrics, done, total, rank, save, tracker)
+        sums, tokens, clock = {}, 0, time.perf_counter()
+        if cfg.fail_at_step and done == cfg.fail_at_step and start == 0 and rank == world - 1:
+            raise RuntimeError(f"fail_at_step={done}: injected worker failure (test hook)")
+    if start >= total:  # a finished run started again: nothing to train, report once so the result has metrics
+        ray.train.report({"step": total, "start_step": start})
+    if tracker is not None:
+        tracker.finish()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model and engine
+
+
+def build_lora_model(model_dir: str, cfg: TrainConfig) -> torch.nn.Module:
+    """Load the base model in fp32 and wrap it with a freshly initialised LoRA adapter (seeded by ``cfg.seed``).
+
+    Args:
+        model_dir: HF model directory.
+        cfg: Run config (``lora`` section, ``seed``, ``gradient_checkpointing``).
+
+    Returns:
+        The peft model; only the LoRA parameters require grad.
+    """
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                      target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(model, lora)
+
+
+def build_engine(model: torch.nn.Module, cfg: TrainConfig, world: int, total_steps: int):
+    """`deepspeed.initialize` with torch AdamW over the LoRA parameters and a LambdaLR over `lr_multiplier`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warmup = warmup_steps(total_steps, cfg.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_multiplier(s, total_steps, warmup, cfg.scheduler))
+    ds_config = build_ds_config(
+        cfg.micro_batch_size, cfg.grad_accum, world, cfg.deepspeed.zero_stage,
+        resolve_precision(cfg.precision, cfg.use_gpu), cfg.deepspeed.offload_optimizer,
+        cfg.deepspeed.offload_params, cfg.max_grad_norm)
+    # Ray Train's TorchConfig already created the process group (gloo on CPU); DeepSpeed adopts it
+    deepspeed.init_distributed(dist_backend="nccl" if cfg.use_gpu else "gloo")
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    return engine
+
+
+def base_fingerprint(model: torch.nn.Module, gather: bool) -> torch.Tensor:
+    """Per frozen parameter (sum, sum of squares) in float64: any change to the base weights shows up here.
+
+    Args:
+        model: The peft model (or the engine's module).
+        gather: True under ZeRO-3, where parameters are partitioned and must be gathered (a collective).
+
+    Returns:
+        Shape: (n_frozen_params, 2).
+    """
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    gathered = deepspeed.zero.GatheredParameters(frozen) if gather else contextlib.nullcontext()
+    with gathered:
+        return torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+                            for p in frozen])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One step
+
+
+def _collate(tokenizer, cfg: TrainConfig, rows: list[dict], device) -> dict[str, torch.Tensor]:
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    limits = (cfg.max_prompt_length, cfg.max_completion_length, cfg.system_instruction)
+    if cfg.loss == "sft":
+        batch = collate_targets([encode_target(tokenizer, r, *limits) for r in rows], pad_id, cfg.padding_side)
+    else:
+        batch = collate_pairs([encode_pair(tokenizer, r, *limits) for r in rows], pad_id, cfg.padding_side)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _logps(engine, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], use_cache=False).logits
+    return sequence_logps(logits, batch["input_ids"], batch["loss_mask"])
+
+
+def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """Concatenated forward (chosen rows, then rejected rows), then `compute_preference_loss`.
+
+    Returns:
+        The scalar loss and the loss's metric dict plus ``logps/chosen`` and ``logps/rejected`` (summed log-probs).
+    """
+    logps, n_tokens = _logps(engine, batch)
+    if cfg.loss == "sft":
+        return compute_preference_loss("sft", {"chosen_logps": logps, "chosen_n_tokens": n_tokens}, cfg.loss_config)
+    b = logps.shape[0] // 2
+    stats = {"chosen_logps": logps[:b], "chosen_n_tokens": n_tokens[:b],
+             "rejected_logps": logps[b:], "rejected_n_tokens": n_tokens[b:]}
+    if cfg.loss == "dpo":
+        with torch.no_grad(), engine.module.disable_adapter():
+            ref, _ = _logps(engine, batch)
+        stats["ref_chosen_logps"], stats["ref_rejected_logps"] = ref[:b], ref[b:]
+    loss, metrics = compute_preference_loss(cfg.loss, stats, cfg.loss_config)
+    metrics["logps/chosen"], metrics["logps/rejected"] = logps[:b].detach().mean(), logps[b:].detach().mean()
+    return loss, metrics
+
+
+def train_step(engine, tokenizer, cfg: TrainConfig, rows: list[dict], step: int, rank: int, world: int):
+    """One optimizer step: `grad_accum` micro-batches through the engine (it scales the loss and steps on the
+    accumulation boundary).
+
+    Returns:
+        Sums of the micro-batch metrics divided by `grad_accum` (so the step's means, keys as `loss_on_batch` plus
+        ``lr`` and a ``count`` of 1), and the number of non-padding tokens processed.
+    """
+    plan = step_row_indices(step, len(rows), cfg.micro_batch_size, cfg.grad_accum, world, rank, cfg.seed)
+    sums, tokens = {"lr": engine.get_lr()[0], "count": 1.0}, 0
+    for indices in plan:
+        batch = _collate(tokenizer, cfg, [rows[i] for i in indices], engine.device)
+        loss, metrics = loss_on_batch(engine, cfg, batch)
+        engine.backward(loss)
+        engine.step()
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value) / cfg.grad_accum
+        tokens += int(batch["attention_mask"].sum())
+    return sums, tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metrics, evaluation, checkpoints
+
+
+def _add(total: dict, new: dict) -> dict:
+    return {k: total.get(k, 0.0) + new.get(k, 0.0) for k in total.keys() | new.keys()}
+
+
+def _all_reduce(values: list[float]) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def _reduce_means(sums: dict[str, float]) -> Metrics:
+    """Mean over the steps since the last report and over workers (every rank holds the same keys)."""
+    keys = sorted(k for k in sums if k != "count")
+    totals = _all_reduce([sums[k] for k in keys] + [sums["count"]])
+    return {k: v / totals[-1] for k, v in zip(keys, totals[:-1])}
+
+
+def _throughput(tokens: int, since: float) -> Metrics:
+    (all_tokens,) = _all_reduce([float(tokens)])
+    return {"tokens": all_tokens, "tokens_per_s": all_tokens / max(time.perf_counter() - since, 1e-9)}
+
+
+def _grad_norm(engine) -> float:
+    norm = engine.get_global_grad_norm()
+    return float(norm) if norm is not None else math.nan
+
+
+def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, world: int) -> Metrics:
+    """Loss metrics on `rows` (rank r takes rows r, r+world, ...), weighted by pairs, prefixed ``eval/``.
+
+    Every rank runs the same number of forwards (ZeRO-3 gathers parameters collectively); a rank whose share is
+    shorter repeats a batch with weight 0.
+    """
+    shard = rows[rank::world]
+    n_batches = math.ceil(math.ceil(len(rows) / world) / cfg.micro_batch_size)
+    sums: dict[str, float] = {}
+    engine.eval()
+    with torch.no_grad():
+        for j in range(n_batches):
+            chunk = shard[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size]
+            weight = float(len(chunk))
+            _, metrics = loss_on_batch(engine, cfg, _collate(tokenizer, cfg, chunk or rows[:1], engine.device))
+            sums = _add(sums, {k: weight * float(v) for k, v in metrics.items()} | {"count": weight})
+    engine.train()
+    return {f"eval/{k}": v for k, v in _reduce_means(sums).items()}
+
+
+def _lora_state_dict(engine, zero_stage: int) -> dict[str, torch.Tensor]:
+    named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+    gathered = deepspeed.zero.GatheredParameters([p for _, p in named]) if zero_stage == 3 else contextlib.nullcontext()
+    with gathered:
+        return {n: p.detach().float().cpu().clone() for n, p in named}
+
+
+def save_checkpoint(engine, cfg: TrainConfig, directory: str, step: int, total: int, rank: int) -> None:
+    """Write this rank's part of the checkpoint described in the module docstring into `directory`."""
+    engine.save_checkpoint(os.path.join(directory, "deepspeed"), tag=f"step_{step}", client_state={"step": step},
+                           exclude_frozen_parameters=True)
+    rng = Path(directory) / "rng"
+    rng.mkdir(exist_ok=True)
+    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if cfg.use_gpu else []},
+               rng / f"rank{rank}.pt")
+    lora = _lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
+    if rank == 0:
+        engine.module.save_pretrained(os.path.join(directory, "adapter"), state_dict=lora)
+        state = {"step": step, "total_steps": total}
+        (Path(directory) / "train_state.json").write_text(json.dumps(state) + "\n")
+
+
+def restore_checkpoint(engine, rank: int) -> int:
+    """Load the latest Ray Train checkpoint into the engine and RNG; return the step to continue at (0 if none)."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as directory:
+        # strict=False: the frozen base weights were left out on purpose and already came from model_dir
+        path, client_state = engine.load_checkpoint(os.path.join(directory, "deepspeed"), load_module_strict=False)
+        if path is None:
+            raise RuntimeError(f"no DeepSpeed checkpoint under {directory}/deepspeed")
+        rng = torch.load(Path(directory) / "rng" / f"rank{rank}.pt", weights_only=False)
+    torch.set_rng_state(rng["cpu"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return int(client_state["step"])
+
+
+def _report(engine, cfg: TrainConfig, metrics: Metrics, step: int, total: int, rank: int, save: bool,
+            tracker) -> None:
+    if tracker is not None:
+        tracker.log(metrics, step=step)
+    if not save:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        save_checkpoint(engine, cfg, directory, step, total, rank)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
+                         checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+
+def _init_wandb(cfg: TrainConfig, config: dict, rank: int):
+    """Rank 0's W&B run (offline without WANDB_API_KEY); one id per run folder so restarted workers append."""
+    if not cfg.wandb or rank != 0:
+        return None
+    import wandb
+
+    os.makedirs(config["wandb_dir"], exist_ok=True)
+    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    run_id = hashlib.sha1(config["wandb_dir"].encode()).hexdigest()[:12]
+    return wandb.init(project=cfg.wandb_project, name=cfg.run_name, id=run_id, resume="allow",
+                      dir=config["wandb_dir"], mode=mode, config=config["train"])
