@@ -19,7 +19,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
-from actors.stage_config import ModelConfig
+from actors.stage_config import LIGHT_CPU, ModelConfig
 from eval.prompts import load_template, prompt_path
 from eval.text_clean import clean_simplification
 
@@ -56,13 +56,21 @@ def finalize_candidates(batch: pd.DataFrame) -> pd.DataFrame:
 
 def build_generate_dataset(sources: ray.data.Dataset, generators: list[ModelConfig], templates: dict[str, str],
                            cache_dir: str) -> ray.data.Dataset:
-    """The lazy Ray Data plan of the generate stage (nothing runs until it is consumed)."""
+    """The Ray Data plan of the generate stage.
+
+    The policy-expanded input is materialized first, cut into blocks of about one batch: every actor of a pool
+    then gets work, and no shuffle task competes with the model pools for CPUs once they exist. The per-model
+    branches after it are lazy (they run when the result is consumed).
+    """
     policies = list(templates)
-    expanded = sources.map_batches(expand_policies, batch_format="pandas", fn_kwargs={"policies": policies})
+    block_rows = min(g.pool.batch_size for g in generators)
+    expanded = (sources.map_batches(expand_policies, batch_format="pandas", num_cpus=LIGHT_CPU,
+                                    fn_kwargs={"policies": policies})
+                .repartition(target_num_rows_per_block=block_rows).materialize())
     per_model = []
     for gen in generators:
         rendered = expanded.map_batches(
-            render_generation_requests, batch_format="pandas",
+            render_generation_requests, batch_format="pandas", num_cpus=LIGHT_CPU,
             fn_kwargs={"templates": templates, "model": gen.name, "sampling_json": gen.sampling.to_json()},
         )
         completed = rendered.map_batches(
@@ -70,7 +78,7 @@ def build_generate_dataset(sources: ray.data.Dataset, generators: list[ModelConf
             fn_constructor_kwargs={"spec": dataclasses.asdict(gen.engine), "cache_dir": cache_dir},
             **gen.pool.map_batches_kwargs(),
         )
-        per_model.append(completed.map_batches(finalize_candidates, batch_format="pandas"))
+        per_model.append(completed.map_batches(finalize_candidates, batch_format="pandas", num_cpus=LIGHT_CPU))
     return per_model[0].union(*per_model[1:]) if len(per_model) > 1 else per_model[0]
 
 

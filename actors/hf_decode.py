@@ -279,7 +279,8 @@ def _merge(old: _Batch | None, keep: list[int], new: _Batch | None) -> _Batch | 
     for layer_idx in range(len(parts[0][0].cache.layers)):
         sources = [(batch.cache.layers[layer_idx], idx, w) for (batch, idx), w in zip(parts, widths)]
         layers.append(_merge_layer(sources, capacity, width))
-    mask = torch.cat([_align(batch.mask[idx, batch.length - w : batch.length], width) for (batch, idx), w in zip(parts, widths)])
+    masks = [batch.mask[idx, batch.length - w : batch.length] for (batch, idx), w in zip(parts, widths)]
+    mask = torch.cat([_align(m, width) for m in masks])
     return _Batch(
         rows=rows,
         cache=Cache(layers=layers),

@@ -17,6 +17,7 @@ Greedy decoding (temperature 0) gives the same tokens as `model.generate(do_samp
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import time
@@ -34,6 +35,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # bf16 must beat fp32 by this factor in the startup probe to be picked on CPU (guards against timing noise).
 _BF16_MIN_SPEEDUP = 1.2
+_PROBE = (torch.float32, torch.bfloat16)
 
 
 class HFEngine:
@@ -80,6 +82,8 @@ class HFEngine:
         A prompt longer than the model's context gets a Completion with finish_reason "error"; malformed
         requests raise before any work starts.
         """
+        if self.model is None:
+            raise RuntimeError("HFEngine.generate: the engine is closed")
         for i, request in enumerate(requests):
             validate_request(i, request)
         prompts = [self._encode(request.messages) for request in requests]
@@ -92,7 +96,7 @@ class HFEngine:
                 continue
             sampling = request.sampling
             if sampling.max_tokens > room:
-                sampling = SamplingParams(**{**sampling.__dict__, "max_tokens": room})
+                sampling = dataclasses.replace(sampling, max_tokens=room)
             rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling)
         # Longest prompts first: co-admitted prompts have similar lengths (little padding), and later, shorter
         # prompts always fit left of the shared write column.
@@ -262,18 +266,20 @@ def cpu_has_native_bf16() -> bool:
 
 
 def measure_bf16_speedup(rows: int = 64, size: int = 1024, reps: int = 5) -> float:
-    """fp32 time / bf16 time of a decode-shaped matmul, best of `reps` each (~20 ms in all)."""
-    timings = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        x, w = torch.randn(rows, size).to(dtype), torch.randn(4 * size, size).to(dtype)
+    """fp32 time / bf16 time of a decode-shaped matmul, best of `reps` each (~20 ms in all).
+
+    The two dtypes alternate so that a burst of load from other processes hits both alike.
+    """
+    inputs = {dtype: (torch.randn(rows, size).to(dtype), torch.randn(4 * size, size).to(dtype)) for dtype in _PROBE}
+    for x, w in inputs.values():  # warm oneDNN's kernel cache
         torch.nn.functional.linear(x, w)
-        best = float("inf")
-        for _ in range(reps):
+    best = dict.fromkeys(_PROBE, float("inf"))
+    for _ in range(reps):
+        for dtype, (x, w) in inputs.items():
             start = time.perf_counter()
             torch.nn.functional.linear(x, w)
-            best = min(best, time.perf_counter() - start)
-        timings[dtype] = best
-    return timings[torch.float32] / timings[torch.bfloat16]
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] / best[torch.bfloat16]
 
 
 class PackedLinear(torch.nn.Module):

@@ -25,7 +25,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
-from actors.stage_config import ModelConfig, check_unique_names
+from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.aggregate import shuffle_order, to_original_index
 from eval.judge_parse import parse_best_worst, parse_pairwise, parse_score
 from eval.prompts import (load_template, prompt_path, render_alignments_section, render_candidates_block,
@@ -206,13 +206,23 @@ def _best_worst_in_original_order(row: dict) -> tuple[str, str]:
 # The stage plan
 
 
+def _has_candidate(row: dict) -> bool:
+    return not row["generation_error"]
+
+
 def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir: str) -> ray.data.Dataset:
-    """Lazy plan: for each judge, items -> rendered requests -> ChatWorker pool -> parsed judgments; unioned."""
-    usable = candidates.filter(lambda r: not r["generation_error"])
+    """For each judge: items -> rendered requests -> ChatWorker pool -> parsed judgments; unioned.
+
+    Items are built (grouping included) and materialized in blocks of about one batch before any judge pool
+    exists, for the same reasons as in the generate stage.
+    """
+    usable = candidates.filter(_has_candidate, num_cpus=LIGHT_CPU)
+    fmt = jury.judges[0].format
+    block_rows = min(j.pool.batch_size for j in jury.judges)
+    items = _items_for(usable, fmt, jury.both_orders).repartition(target_num_rows_per_block=block_rows).materialize()
     per_judge = []
     for judge in jury.judges:
-        items = _items_for(usable, judge.format, jury.both_orders)
-        rendered = items.map_batches(render_judge_requests, batch_format="pandas", fn_kwargs={
+        rendered = items.map_batches(render_judge_requests, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
             "judge": judge.name, "template": judge.template, "fmt": judge.format,
             "sampling_json": judge.sampling.to_json(), "seed": jury.seed})
         judged = rendered.map_batches(
@@ -221,17 +231,19 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
                 "spec": dataclasses.asdict(judge.engine), "cache_dir": cache_dir, "check": CHECKS[judge.format],
                 "max_parse_retries": judge.max_parse_retries, "retry_temperature": judge.retry_temperature},
             **judge.pool.map_batches_kwargs())
-        per_judge.append(judged.map_batches(parse_judgments, batch_format="pandas", fn_kwargs={"fmt": judge.format}))
+        per_judge.append(judged.map_batches(parse_judgments, batch_format="pandas", num_cpus=LIGHT_CPU,
+                                            fn_kwargs={"fmt": judge.format}))
     return per_judge[0].union(*per_judge[1:]) if len(per_judge) > 1 else per_judge[0]
 
 
 def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> ray.data.Dataset:
     if fmt == "score":
-        return candidates.map_batches(build_score_items, batch_format="pandas")
+        return candidates.map_batches(build_score_items, batch_format="pandas", num_cpus=LIGHT_CPU)
     grouped = candidates.groupby(["id", "policy"])
     if fmt == "best_worst":
-        return grouped.map_groups(build_candidate_sets, batch_format="pandas")
-    return grouped.map_groups(functools.partial(build_pair_items, both_orders=both_orders), batch_format="pandas")
+        return grouped.map_groups(build_candidate_sets, batch_format="pandas", num_cpus=LIGHT_CPU)
+    return grouped.map_groups(functools.partial(build_pair_items, both_orders=both_orders), batch_format="pandas",
+                              num_cpus=LIGHT_CPU)
 
 
 def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:

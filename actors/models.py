@@ -169,6 +169,7 @@ def build_tiny_random_model(
     kv_heads: int = 2,
     intermediate_size: int = 128,
     seed: int = 0,
+    init_std: float = 0.1,
     tokenizer_source: str = EMBEDDED_ALIAS,
 ) -> str:
     """Save a tiny randomly initialised Llama model that shares SmolLM2's tokenizer and chat template.
@@ -184,6 +185,8 @@ def build_tiny_random_model(
         kv_heads: key/value heads (grouped-query attention like SmolLM2).
         intermediate_size: MLP width.
         seed: torch seed for the initialisation.
+        init_std: weight init std. Llama's default 0.02 makes a tiny tied-embedding model echo its last input
+            token forever; 0.1 gives prompt-dependent, varied greedy outputs, which tests need.
         tokenizer_source: model spec whose tokenizer to copy (resolved by `resolve_model_dir`).
 
     Returns:
@@ -207,6 +210,7 @@ def build_tiny_random_model(
         num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
+        initializer_range=init_std,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -11,6 +11,11 @@ from dataclasses import asdict, dataclass, field
 from actors.engine import EngineSpec, SamplingParams
 
 
+# CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
+# model pools reserve every core (two 1-CPU pools on a 2-core box) and starve these tasks: the stage would hang.
+LIGHT_CPU = 0.25
+
+
 @dataclass
 class SamplingConfig:
     temperature: float = 0.0
@@ -43,7 +48,10 @@ class PoolConfig:
             raise ValueError(f"{where}: num_cpus and num_gpus must be >= 0")
 
     def map_batches_kwargs(self) -> dict:
-        kwargs = {"concurrency": self.concurrency, "batch_size": self.batch_size, "num_cpus": self.num_cpus}
+        import ray.data
+
+        kwargs = {"compute": ray.data.ActorPoolStrategy(size=self.concurrency), "batch_size": self.batch_size,
+                  "num_cpus": self.num_cpus}
         if self.num_gpus:
             kwargs["num_gpus"] = self.num_gpus
         return kwargs

@@ -178,6 +178,9 @@ def estimate(fn, *arrays, clusters, boot: Bootstrap) -> dict:
 
 
 def _row(section: str, set_name: str, a: str, b: str, statistic: str, result: dict, note: str = "") -> dict:
+    if math.isnan(result["value"]) and not note:  # say why there is no number
+        note = ("no usable rows" if result["n_used"] == 0 else "fewer than 2 usable rows" if result["n_used"] < 2
+                else "undefined: a constant score")
     return {"section": section, "set": set_name, "a": a, "b": b, "statistic": statistic, **result, "note": note}
 
 
@@ -317,7 +320,12 @@ def system_means(scores: pd.DataFrame, boot: Bootstrap) -> pd.DataFrame:
                      "ci_hi": est["ci_hi"],
                      "human_mean": float(df["human"].mean()) if "human" in df.columns else math.nan})
     out = pd.DataFrame(rows)
-    return out.sort_values(["set", "size_b", "model"], kind="stable").reset_index(drop=True) if len(out) else out
+    if out.empty:
+        return out
+    rank = {SYNTH: 0, SIMPEVAL: 1, ASSET: 2}
+    out = out.assign(_rank=out["set"].map(lambda s: rank.get(s, 3)))
+    return out.sort_values(["_rank", "set", "size_b", "model"], kind="stable").drop(columns="_rank").reset_index(
+        drop=True)
 
 
 def spearman_matrix(scores: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

@@ -133,6 +133,7 @@ def plot_system_means(systems: pd.DataFrame) -> bytes:
         for xi in x[~ok]:
             ax.text(xi, 0.1, NA, ha="center", color="gray")
         ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(df) - 0.4)
         ax.set_ylim(0, 5.2)
         ax.set_title(name)
         ax.set_ylabel("mean jury score (1-5)")

@@ -114,7 +114,7 @@ def finalize_complex(batch: pd.DataFrame) -> pd.DataFrame:
     sources, errors = [], []
     for text, engine_error in zip(batch["completion"], batch["engine_error"]):
         cleaned = clean_simplification(text or "")
-        first = next((line.strip() for line in cleaned.splitlines() if line.strip()), "")
+        first = clean_simplification(next((line for line in cleaned.splitlines() if line.strip()), ""))
         sources.append(first)
         errors.append(f"engine: {engine_error}" if engine_error else ("" if first else "empty_after_cleaning"))
     out["source"], out["generation_error"] = sources, errors

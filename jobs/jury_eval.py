@@ -135,6 +135,7 @@ class Config:
                 if part.limit < 0:
                     raise ConfigError(f"{key}.limit: must be >= 0, got {part.limit}")
         self.jury.validate()
+        self._check_local_cpus()
         bad = [j.name for j in self.jury.judges if j.format != "score"]
         if bad:
             raise ConfigError(f"jury.judges: this job rates single pairs; judges {bad} must use format 'score'")
@@ -142,6 +143,17 @@ class Config:
         if unknown:
             raise ConfigError(f"report.metrics: unknown {unknown}; expected some of {list(meta.PAIR_METRICS)}")
         self.wandb.validate()
+
+
+    def _check_local_cpus(self) -> None:
+        """All judge pools run at once (one Ray Data plan); with Ray Data's own tasks (1 CPU) they must fit a local
+        cluster of `ray.num_cpus`, or the jury stage waits forever for a CPU that never frees up."""
+        if self.ray.address or not self.ray.num_cpus:
+            return
+        need = sum(j.pool.concurrency * j.pool.num_cpus for j in self.jury.judges) + 1
+        if need > self.ray.num_cpus:
+            raise ConfigError(f"jury.judges: the judge pools ask for {need - 1:g} CPUs together, plus 1 for Ray "
+                              f"Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,6 +185,14 @@ def chat_plan(ds, model: ModelConfig, template: str, variables: dict[str, str], 
     return completed.map_batches(post, batch_format="pandas")
 
 
+def to_dataset(df: pd.DataFrame, block_rows: int):
+    """A Ray Dataset of `df` in blocks of `block_rows`: one block feeds one actor call, so a single block would leave
+    every actor but one idle."""
+    import ray.data
+
+    return ray.data.from_pandas([df.iloc[i:i + block_rows] for i in range(0, len(df), max(block_rows, 1))])
+
+
 def load_human(cfg: Config) -> pd.DataFrame:
     parts = []
     if cfg.simpeval.enabled:
@@ -197,19 +217,15 @@ def run_generation(cfg: Config, store: RunStore, cache: str) -> list:
         return bench.sample_prompt_pairs(domains, nouns, synth.n, synth.seed, synth.strategy)
 
     def complex_() -> pd.DataFrame:
-        import ray.data
-
         rows = store.read_stage("prompts").to_pandas()
         if rows.empty:
             return rows.assign(source="", generation_error="", completion="", model="")
         init_ray(cfg.ray)
-        ds = ray.data.from_pandas(rows)
+        ds = to_dataset(rows, synth.writer.pool.batch_size)
         return chat_plan(ds, synth.writer, synth.template, {"subject": "domain", "seed_noun": "seed_noun"},
                          cache, bench.finalize_complex).to_pandas().sort_values("id", ignore_index=True)
 
     def simplify() -> pd.DataFrame:
-        import ray.data
-
         sources = store.read_stage("complex").to_pandas()
         sources = sources[sources["generation_error"] == ""][["id", "domain", "seed_noun", "source"]]
         if sources.empty:
@@ -218,7 +234,7 @@ def run_generation(cfg: Config, store: RunStore, cache: str) -> list:
         frames = []
         for simp in synth.simplifiers:
             (var,) = bench.template_variables(simp.template)
-            plan = chat_plan(ray.data.from_pandas(sources), simp, simp.template, {var: "source"}, cache,
+            plan = chat_plan(to_dataset(sources, simp.pool.batch_size), simp, simp.template, {var: "source"}, cache,
                              finalize_candidates)
             frames.append(plan.to_pandas().assign(size_b=simp.size_b))
         return pd.concat(frames, ignore_index=True).sort_values(["id", "model"], ignore_index=True)
@@ -252,15 +268,14 @@ def run_jury(cfg: Config, store: RunStore, cache: str):
     from actors.jury import build_jury_dataset, summarize_jury
 
     def judge() -> pd.DataFrame:
-        import ray.data
-
         pairs = store.read_stage("pairs").to_pandas()
         items = pairs[["id", "set", "model", "source", "candidate", "generation_error"]].rename(
             columns={"set": "policy"})
         if not (items["generation_error"] == "").any():
             return pd.DataFrame({c: pd.Series(dtype=t) for c, t in JURY_EMPTY.items()})
         init_ray(cfg.ray)
-        return build_jury_dataset(ray.data.from_pandas(items), cfg.jury, cache).to_pandas()
+        block = min(j.pool.batch_size for j in cfg.jury.judges)
+        return build_jury_dataset(to_dataset(items, block), cfg.jury, cache).to_pandas()
 
     key = {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed}
     return stage_frame(cfg, store, "jury", key, judge, summarize_jury)

@@ -26,7 +26,7 @@ import yaml
 
 from actors.corpus import read_standard, source_filter
 from actors.jury import JuryConfig
-from actors.stage_config import ModelConfig, check_unique_names
+from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.jury_tables import candidate_scores, system_table
 from jobs.cli import entry
 from jobs.config import ConfigError, require_file
@@ -150,7 +150,9 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 def _read(store: RunStore, name: str):
     import ray.data
 
-    return ray.data.read_parquet(store.uri(name))
+    # materialized before any model pool exists: the read then never competes with actors for CPUs, and the
+    # K per-model branches share its blocks instead of each re-reading the files
+    return ray.data.read_parquet(store.uri(name), num_cpus=LIGHT_CPU).materialize()
 
 
 def report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:

@@ -67,6 +67,16 @@ def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(root).resolve())
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -95,8 +105,22 @@ class RunStore:
         self.path = f"{base.rstrip('/')}/{job}/{run_id}"
         self.job, self.run_id, self.resume = job, run_id, resume
         self.fs.create_dir(self.path, recursive=True)
+        self._lock()
         self.manifest = self._read_manifest() or {"job": job, "run_id": run_id, "stages": {}}
         self._chain = ""
+
+    def _lock(self) -> None:
+        """Refuse to share a local run directory with another live process (two writers would mix stages)."""
+        if self.uri_prefix:
+            return  # object stores have no atomic create; one writer per run id is the operator's contract
+        lock = Path(self.path, ".lock")
+        try:
+            other = int(lock.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            other = 0
+        if other and other != os.getpid() and _alive(other):
+            raise RuntimeError(f"run directory {self.path} is in use by process {other}; pick another run.id")
+        lock.write_text(str(os.getpid()))
 
     # -- manifest ---------------------------------------------------------------------------------------------
     def _read_manifest(self) -> dict | None:

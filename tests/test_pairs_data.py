@@ -80,7 +80,7 @@ def test_completion_is_the_assistant_turn_up_to_end_of_turn(tokenizer):
     pair = encode_pair(tokenizer, ROW, max_prompt_length=512, max_completion_length=512, system_instruction=SYSTEM)
     assert decode(tokenizer, pair.prompt_ids) == render_prompt(tokenizer, ROW["prompt_messages"], SYSTEM)
     assert decode(tokenizer, pair.chosen_ids) == ROW["chosen"] + "<|im_end|>"
-    assert decode(tokenizer, pair.rejected_ids) == "Ok.<|im_end|>"
+    assert decode(tokenizer, pair.rejected_ids) == ROW["rejected"] + "<|im_end|>"
     # TRL's conversational response format gives the same tokens
     conversational = dict(ROW, chosen=[{"role": "assistant", "content": ROW["chosen"]}])
     assert encode_pair(tokenizer, conversational, 512, 512, SYSTEM).chosen_ids == pair.chosen_ids

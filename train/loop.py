@@ -17,6 +17,9 @@ directories into one) holds:
     train_state.json         step and total steps
 On start a worker restores all of that from `ray.train.get_checkpoint()` and continues at the saved step, so a run
 that failed and resumed ends at the same step, on the same batches, as one that did not.
+
+One loop serves all six losses rather than TRL's `trl.experimental.cpo.CPOTrainer` for cpo/simpo/cpo_simpo: ARPO and
+DPO need `compute_preference_loss` anyway, and a single loop keeps batching, checkpoints and resume identical for all.
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ def train_loop_per_worker(config: dict) -> None:
     total, rows = config["total_steps"], config["train_rows"]
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(config["model_dir"])
-    model = build_lora_model(config["model_dir"], cfg)
-    fingerprint = base_fingerprint(model, gather=False)
-    engine = build_engine(model, cfg, world, total)
+    engine = build_engine(build_lora_model(config["model_dir"], cfg), cfg, world, total)
+    zero3 = cfg.deepspeed.zero_stage == 3
+    fingerprint = base_fingerprint(engine.module, gather=zero3)  # after DeepSpeed's dtype cast, if any
     start = restore_checkpoint(engine, rank)
     tracker = _init_wandb(cfg, config, rank)
     sums, tokens, clock = {}, 0, time.perf_counter()
@@ -70,18 +73,14 @@ def train_loop_per_worker(config: dict) -> None:
         if not (save or done % cfg.log_every == 0):
             continue
         metrics = _reduce_means(sums) | _throughput(tokens, clock) | {"step": done, "start_step": start}
-        metrics["grad_norm"] = _grad_norm(engine)
         if config["eval_rows"] and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
             metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world)
         if done == total:
-            metrics["base_drift"] = float((base_fingerprint(engine.module, gather=cfg.deepspeed.zero_stage == 3)
-                                           - fingerprint).abs().max())
+            metrics["base_drift"] = float((base_fingerprint(engine.module, gather=zero3) - fingerprint).abs().max())
         _report(engine, cfg, metrics, done, total, rank, save, tracker)
         sums, tokens, clock = {}, 0, time.perf_counter()
         if cfg.fail_at_step and done == cfg.fail_at_step and start == 0 and rank == world - 1:
             raise RuntimeError(f"fail_at_step={done}: injected worker failure (test hook)")
-    if start >= total:  # a finished run started again: nothing to train, report once so the result has metrics
-        ray.train.report({"step": total, "start_step": start})
     if tracker is not None:
         tracker.finish()
 
@@ -192,19 +191,30 @@ def train_step(engine, tokenizer, cfg: TrainConfig, rows: list[dict], step: int,
 
     Returns:
         Sums of the micro-batch metrics divided by `grad_accum` (so the step's means, keys as `loss_on_batch` plus
-        ``lr`` and a ``count`` of 1), and the number of non-padding tokens processed.
+        ``lr``, ``grad_norm`` (pre-clipping) and a ``count`` of 1), and the number of non-padding tokens processed.
     """
     plan = step_row_indices(step, len(rows), cfg.micro_batch_size, cfg.grad_accum, world, rank, cfg.seed)
-    sums, tokens = {"lr": engine.get_lr()[0], "count": 1.0}, 0
-    for indices in plan:
+    sums, tokens, unclipped_norm = {"lr": engine.get_lr()[0], "count": 1.0}, 0, None
+    for micro, indices in enumerate(plan):
         batch = _collate(tokenizer, cfg, [rows[i] for i in indices], engine.device)
         loss, metrics = loss_on_batch(engine, cfg, batch)
         engine.backward(loss)
+        if micro == len(plan) - 1 and cfg.deepspeed.zero_stage == 0:
+            unclipped_norm = _full_grad_norm(engine)
         engine.step()
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value) / cfg.grad_accum
         tokens += int(batch["attention_mask"].sum())
+    norm = engine.get_global_grad_norm()
+    sums["grad_norm"] = float(norm) if norm is not None else (unclipped_norm or math.nan)
     return sums, tokens
+
+
+def _full_grad_norm(engine) -> float | None:
+    """Pre-clipping global grad norm under ZeRO-0, where DeepSpeed's fp32 path does not record it; the gradients
+    are complete (already averaged over workers) between the boundary backward and the step."""
+    grads = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
+    return float(torch.stack(grads).norm()) if grads else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -231,11 +241,6 @@ def _reduce_means(sums: dict[str, float]) -> Metrics:
 def _throughput(tokens: int, since: float) -> Metrics:
     (all_tokens,) = _all_reduce([float(tokens)])
     return {"tokens": all_tokens, "tokens_per_s": all_tokens / max(time.perf_counter() - since, 1e-9)}
-
-
-def _grad_norm(engine) -> float:
-    norm = engine.get_global_grad_norm()
-    return float(norm) if norm is not None else math.nan
 
 
 def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, world: int) -> Metrics:

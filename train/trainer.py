@@ -11,6 +11,9 @@ Preference sets are small (paper 000: 8k pairs), and a plan that depends only on
 resumed run read exactly the batches an uninterrupted run would. Switch to `ray.train.get_dataset_shard` if the
 rows ever stop fitting in worker memory.
 
+Results: Ray Train V2's `Result.metrics` are the metrics attached to the latest *checkpoint*; the worker loop always
+checkpoints its last step, so they are the run's final metrics.
+
 Resuming: Ray Train restarts the worker group from the latest checkpoint up to ``max_failures`` times; calling
 `run_training` again with the same `run_dir` (same storage path and run name) also resumes from the latest
 checkpoint, since Ray Train V2 restores a run from its storage folder (`TorchTrainer.restore` is deprecated in V2).
@@ -176,6 +179,8 @@ class TrainResult:
     adapter_dir: str | None
     # Ray Train's folder for this run: <storage_path>/<run_name>
     storage_dir: str
+    # metrics of every kept checkpoint, by step (Ray Train V2 keeps no driver-side history of other reports)
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -280,5 +285,6 @@ def _collect(result: Any, out: Path, storage_dir: str) -> TrainResult:
                 shutil.copytree(source, adapter_dir)
     metrics = dict(result.metrics or {})
     (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    history = sorted((dict(m) for _, m in result.best_checkpoints or []), key=lambda m: m.get("step", 0))
     return TrainResult(metrics=metrics, checkpoint_path=checkpoint_path, adapter_dir=adapter_dir,
-                       storage_dir=storage_dir)
+                       storage_dir=storage_dir, history=history)

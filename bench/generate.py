@@ -1,0 +1,283 @@
+"""Generation throughput of the hf engine: batched vs one at a time, vs bare `model.generate`, vs a roofline.
+
+    python -m bench.generate                      # SmolLM2-135M, 48 prompts, batch 16, 64 new tokens
+    python -m bench.generate --prompts 32 --model /path/to/hf_model_dir
+
+Prints `bench <name> = <value>` lines (plus `info ...` context lines):
+
+- `engine_tokens_per_s`: completion tokens / wall time of one `HFEngine.generate` over all prompts, at
+  `max_batch_size` 16 and the engine's `auto` dtype.
+- `bare_generate_tokens_per_s`: plain transformers, the way most code does it: `from_pretrained` (checkpoint
+  dtype, float32 here), left-padded batches of 16 in the given order, `model.generate(do_sample=False)`.
+- `engine_vs_bare_generate`: the ratio of the two.
+- `batched_vs_single`: engine tokens/s at batch 16 / engine tokens/s with the same prompts sent one by one.
+- `roofline_fraction`: useful FLOP/s of the batched engine run / a bf16-or-fp32 (the engine's dtype) matmul
+  peak measured in the same process (best of 5 reps of a 2048^3 product). Useful FLOPs count generated tokens
+  only (prompt prefill is overhead here): per generated token at context length t (prompt + tokens so far),
+  2 * N + 4 * n_layers * t * d_attn, with N the non-embedding parameters (the tied LM head is not counted)
+  and d_attn = heads * head_dim (the QK^T and AV products).
+
+Completion token counts include the EOS token, for both the engine and bare generate. Runtime ~2-3 min on 2
+idle cores; on a busy machine every number is noisy, ratios less so (each side is measured back to back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.hf_engine import HFEngine, render_prompt
+from actors.models import resolve_model_dir
+
+INSTRUCTION = (
+    "Simplify this sentence for a young reader, then explain in two or three short sentences what you "
+    "changed and why.\n\nSentence: "
+)
+SYSTEM = "You are a careful writing assistant."
+SENTENCES = [
+    "Notwithstanding the considerable reservations expressed by several members of the committee, the proposal "
+    "was ultimately adopted by a narrow majority.",
+    "The municipality, having conducted an exhaustive review of its procurement procedures, determined that the "
+    "existing contracts were not in compliance with the newly enacted regulations.",
+    "Photosynthesis is the process by which green plants convert light energy into chemical energy.",
+    "In the event that the aforementioned conditions are not satisfied within the stipulated period, the "
+    "agreement shall be deemed null and void.",
+    "The patient's symptoms, which had initially been attributed to a benign viral infection, were subsequently "
+    "found to be indicative of a more serious autoimmune disorder.",
+    "Despite the fact that it was raining heavily, the children insisted on going outside to play.",
+    "The archaeological excavation uncovered a remarkably well-preserved collection of ceramic vessels, which "
+    "researchers believe date from the late Bronze Age.",
+    "It is imperative that all employees familiarize themselves with the revised safety protocols prior to "
+    "commencing operations.",
+    "The committee postponed its decision.",
+    "Owing to unprecedented demand, the manufacturer has been compelled to implement a temporary allocation "
+    "system for its most popular products.",
+    "Although the novel received widespread critical acclaim upon its publication, its commercial performance "
+    "was considerably less impressive than its publisher had anticipated.",
+    "The governor vetoed the bill, citing concerns about its fiscal implications for the state's already "
+    "strained budget.",
+    "Individuals who wish to participate in the study must provide written informed consent and demonstrate "
+    "that they meet the eligibility criteria outlined in the protocol.",
+    "The river, swollen by weeks of incessant rainfall, eventually breached its banks and inundated the "
+    "low-lying agricultural land.",
+    "Subsequent to the merger, the newly formed entity embarked upon a comprehensive restructuring of its "
+    "operations, resulting in the elimination of numerous redundant positions.",
+    "The physician prescribed a course of antibiotics.",
+    "Mitochondria, often described as the powerhouses of the cell, are responsible for generating the majority "
+    "of the chemical energy required to power biochemical reactions.",
+    "The legislation, which was enacted in response to widespread public concern regarding data privacy, "
+    "imposes stringent obligations on organizations that process personal information.",
+    "Her meticulous attention to detail, combined with an unwavering commitment to excellence, distinguished "
+    "her from her contemporaries.",
+    "The expedition was abandoned when the team encountered impassable terrain and rapidly deteriorating "
+    "weather conditions.",
+    "Consumption of alcoholic beverages is strictly prohibited on the premises at all times.",
+    "The economist argued that the central bank's decision to raise interest rates would exacerbate rather "
+    "than alleviate the prevailing economic downturn.",
+    "Upon arrival at the facility, visitors are required to present valid photographic identification and to "
+    "sign the register maintained at the reception desk.",
+    "The cathedral, constructed over a period of nearly two centuries, exemplifies the transition from "
+    "Romanesque to Gothic architectural styles.",
+    "Volcanic eruptions can have profound and far-reaching consequences for global climate patterns.",
+    "The defendant maintained his innocence throughout the protracted legal proceedings, notwithstanding the "
+    "substantial body of circumstantial evidence presented by the prosecution.",
+    "In order to mitigate the risk of further contamination, the authorities ordered the immediate evacuation "
+    "of all residents within a two-kilometre radius.",
+    "The orchestra performed the symphony with extraordinary precision and emotional depth.",
+    "Numerous studies have demonstrated a statistically significant correlation between regular physical "
+    "exercise and improved cognitive function in older adults.",
+    "The company's quarterly earnings exceeded analysts' expectations, primarily as a consequence of robust "
+    "sales in emerging markets.",
+    "Because the bridge had been deemed structurally unsound by independent engineers, the county closed it "
+    "indefinitely pending extensive repairs.",
+    "The ambassador conveyed her government's profound regret regarding the incident and assured her "
+    "counterparts that a thorough investigation would be undertaken.",
+    "Glaciers are retreating at an accelerating rate.",
+    "Participants were randomly assigned to either the intervention group or the control group, and outcomes "
+    "were assessed by investigators who were unaware of group allocation.",
+    "The manuscript, which had been presumed lost for several centuries, was discovered in the archives of a "
+    "provincial monastery by a doctoral student conducting unrelated research.",
+    "Children under the age of twelve must be accompanied by an adult at all times while on the premises.",
+    "The proliferation of misinformation on social media platforms has prompted calls for more rigorous "
+    "content moderation policies.",
+    "Having exhausted all available avenues of appeal, the organization reluctantly accepted the tribunal's "
+    "ruling and undertook to comply with its directives.",
+    "The telescope enables astronomers to observe galaxies that are billions of light-years away.",
+    "The renovation of the historic theatre, which was financed through a combination of public grants and "
+    "private donations, was completed ahead of schedule and under budget.",
+    "Insufficient hydration can precipitate a range of adverse physiological effects, including fatigue, "
+    "headaches and impaired concentration.",
+    "The board of directors unanimously endorsed the chief executive's strategic plan for expansion into the "
+    "Asian market.",
+    "Residents expressed vehement opposition to the proposed construction of a waste incineration plant in "
+    "close proximity to the primary school.",
+    "The migratory patterns of numerous avian species have been significantly altered as a result of changes "
+    "in temperature and precipitation.",
+    "Applicants are advised that incomplete submissions will not be considered.",
+    "The philosopher contended that moral obligations derive not from divine command but from the rational "
+    "nature of human beings.",
+    "Following the discovery of significant irregularities in the financial statements, the auditors declined "
+    "to issue an unqualified opinion.",
+    "The vaccine was developed in record time owing to unprecedented international collaboration and "
+    "substantial public investment.",
+]
+
+
+def build_requests(count: int, max_tokens: int) -> list[ChatRequest]:
+    """`count` greedy simplification requests (cycling through SENTENCES if count exceeds them)."""
+    return [
+        ChatRequest(
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": INSTRUCTION + SENTENCES[i % len(SENTENCES)]},
+            ],
+            sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+            request_id=f"bench-{i}",
+        )
+        for i in range(count)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurements
+
+
+def measure_engine(engine: HFEngine, requests: list[ChatRequest]) -> tuple[float, list[Completion]]:
+    """Wall seconds of one `engine.generate(requests)`, and its completions."""
+    start = time.perf_counter()
+    completions = engine.generate(requests)
+    return time.perf_counter() - start, completions
+
+
+def measure_one_at_a_time(engine: HFEngine, requests: list[ChatRequest]) -> float:
+    """Tokens/s when each request is generated alone (batch of one)."""
+    start, tokens = time.perf_counter(), 0
+    for request in requests:
+        [completion] = engine.generate([request])
+        tokens += completion.completion_tokens
+    return tokens / (time.perf_counter() - start)
+
+
+def measure_bare_loop(prompts: list[ChatRequest], spec: EngineSpec) -> float:
+    """Tokens/s of a bare in-process loop: one HFEngine, `generate` on chunks of `spec.max_batch_size` prompts.
+
+    This is the no-Ray reference for the Ray Data generate stage: run that stage with the same spec and
+    `map_batches(batch_size=spec.max_batch_size)` so both sides see the same batches. Includes no model load;
+    one warm-up chunk is run first.
+    """
+    engine = HFEngine(spec)
+    size = spec.max_batch_size
+    engine.generate(prompts[:size])
+    start, tokens = time.perf_counter(), 0
+    for i in range(0, len(prompts), size):
+        tokens += sum(c.completion_tokens for c in engine.generate(prompts[i : i + size]))
+    seconds = time.perf_counter() - start
+    engine.close()
+    return tokens / seconds
+
+
+def measure_bare_generate(requests: list[ChatRequest], spec: EngineSpec) -> float:
+    """Tokens/s of plain `model.generate(do_sample=False)` over left-padded batches of `spec.max_batch_size`.
+
+    The model is loaded as `from_pretrained` does by default (the checkpoint's dtype); generated tokens are
+    counted up to and including each row's first EOS, as the engine counts them.
+    """
+    model_dir = resolve_model_dir(spec.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    eos = model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos)
+    texts = [render_prompt(tokenizer, r.messages, spec.thinking) for r in requests]
+    max_new = max(r.sampling.max_tokens for r in requests)
+    size = spec.max_batch_size
+    with torch.inference_mode():
+        _run_generate(model, tokenizer, texts[:2], 2)  # warm-up
+        start, tokens = time.perf_counter(), 0
+        for i in range(0, len(texts), size):
+            tokens += _count_until_eos(_run_generate(model, tokenizer, texts[i : i + size], max_new), eos)
+        return tokens / (time.perf_counter() - start)
+
+
+def _run_generate(model, tokenizer, texts: list[str], max_new_tokens: int) -> torch.Tensor:
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[:, batch.input_ids.shape[1] :]
+
+
+def _count_until_eos(generated: torch.Tensor, eos: set[int]) -> int:
+    total = 0
+    for row in generated.tolist():
+        ends = [i for i, token in enumerate(row) if token in eos]
+        total += ends[0] + 1 if ends else len(row)
+    return total
+
+
+def measure_matmul_peak(dtype: torch.dtype, size: int = 2048, reps: int = 5) -> float:
+    """Best FLOP/s of a `size`^3 matmul at `dtype` over `reps` runs."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def count_useful_flops(model: torch.nn.Module, completions: list[Completion]) -> float:
+    """FLOPs of the generated tokens only: 2 * non-embedding params + attention at each token's context."""
+    config = model.config.get_text_config()
+    embedding = model.get_input_embeddings().weight.numel()
+    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
+    d_attn = config.num_attention_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+    flops = 0.0
+    for c in completions:
+        contexts = c.completion_tokens * c.prompt_tokens + c.completion_tokens * (c.completion_tokens - 1) / 2
+        flops += 2 * non_embedding * c.completion_tokens + 4 * config.num_hidden_layers * d_attn * contexts
+    return flops
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="model spec (alias, HF dir or hf:<repo>)")
+    parser.add_argument("--prompts", type=int, default=48, help="number of prompts")
+    parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per prompt")
+    parser.add_argument("--batch-size", type=int, default=16, help="engine max_batch_size / bare generate batch")
+    args = parser.parse_args(argv)
+    spec = EngineSpec(kind="hf", model=args.model, max_batch_size=args.batch_size)
+    requests = build_requests(args.prompts, args.max_tokens)
+
+    engine = HFEngine(spec)
+    peak = measure_matmul_peak(engine.dtype)
+    engine.generate(requests[: args.batch_size])  # warm-up: allocator, oneDNN primitive caches
+    seconds, completions = measure_engine(engine, requests)
+    engine_tps = sum(c.completion_tokens for c in completions) / seconds
+    roofline = count_useful_flops(engine.model, completions) / seconds / peak
+    single_tps = measure_one_at_a_time(engine, requests)
+    print(f"info dtype={engine.dtype} packed_linear_layers={engine.packed_layers} threads={torch.get_num_threads()}")
+    print(f"info prompts={len(requests)} prompt_tokens={sum(c.prompt_tokens for c in completions)} "
+          f"completion_tokens={sum(c.completion_tokens for c in completions)} matmul_peak_gflops={peak / 1e9:.1f}")
+    engine.close()
+
+    bare_tps = measure_bare_generate(requests, spec)
+    print(f"bench engine_tokens_per_s = {engine_tps:.1f}")
+    print(f"bench bare_generate_tokens_per_s = {bare_tps:.1f}")
+    print(f"bench engine_vs_bare_generate = {engine_tps / bare_tps:.2f}")
+    print(f"bench batched_vs_single = {engine_tps / single_tps:.2f}")
+    print(f"bench roofline_fraction = {roofline:.3f}")
+
+    # --- Ray Data comparison (lead): bench ray_data_vs_bare = <Ray Data generate-stage tokens/s> / bare_loop_tps
+    # bare_loop_tps = measure_bare_loop(requests, spec)
+    # print(f"bench ray_data_vs_bare = {ray_data_tps / bare_loop_tps:.2f}")
+
+
+if __name__ == "__main__":
+    main()

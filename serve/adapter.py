@@ -1,0 +1,87 @@
+"""The judge's weights: a base model plus an optional LoRA adapter from a training run, merged for serving.
+
+HFEngine (and VLLMEngine) load a model directory named by `EngineSpec.model` and offer no hook for a preloaded
+model, so the adapter is merged into the base once per (re)load: base weights + `PeftModel.from_pretrained` +
+`merge_and_unload`, saved with the base tokenizer into a temporary directory that the engine then loads like any
+model. A merged model also decodes at base-model speed (no extra LoRA matmuls) and keeps HFEngine's bf16 weight
+packing. The temporary directory is removed once the engine holds the weights.
+
+The model identity (cache keys, `/ready`, response `model` fields) includes a content hash of the adapter, so an
+adapter re-saved to the same path is a new identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from actors.engine import Engine, build_engine
+
+log = logging.getLogger(__name__)
+_HASH_CHUNK = 1 << 20
+
+
+def adapter_fingerprint(adapter_dir: str) -> str:
+    """Short sha256 over the adapter's config and weight files (names and bytes)."""
+    digest = hashlib.sha256()
+    root = Path(adapter_dir)
+    files = sorted([root / "adapter_config.json", *root.glob("adapter_model.*")])
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+def judge_identity(judge) -> str:
+    """What makes two judges answer alike: the engine identity plus the adapter path and content hash."""
+    identity = judge.engine.cache_identity()
+    if judge.adapter:
+        identity += f"|adapter={judge.adapter}#{adapter_fingerprint(judge.adapter)}"
+    return identity
+
+
+def served_name(judge) -> str:
+    """The model name clients see on /v1/chat/completions."""
+    if judge.served_name:
+        return judge.served_name
+    name = judge.engine.served_model_name or judge.engine.model
+    return Path(name).name if "/" in name and not name.startswith("hf:") else name
+
+
+def build_judge_engine(judge) -> Engine:
+    """Load the judge: `build_engine(judge.engine)`, with the adapter merged in first when one is set."""
+    if not judge.adapter:
+        return build_engine(judge.engine)
+    merged = tempfile.mkdtemp(prefix="quorum-grm-merged-")
+    try:
+        merge_adapter(judge.engine.model, judge.adapter, merged)
+        return build_engine(dataclasses.replace(judge.engine, model=merged))
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
+
+
+def merge_adapter(base_model: str, adapter_dir: str, out_dir: str) -> None:
+    """Write base + LoRA adapter, merged, as a plain HF model directory (weights, config, tokenizer) to `out_dir`.
+
+    Args:
+        base_model: a model spec `actors.models.resolve_model_dir` understands.
+        adapter_dir: a peft `save_pretrained` directory.
+        out_dir: an existing directory to write into.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actors.models import resolve_model_dir
+
+    base_dir = resolve_model_dir(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
+    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    merged.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
+    log.info("merged adapter %s into %s", adapter_dir, base_model)

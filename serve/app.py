@@ -1,0 +1,393 @@
+"""The generative reward model (GRM) as a Ray Serve app: one deployment, a FastAPI ingress, batched judging.
+
+    quorum serve configs/grm.yaml                                   # local Ray; Ctrl-C stops it
+    quorum serve configs/grm.yaml --print-config=grm_serve.yaml     # then: serve deploy grm_serve.yaml
+
+Endpoints: POST /v1/chat/completions (OpenAI-compatible), GET /v1/models, POST /score (pointwise grade),
+POST /compare (pairwise grades + preference), POST /reward/group (a reward per response, all_pairs or
+vs_reference), GET /health (liveness), GET /ready (model loaded, its identity), GET /stats (batch sizes, cache).
+Request formats, message rendering, parsing and reward maths live in the pure `serve.protocol`.
+
+Every judge generation goes through one `@serve.batch` method in front of the engine's batched `generate`, behind
+an LRU cache keyed by (model identity incl. adapter hash, rendered messages, sampling). `reconfigure(user_config)`
+(re)loads the judge when its identity changes: the new engine loads while the old one keeps serving, then they are
+swapped between batches (vLLM, which cannot hold two engines on one GPU, drains and reloads instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+import os
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray import serve
+from starlette.exceptions import HTTPException
+
+from actors.cache import request_key
+from actors.engine import ChatRequest, Completion
+from jobs.config import ConfigError, build, with_defaults
+from serve import protocol as P
+from serve.adapter import build_judge_engine, judge_identity, served_name
+from serve.config import ReplicaSettings, ServeConfig, validate_replica_settings
+
+log = logging.getLogger("ray.serve")
+DEPLOYMENT_NAME = "GRMServer"
+OPEN_PATHS = ("/health", "/ready")
+
+api = FastAPI(title="quorum generative reward model")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors: OpenAI-style bodies that name the field, plus FastAPI's own `detail`
+
+
+def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}, "detail": message}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = jsonable_encoder(exc.errors())
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    field = ".".join(str(part) for part in first["loc"] if part != "body")
+    message = f"{field or 'body'}: {first['msg']}"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": field or None, "code": 422},
+            "detail": errors}
+    return JSONResponse(body, status_code=422)
+
+
+@api.exception_handler(P.RequestError)
+async def _on_request_error(request: Request, exc: P.RequestError) -> JSONResponse:
+    return error_response(400, str(exc), exc.field)
+
+
+@api.exception_handler(HTTPException)
+async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+@api.middleware("http")
+async def _guard(request: Request, call_next):
+    """Body size and bearer-token checks run before the body is read or validated."""
+    server = serve.get_replica_context().servable_object
+    rejection = server.admit(request)
+    return rejection if rejection is not None else await call_next(request)
+
+
+def route_path(scope: dict) -> str:
+    """The request path below the app's route prefix."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root):] or "/"
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replica state helpers
+
+
+class LRUCache:
+    """Completions by request key, least recently used evicted first; capacity 0 disables it."""
+
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity
+        self.hits = self.misses = 0
+        self._data: collections.OrderedDict[str, Completion] = collections.OrderedDict()
+
+    def get(self, key: str) -> Completion | None:
+        if key in self._data:
+            self._data.move_to_end(key)
+            self.hits += 1
+            return self._data[key]
+        self.misses += 1
+        return None
+
+    def put(self, key: str, value: Completion) -> None:
+        if self.capacity <= 0 or value.finish_reason == "error":
+            return
+        self._data[key] = value
+        self._data.move_to_end(key)
+        self.resize(self.capacity)
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        while len(self._data) > max(capacity, 0):
+            self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The deployment
+
+
+@serve.deployment(name=DEPLOYMENT_NAME)
+@serve.ingress(api)
+class GRMServer:
+    """One replica: a judge engine, the batch queue in front of it, the response cache and the HTTP routes."""
+
+    def __init__(self):
+        self.settings: ReplicaSettings | None = None
+        self.prompts: P.JudgePrompts | None = None
+        self.engine = None
+        self.identity = self.model_name = self.adapter = ""
+        self.loading = False
+        self.cache = LRUCache()
+        self._token = b""
+        self._engine_lock = asyncio.Lock()
+        self.counters = collections.Counter()
+        self.batch_sizes = collections.Counter()
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """Apply new settings; reload the judge only when its identity (model, adapter hash) changed."""
+        try:
+            settings = build(ReplicaSettings, with_defaults(ReplicaSettings, user_config))
+            validate_replica_settings(settings)
+        except (ConfigError, ValueError) as exc:
+            raise ValueError(f"user_config: {exc}") from exc
+        pr = settings.prompts
+        prompts = P.load_judge_prompts(pr.pointwise, pr.pointwise_vars, pr.pairwise, pr.pairwise_vars)
+        identity = await asyncio.to_thread(judge_identity, settings.judge)
+        if identity != self.identity:
+            await self._load_engine(settings.judge, identity)
+        self._generate_batch.set_max_batch_size(settings.batching.max_batch_size)
+        self._generate_batch.set_batch_wait_timeout_s(settings.batching.batch_wait_timeout_s)
+        self.cache.resize(settings.cache_size)
+        self._token = os.environ.get(settings.auth_token_env, "").encode() if settings.auth_token_env else b""
+        if settings.auth_token_env and not self._token:
+            log.warning("serve.auth_token_env names %s but it is unset on this replica: auth is OFF",
+                        settings.auth_token_env)
+        self.settings, self.prompts = settings, prompts
+
+    async def _load_engine(self, judge, identity: str) -> None:
+        self.loading = True
+        try:
+            if self.engine is not None and judge.engine.kind == "vllm":
+                # one GPU cannot hold two vLLM engines: drain (the lock waits for the running batch), free, reload
+                async with self._engine_lock:
+                    self.engine.close()
+                    self.engine = None
+                    self._install(await asyncio.to_thread(build_judge_engine, judge), judge, identity)
+            else:
+                engine = await asyncio.to_thread(build_judge_engine, judge)
+                async with self._engine_lock:
+                    old = self._install(engine, judge, identity)
+                if old is not None:
+                    old.close()
+            log.info("judge loaded: %s", identity)
+        finally:
+            self.loading = False
+
+    def _install(self, engine, judge, identity: str):
+        """Swap in a loaded engine (caller holds the engine lock); returns the previous one."""
+        old, self.engine = self.engine, engine
+        self.identity, self.model_name, self.adapter = identity, served_name(judge), judge.adapter
+        self.cache.clear()
+        return old
+
+    def admit(self, request: Request) -> JSONResponse | None:
+        """None to let the request through, else the rejection (411/413 body size, 401/403 token)."""
+        self.counters["http_requests"] += 1
+        if self.settings is None:
+            return None
+        if request.method == "POST":
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                return error_response(411, "a Content-Length header is required")
+            if int(length) > self.settings.limits.max_body_bytes:
+                return error_response(413, f"body of {length} bytes exceeds the limit of "
+                                           f"{self.settings.limits.max_body_bytes}")
+        if not self._token or route_path(request.scope) in OPEN_PATHS:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            self.counters["auth_rejected"] += 1
+            return error_response(401, "missing bearer token (Authorization: Bearer <token>)",
+                                  headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(token.strip().encode(), self._token):
+            self.counters["auth_rejected"] += 1
+            return error_response(403, "invalid bearer token")
+        return None
+
+    # -- judging core ------------------------------------------------------------------------------------------
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    async def _generate_batch(self, requests: list[ChatRequest]) -> list[tuple[Completion, str]]:
+        async with self._engine_lock:
+            engine, identity = self.engine, self.identity
+            self.batch_sizes[len(requests)] += 1
+            completions = await asyncio.to_thread(engine.generate, requests)
+        return [(completion, identity) for completion in completions]
+
+    async def _complete(self, messages: list[dict], sampling) -> tuple[Completion, bool]:
+        """One judge generation: from the cache, else through the batch queue. Returns (completion, cached)."""
+        request = ChatRequest(messages=messages, sampling=sampling)
+        hit = self.cache.get(request_key(self.identity, request))
+        if hit is not None:
+            return hit, True
+        completion, identity = await self._generate_batch(request)
+        self.cache.put(request_key(identity, request), completion)
+        return completion, False
+
+    async def _with_deadline(self, awaitable, timeout_s: float | None):
+        limit = min(timeout_s or float("inf"), self.settings.request_timeout_s)
+        try:
+            return await asyncio.wait_for(awaitable, limit)
+        except TimeoutError:
+            self.counters["timeouts"] += 1
+            raise HTTPException(504, f"request exceeded its deadline of {limit:g} s") from None
+
+    def _ready_settings(self) -> ReplicaSettings:
+        if self.settings is None or self.engine is None:
+            raise HTTPException(503, "the judge model is not loaded yet")
+        return self.settings
+
+    def _default_sampling(self):
+        return self.settings.sampling.to_params()
+
+    # -- routes ------------------------------------------------------------------------------------------------
+
+    @api.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    @api.get("/ready")
+    async def ready(self):
+        body = {"ready": self.engine is not None, "loading": self.loading, "model": self.model_name,
+                "model_identity": self.identity, "adapter": self.adapter, "auth": bool(self._token),
+                "replica": serve.get_replica_context().replica_tag}
+        return body if self.engine is not None else JSONResponse(body, status_code=503)
+
+    @api.get("/stats")
+    async def stats(self) -> dict:
+        sizes = self.batch_sizes
+        batches = sum(sizes.values())
+        return {
+            "replica": serve.get_replica_context().replica_tag, "model_identity": self.identity,
+            "batches": batches, "engine_requests": sum(k * v for k, v in sizes.items()),
+            "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
+            "max_batch_size_seen": max(sizes, default=0),
+            "max_batch_size": self.settings.batching.max_batch_size if self.settings else None,
+            "cache": {"size": len(self.cache), "capacity": self.cache.capacity, "hits": self.cache.hits,
+                      "misses": self.cache.misses},
+            **dict(self.counters),
+        }
+
+    @api.get("/v1/models")
+    async def models(self) -> dict:
+        self._ready_settings()
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "quorum"}]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, body: P.ChatCompletionRequest) -> dict:
+        settings = self._ready_settings()
+        P.check_chat(body, settings.limits)
+        sampling = P.resolve_sampling(
+            self._default_sampling(), settings.limits, temperature=body.temperature, top_p=body.top_p,
+            max_tokens=body.max_completion_tokens or body.max_tokens, seed=body.seed, stop=body.stop)
+        messages = [m.model_dump() for m in body.messages]
+        completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
+        if completion.finish_reason == "error":
+            raise P.RequestError("messages", f"the engine refused the prompt: {completion.error}")
+        message = {"role": "assistant", "content": completion.text}
+        if completion.reasoning:
+            message["reasoning_content"] = completion.reasoning
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": completion.finish_reason}],
+            "usage": P.usage_of([completion]).model_dump(),
+            "quorum": {"model_identity": self.identity, "cached": cached},
+        }
+
+    @api.post("/score")
+    async def score(self, body: P.ScoreRequest) -> P.ScoreResponse:
+        settings = self._ready_settings()
+        P.check_texts([("prompt", body.prompt), ("response", body.response), ("reference", body.reference)],
+                      settings.limits)
+        response = P.clean_response(body.response, settings.judge.strip_think)
+        messages = self.prompts.score_messages(body.prompt, response, body.reference)
+        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
+        return P.score_response(completion, self.model_name, cached)
+
+    @api.post("/compare")
+    async def compare(self, body: P.CompareRequest) -> P.CompareResponse:
+        settings = self._ready_settings()
+        P.check_texts([("prompt", body.prompt), ("response_a", body.response_a),
+                       ("response_b", body.response_b)], settings.limits)
+        strip = settings.judge.strip_think
+        messages = self.prompts.compare_messages(body.prompt, P.clean_response(body.response_a, strip),
+                                                 P.clean_response(body.response_b, strip))
+        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
+        return P.compare_response(completion, self.model_name, cached)
+
+    @api.post("/reward/group")
+    async def reward_group(self, body: P.GroupRewardRequest) -> P.GroupRewardResponse:
+        settings = self._ready_settings()
+        P.check_group(body, settings.limits)
+        texts = {P.REFERENCE: body.reference}
+        texts.update(enumerate(P.clean_response(r, settings.judge.strip_think) for r in body.responses))
+        pairs = P.plan_pairs(len(body.responses), body.scheme, body.both_orders)
+        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        calls = [self._complete(self.prompts.compare_messages(body.prompt, texts[a], texts[b]), sampling)
+                 for a, b in pairs]
+        results = await self._with_deadline(asyncio.gather(*calls), body.timeout_s)
+        judgments = [P.read_judgment(a, b, c, cached) for (a, b), (c, cached) in zip(pairs, results)]
+        return P.group_response(body.scheme, len(body.responses), judgments, [c for c, _ in results],
+                                self.model_name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building the app
+
+
+def deployment_options(cfg: ServeConfig) -> dict:
+    """Serve deployment options from the config (also written into `--print-config` YAML)."""
+    scaling = cfg.autoscaling
+    options = {
+        "user_config": cfg.user_config(),
+        "max_ongoing_requests": scaling.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": cfg.resources.num_cpus, "num_gpus": cfg.resources.num_gpus},
+        # a rolling restart starts the new replica before stopping the old one: no gap with one replica
+        "max_surge_percent": 100,
+    }
+    if scaling.min_replicas == scaling.max_replicas:
+        options["num_replicas"] = scaling.min_replicas
+    else:
+        options["autoscaling_config"] = {"min_replicas": scaling.min_replicas, "max_replicas": scaling.max_replicas,
+                                         "target_ongoing_requests": scaling.target_ongoing_requests}
+    return options
+
+
+def make_deployment(cfg: ServeConfig):
+    return GRMServer.options(**deployment_options(cfg))
+
+
+def config_from_args(args: dict) -> ServeConfig:
+    try:
+        cfg = build(ServeConfig, with_defaults(ServeConfig, dict(args)))
+        cfg.validate()
+    except ValueError as exc:
+        raise ConfigError(f"serve app args: {exc}") from exc
+    return cfg
+
+
+def build_app(args: dict):
+    """Serve app builder (`import_path: serve.app:build_app`); `args` is a ServeConfig mapping."""
+    return make_deployment(config_from_args(args)).bind()

@@ -1,0 +1,184 @@
+"""`quorum serve`: start, update or describe the generative reward model (GRM) Serve app.
+
+    quorum serve configs/grm.yaml [key=value ...]            start (local Ray if none is running); Ctrl-C stops
+    quorum serve configs/grm.yaml judge.adapter=runs/r2/adapter --detach
+                                                             update the running app in place and return
+    quorum serve configs/grm.yaml --print-config[=out.yaml]  write a Serve config for `serve run` / `serve deploy`
+
+Re-running against a live app (same `serve.app_name`) is a rolling update: Serve starts the new replica (new
+adapter, new batching, ...) before it stops the old one, so the endpoint stays up. With a config file from
+`--print-config`, editing `deployments[0].user_config` and `serve deploy`-ing it again reconfigures the replicas in
+place without restarting them.
+
+`--detach` needs a running Ray cluster (`ray.address`, RAY_ADDRESS, or a local cluster started by `ray start` or
+by another `quorum serve`): a local cluster started by this process would die with it.
+Exit codes: 0 success, 2 bad config or arguments, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from jobs.config import ConfigError, load_config
+from jobs.ray_env import WORKER_ENV_DEFAULTS, RayConfig, init_ray
+from jobs.tracking import install_redaction, secret_env_names
+from serve.config import ServeConfig
+
+# `quorum run` / tests/test_config.py find a job's config class under this name
+Config = ServeConfig
+
+log = logging.getLogger("quorum.serve")
+_POLL_S = 5.0
+_READY_TIMEOUT_S = 600.0
+
+
+def main(argv: list[str] | ServeConfig, config_path: str | None = None) -> int:
+    """`quorum serve CONFIG [key=value ...] [flags]`; `quorum run CONFIG` passes the loaded config instead."""
+    if isinstance(argv, ServeConfig):
+        return run(argv, detach=False)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    config_path, rest = argv[0], argv[1:]
+    flags = [a for a in rest if a.startswith("--")]
+    overrides = [a for a in rest if not a.startswith("--")]
+    detach, print_to = False, None
+    for flag in flags:
+        if flag == "--detach":
+            detach = True
+        elif flag == "--print-config" or flag.startswith("--print-config="):
+            print_to = flag.partition("=")[2] or "-"
+        else:
+            raise ConfigError(f"unknown flag {flag!r} (known: --detach, --print-config[=PATH])")
+    cfg = load_config(ServeConfig, config_path, overrides)
+    install_redaction(secret_env_names(dataclasses.asdict(cfg)))
+    if print_to is not None:
+        write_serve_config(cfg, print_to)
+        return 0
+    return run(cfg, detach)
+
+
+def run(cfg: ServeConfig, detach: bool) -> int:
+    from ray import serve
+
+    from serve.app import make_deployment
+
+    log.info("resolved config: %s", json.dumps(dataclasses.asdict(cfg), sort_keys=True))
+    token_env = cfg.serve.auth_token_env
+    if token_env and not os.environ.get(token_env):
+        log.warning("serve.auth_token_env=%s is not set here; replicas without it serve WITHOUT auth", token_env)
+    started_local = connect_ray(cfg.ray, detach)
+    try:
+        serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+        serve.run(make_deployment(cfg).bind(), name=cfg.serve.app_name, route_prefix=cfg.serve.route_prefix,
+                  blocking=False)
+        wait_until_running(cfg.serve.app_name, _READY_TIMEOUT_S)
+        base = f"http://{cfg.serve.host}:{cfg.serve.port}{cfg.serve.route_prefix.rstrip('/')}"
+        print(f"quorum serve: app {cfg.serve.app_name!r} running at {base} "
+              "(/v1/chat/completions /score /compare /reward/group /health /ready /stats)", flush=True)
+        if detach:
+            return 0
+        print("quorum serve: Ctrl-C to stop", flush=True)
+        try:
+            while True:
+                time.sleep(_POLL_S)
+        except KeyboardInterrupt:
+            print("quorum serve: stopping", flush=True)
+            serve.delete(cfg.serve.app_name)
+        return 0
+    finally:
+        if started_local:
+            import ray
+
+            ray.shutdown()
+
+
+def connect_ray(cfg: RayConfig, detach: bool) -> bool:
+    """Join a running cluster if there is one; else start a local one (not with --detach). True if started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.address or os.environ.get("RAY_ADDRESS"):
+        init_ray(cfg)
+        return False
+    try:
+        ray.init(address="auto", log_to_driver=True)
+        return False
+    except ConnectionError:
+        if detach:
+            raise ConfigError("--detach needs a running Ray cluster (set ray.address or RAY_ADDRESS, or run "
+                              "`ray start --head` first); a local cluster started here would stop on exit") from None
+    init_ray(cfg)
+    return True
+
+
+def wait_until_running(app_name: str, timeout_s: float) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = serve.status().applications.get(app_name)
+        status = str(app.status) if app else "MISSING"
+        if status.endswith("RUNNING"):
+            return
+        if status.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
+            message = app.message if app else ""
+            raise RuntimeError(f"Serve app {app_name!r} is {status}: {message}")
+        time.sleep(1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --print-config
+
+
+def serve_config(cfg: ServeConfig) -> dict:
+    """A Serve config file (`serve run` / `serve deploy`) equivalent to `quorum serve` with this config."""
+    from serve.app import DEPLOYMENT_NAME, deployment_options
+
+    env_vars = {k: v for k, v in WORKER_ENV_DEFAULTS.items() if v}
+    env_vars.update(cfg.ray.env_vars)
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": cfg.serve.host, "port": cfg.serve.port},
+        "applications": [{
+            "name": cfg.serve.app_name,
+            "route_prefix": cfg.serve.route_prefix,
+            "import_path": "serve.app:build_app",
+            "runtime_env": {"env_vars": env_vars},
+            "args": app_args(cfg),
+            "deployments": [{"name": DEPLOYMENT_NAME, **deployment_options(cfg)}],
+        }],
+    }
+
+
+def app_args(cfg: ServeConfig) -> dict:
+    """The config as `build_app` args: everything but the Ray connection, with local paths made absolute."""
+    args = dataclasses.asdict(cfg)
+    args.pop("ray")
+    user = cfg.user_config()
+    args["judge"], args["prompts"] = user["judge"], user["prompts"]
+    return args
+
+
+def write_serve_config(cfg: ServeConfig, target: str) -> None:
+    header = (
+        "# Generated by `quorum serve ... --print-config`. Deploy: serve deploy THIS.yaml (or serve run THIS.yaml).\n"
+        "# Edit deployments[0].user_config (judge.adapter, batching, ...) and deploy again to reconfigure the\n"
+        "# replicas in place; a change under `args` restarts them (rolling). No secrets are written here:\n"
+        "# user_config.auth_token_env only names the variable that replicas read the token from.\n"
+    )
+    text = header + yaml.safe_dump(serve_config(cfg), sort_keys=False)
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text)
+        print(f"quorum serve: wrote {target}", file=sys.stderr)

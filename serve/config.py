@@ -1,0 +1,205 @@
+"""Config of the generative reward model (GRM) Serve app, loaded from YAML like every job config.
+
+    quorum serve configs/grm.yaml [key=value ...]
+
+Two parts with different update paths:
+
+- `ReplicaSettings` (judge model + adapter, prompts, sampling, batching, limits, cache, request timeout, auth env
+  name) travels to every replica as the deployment's `user_config`. With `serve deploy` a change of it is applied
+  in place by `GRMServer.reconfigure` (no replica restart); `quorum serve` re-runs roll the replicas instead.
+- The rest (HTTP host/port, route prefix, app name, autoscaling, per-replica resources, Ray address) shapes the
+  deployment itself.
+
+Secrets never appear here: `serve.auth_token_env` is the *name* of the environment variable holding the token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actors.engine import EngineSpec
+from actors.stage_config import SamplingConfig
+from jobs.ray_env import RayConfig
+from serve import protocol
+
+
+@dataclass
+class HTTPConfig:
+    # address the Serve HTTP proxy binds; 127.0.0.1 keeps it on loopback, 0.0.0.0 exposes it
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # URL prefix of this app (several Serve apps can share one proxy)
+    route_prefix: str = "/"
+    # Serve application name; re-running `quorum serve` with the same name updates that app
+    app_name: str = "grm"
+    # per-request deadline inside the replica; a request past it gets 504 (a client may ask for less)
+    request_timeout_s: float = 120.0
+    # name of the environment variable holding the bearer token ("" = no auth); read by the replicas
+    auth_token_env: str = ""
+
+
+@dataclass
+class JudgeConfig:
+    engine: EngineSpec = field(default_factory=lambda: EngineSpec(kind="hf", model="smollm2-135m"))
+    # LoRA adapter directory saved by peft `save_pretrained` (e.g. <run>/adapter); "" = base model only
+    adapter: str = ""
+    # model name reported by /v1/chat/completions; "" = the engine's model name
+    served_name: str = ""
+    # drop <think>...</think> from policy responses before they are shown to the judge (MENLO §5)
+    strip_think: bool = True
+
+
+@dataclass
+class PromptsConfig:
+    # pointwise template (configs/prompts/<name>.yaml or a path), parsed with eval.judge_parse.parse_score
+    pointwise: str = "jury_score"
+    # request field -> template variable; fields: prompt, response and optionally reference
+    pointwise_vars: dict[str, str] = field(
+        default_factory=lambda: {"prompt": "base_sentence", "response": "new_sentence"})
+    # pairwise template, parsed with eval.judge_parse.parse_menlo_grades
+    pairwise: str = "jury_pairwise"
+    # request field -> template variable; fields: prompt, response_a, response_b
+    pairwise_vars: dict[str, str] = field(
+        default_factory=lambda: {"prompt": "source", "response_a": "candidate_a", "response_b": "candidate_b"})
+
+
+@dataclass
+class BatchingConfig:
+    # judge generations per engine call (@serve.batch); 1 turns batching off
+    max_batch_size: int = 8
+    # how long a replica waits to fill a batch
+    batch_wait_timeout_s: float = 0.05
+
+
+@dataclass
+class AutoscalingConfig:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    # Serve adds replicas when ongoing requests per replica exceed this
+    target_ongoing_requests: float = 8.0
+    # HTTP requests one replica accepts at once; must be >= batching.max_batch_size to fill batches
+    max_ongoing_requests: int = 64
+
+
+@dataclass
+class ResourcesConfig:
+    # ray_actor_options of each replica
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+
+@dataclass
+class ReplicaSettings:
+    """Everything a replica reads from `user_config` (see module docstring)."""
+
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=256))
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    limits: protocol.Limits = field(default_factory=protocol.Limits)
+    # LRU entries of (model identity, rendered prompt, sampling) -> completion; 0 = no cache
+    cache_size: int = 1024
+    request_timeout_s: float = 120.0
+    auth_token_env: str = ""
+
+
+@dataclass
+class ServeConfig:
+    serve: HTTPConfig = field(default_factory=HTTPConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=256))
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    limits: protocol.Limits = field(default_factory=protocol.Limits)
+    cache_size: int = 1024
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid key (jobs.config turns it into ConfigError)."""
+        http = self.serve
+        if not 1 <= http.port <= 65535:
+            raise ValueError(f"serve.port: must be in 1..65535, got {http.port}")
+        if not http.route_prefix.startswith("/"):
+            raise ValueError(f"serve.route_prefix: must start with '/', got {http.route_prefix!r}")
+        if not http.app_name.strip():
+            raise ValueError("serve.app_name: must be a non-empty string")
+        if http.request_timeout_s <= 0:
+            raise ValueError(f"serve.request_timeout_s: must be > 0, got {http.request_timeout_s}")
+        validate_replica_settings(self.replica_settings())
+        scaling = self.autoscaling
+        if not 1 <= scaling.min_replicas <= scaling.max_replicas:
+            raise ValueError(f"autoscaling: need 1 <= min_replicas <= max_replicas, got "
+                             f"{scaling.min_replicas}..{scaling.max_replicas}")
+        if scaling.target_ongoing_requests <= 0:
+            raise ValueError("autoscaling.target_ongoing_requests: must be > 0")
+        if scaling.max_ongoing_requests < self.batching.max_batch_size:
+            raise ValueError(f"autoscaling.max_ongoing_requests ({scaling.max_ongoing_requests}) must be >= "
+                             f"batching.max_batch_size ({self.batching.max_batch_size}) or batches never fill")
+        if self.resources.num_cpus < 0 or self.resources.num_gpus < 0:
+            raise ValueError("resources: num_cpus and num_gpus must be >= 0")
+        engine = self.judge.engine
+        if engine.kind == "vllm" and self.resources.num_gpus < engine.tensor_parallel_size:
+            raise ValueError(f"resources.num_gpus ({self.resources.num_gpus}) must cover "
+                             f"judge.engine.tensor_parallel_size ({engine.tensor_parallel_size}) for vllm")
+
+    def replica_settings(self) -> ReplicaSettings:
+        return ReplicaSettings(
+            judge=self.judge, prompts=self.prompts, sampling=self.sampling, batching=self.batching,
+            limits=self.limits, cache_size=self.cache_size, request_timeout_s=self.serve.request_timeout_s,
+            auth_token_env=self.serve.auth_token_env,
+        )
+
+    def user_config(self) -> dict:
+        """The JSON-able `user_config` of the deployment (paths made absolute: replicas run elsewhere)."""
+        settings = self.replica_settings()
+        data = dataclasses.asdict(settings)
+        data["judge"]["adapter"] = absolute(settings.judge.adapter)
+        data["judge"]["engine"]["model"] = absolute_if_path(settings.judge.engine.model)
+        for key in ("pointwise", "pairwise"):
+            data["prompts"][key] = absolute_if_path(getattr(settings.prompts, key))
+        return data
+
+
+def validate_replica_settings(settings: ReplicaSettings) -> None:
+    """Checks shared by the driver (before deploying) and each replica (on every reconfigure)."""
+    judge = settings.judge
+    if judge.engine.kind not in ("hf", "vllm", "openai"):
+        raise ValueError(f"judge.engine.kind: {judge.engine.kind!r} is not one of hf, vllm, openai")
+    if judge.adapter:
+        if judge.engine.kind == "openai":
+            raise ValueError("judge.adapter: a LoRA adapter needs a local engine (hf or vllm), not openai")
+        check_adapter_dir(judge.adapter)
+    protocol.load_judge_prompts(settings.prompts.pointwise, settings.prompts.pointwise_vars,
+                                settings.prompts.pairwise, settings.prompts.pairwise_vars)
+    if settings.batching.max_batch_size < 1:
+        raise ValueError(f"batching.max_batch_size: must be >= 1, got {settings.batching.max_batch_size}")
+    if settings.batching.batch_wait_timeout_s < 0:
+        raise ValueError("batching.batch_wait_timeout_s: must be >= 0")
+    settings.limits.validate()
+    if not 1 <= settings.sampling.max_tokens <= settings.limits.max_tokens:
+        raise ValueError(f"sampling.max_tokens: must be in 1..limits.max_tokens ({settings.limits.max_tokens}), "
+                         f"got {settings.sampling.max_tokens}")
+    if settings.cache_size < 0:
+        raise ValueError(f"cache_size: must be >= 0, got {settings.cache_size}")
+
+
+def check_adapter_dir(path: str) -> None:
+    """A peft adapter directory has adapter_config.json and adapter weights."""
+    adapter = Path(path).expanduser()
+    if not (adapter / "adapter_config.json").is_file():
+        raise ValueError(f"judge.adapter: {path} has no adapter_config.json (expected a peft save_pretrained dir)")
+    if not any(adapter.glob("adapter_model.*")):
+        raise ValueError(f"judge.adapter: {path} has no adapter_model.safetensors / .bin weights")
+
+
+def absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve()) if path else ""
+
+
+def absolute_if_path(spec: str) -> str:
+    """Local paths become absolute; names (`smollm2-135m`, `hf:org/repo`, `jury_score`) pass through."""
+    return absolute(spec) if ("/" in spec or spec.endswith((".yaml", ".yml"))) and not spec.startswith("hf:") else spec

@@ -1,0 +1,446 @@
+"""Wire format and pure logic of the generative reward model (GRM) service: no ray, no torch.
+
+Requests are pydantic models (FastAPI answers a malformed body with 422 naming the field); the semantic checks
+below raise `RequestError` (-> 400 naming the field). Judge messages are rendered from `configs/prompts` templates
+with `eval.prompts`, judge text is read with `eval.judge_parse`: the offline jury and the online reward share both.
+
+Group rewards (`/reward/group`, MENLO paper 003 §5: a pairwise GRM scores GRPO rollouts):
+
+- `all_pairs`: every pair of the G responses is judged once (both orders with `both_orders`). Response i's reward
+  is its **mean grade margin**, the mean over its judgments of ``grade_i - grade_opponent``, in [-4, 4]. Unlike
+  MENLO's mean own grade (also returned, as `mean_grade`) the margin cancels a judge's overall leniency per pair,
+  and with every judgment parsed the rewards of a group sum to 0.
+- `vs_reference`: each response is judged against the reference; reward = mean of ``grade_i - grade_reference``,
+  on the same scale.
+
+Positions alternate so each response is shown as A about as often as B (round-robin parity: pair (i, j), i < j,
+puts i first when i + j is odd). A judgment whose grades cannot be parsed is left out of the means and listed in
+the item's `errors`; an item with no parsed judgment gets ``reward = None``, never a silent 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from actors.engine import Completion, SamplingParams, split_thinking
+from eval.judge_parse import MENLO_LABELS, parse_menlo_grades, parse_score
+from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
+
+REFERENCE = -1
+SCHEMES = ("all_pairs", "vs_reference")
+REWARD_DEFINITIONS = {
+    "all_pairs": "mean over judgments of grade_i - grade_opponent (range -4..4)",
+    "vs_reference": "mean over judgments of grade_i - grade_reference (range -4..4)",
+}
+_RATIONALE_CHARS = 2000
+_GRADE_MARK_RE = re.compile(r"<\s*final[\s_.\\-]*grade|answer[\s*_]*:[\s*_]*\[", re.I)
+
+
+class RequestError(ValueError):
+    """A request that is well-formed but unacceptable (HTTP 400); `field` names the offending field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass
+class Limits:
+    # request bodies above this many bytes get 413
+    max_body_bytes: int = 1_000_000
+    # longest prompt / response / reference / message text, in characters
+    max_text_chars: int = 20_000
+    # most responses in one /reward/group request
+    max_group_size: int = 16
+    # most messages in one chat completion
+    max_messages: int = 64
+    # largest max_tokens a request may ask for
+    max_tokens: int = 1024
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"limits.{f.name}: must be >= 1, got {getattr(self, f.name)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Requests
+
+
+class SamplingOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0)
+
+
+class JudgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sampling: SamplingOverride | None = None
+    # a deadline shorter than the server's (seconds)
+    timeout_s: float | None = Field(None, gt=0)
+
+
+class ScoreRequest(JudgeRequest):
+    prompt: str = Field(min_length=1)
+    response: str
+    reference: str | None = None
+
+
+class CompareRequest(JudgeRequest):
+    prompt: str = Field(min_length=1)
+    response_a: str
+    response_b: str
+
+
+class GroupRewardRequest(JudgeRequest):
+    prompt: str = Field(min_length=1)
+    responses: list[str] = Field(min_length=1)
+    reference: str | None = None
+    scheme: Literal["all_pairs", "vs_reference"] = "all_pairs"
+    both_orders: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI fields we honour; unknown fields are ignored (clients send many), `stream`/`n` > 1 are refused."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1)
+    stream: Literal[False] = False
+    timeout_s: float | None = Field(None, gt=0)
+
+
+def check_texts(texts: list[tuple[str, str | None]], limits: Limits) -> None:
+    for name, text in texts:
+        if text is not None and len(text) > limits.max_text_chars:
+            raise RequestError(name, f"{len(text)} characters exceeds the limit of {limits.max_text_chars}")
+
+
+def check_group(req: GroupRewardRequest, limits: Limits) -> None:
+    """Raise RequestError for a group the scheme cannot judge or the server will not take."""
+    n = len(req.responses)
+    if n > limits.max_group_size:
+        raise RequestError("responses", f"{n} responses exceeds the limit of {limits.max_group_size}")
+    if req.scheme == "all_pairs" and n < 2:
+        raise RequestError("responses", f"scheme all_pairs needs at least 2 responses, got {n}")
+    if req.scheme == "vs_reference" and req.reference is None:
+        raise RequestError("reference", "scheme vs_reference needs a reference")
+    check_texts([("prompt", req.prompt), ("reference", req.reference)]
+                + [(f"responses[{i}]", r) for i, r in enumerate(req.responses)], limits)
+
+
+def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
+    if len(req.messages) > limits.max_messages:
+        raise RequestError("messages", f"{len(req.messages)} messages exceeds the limit of {limits.max_messages}")
+    check_texts([(f"messages[{i}].content", m.content) for i, m in enumerate(req.messages)], limits)
+
+
+def resolve_sampling(default: SamplingParams, limits: Limits, *, temperature: float | None = None,
+                     top_p: float | None = None, max_tokens: int | None = None, seed: int | None = None,
+                     stop: str | list[str] | None = None, field_prefix: str = "") -> SamplingParams:
+    """The server's default sampling with the request's overrides applied and capped."""
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise RequestError(f"{field_prefix}max_tokens", f"{max_tokens} exceeds the limit of {limits.max_tokens}")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if any(not s for s in stops):
+        raise RequestError(f"{field_prefix}stop", "stop strings must be non-empty")
+    overrides = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
+    params = {k: v for k, v in overrides.items() if v is not None}
+    if stops:
+        params["stop"] = stops
+    return dataclasses.replace(default, **params)
+
+
+def judge_sampling(default: SamplingParams, limits: Limits, override: SamplingOverride | None) -> SamplingParams:
+    values = override.model_dump() if override else {}
+    return resolve_sampling(default, limits, field_prefix="sampling.", **values)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Judge prompts
+
+
+@dataclass(frozen=True)
+class JudgePrompts:
+    """The two judge templates plus which request field fills which template variable."""
+
+    pointwise: PromptTemplate
+    pointwise_vars: dict
+    pairwise: PromptTemplate
+    pairwise_vars: dict
+
+    @property
+    def accepts_reference(self) -> bool:
+        return "reference" in self.pointwise_vars
+
+    def score_messages(self, prompt: str, response: str, reference: str | None = None) -> list[dict]:
+        if reference is not None and not self.accepts_reference:
+            raise RequestError("reference", f"the pointwise template {self.pointwise.name!r} has no reference slot "
+                                            "(prompts.pointwise_vars maps no 'reference')")
+        if reference is None and self.accepts_reference:
+            raise RequestError("reference", f"the pointwise template {self.pointwise.name!r} needs a reference")
+        fields = {"prompt": prompt, "response": response, "reference": reference}
+        return self.pointwise.render(**{var: fields[name] for name, var in self.pointwise_vars.items()})
+
+    def compare_messages(self, prompt: str, response_a: str, response_b: str) -> list[dict]:
+        fields = {"prompt": prompt, "response_a": response_a, "response_b": response_b}
+        return self.pairwise.render(**{var: fields[name] for name, var in self.pairwise_vars.items()})
+
+
+def load_judge_prompts(pointwise: str, pointwise_vars: dict, pairwise: str, pairwise_vars: dict) -> JudgePrompts:
+    """Load both templates and check the field -> variable maps cover each template exactly.
+
+    Raises:
+        ValueError: naming the `prompts.*` key at fault.
+    """
+    templates = {}
+    for key, name in (("pointwise", pointwise), ("pairwise", pairwise)):
+        try:
+            templates[key] = load_template(prompt_path(name))
+        except PromptError as exc:
+            raise ValueError(f"prompts.{key}: {exc}") from exc
+    _check_vars("prompts.pointwise_vars", templates["pointwise"], pointwise_vars,
+                required={"prompt", "response"}, optional={"reference"})
+    _check_vars("prompts.pairwise_vars", templates["pairwise"], pairwise_vars,
+                required={"prompt", "response_a", "response_b"}, optional=set())
+    return JudgePrompts(templates["pointwise"], dict(pointwise_vars), templates["pairwise"], dict(pairwise_vars))
+
+
+def _check_vars(where: str, template: PromptTemplate, var_map: dict, required: set, optional: set) -> None:
+    unknown = sorted(set(var_map) - required - optional)
+    if unknown:
+        raise ValueError(f"{where}: unknown request field {unknown[0]!r} (known: {sorted(required | optional)})")
+    missing = sorted(required - set(var_map))
+    if missing:
+        raise ValueError(f"{where}: request field {missing[0]!r} is not mapped to a template variable")
+    mapped, declared = set(var_map.values()), set(template.variables)
+    if mapped != declared:
+        extra = sorted(mapped - declared) or sorted(declared - mapped)
+        raise ValueError(f"{where}: template {template.name!r} declares {sorted(declared)}, the map fills "
+                         f"{sorted(mapped)} (first mismatch: {extra[0]!r})")
+
+
+def clean_response(text: str, strip_think: bool) -> str:
+    """A policy response as the judge sees it: without its <think> reasoning when `strip_think` (MENLO §5)."""
+    return split_thinking(text)[0] if strip_think else text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Responses
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ScoreResponse(BaseModel):
+    grade: int | None
+    label: str | None
+    rationale: str
+    parse_status: str
+    raw: str
+    model: str
+    cached: bool
+    usage: Usage
+
+
+class CompareResponse(BaseModel):
+    grade_a: int | None
+    grade_b: int | None
+    label_a: str | None
+    label_b: str | None
+    preference: Literal["A", "B", "tie"] | None
+    format_ok: bool
+    rationale: str
+    parse_status: str
+    raw: str
+    model: str
+    cached: bool
+    usage: Usage
+
+
+class JudgmentOut(BaseModel):
+    # response indices shown as A and B; -1 is the reference
+    a: int
+    b: int
+    grade_a: int | None
+    grade_b: int | None
+    parse_status: str
+    rationale: str
+    cached: bool = False
+
+
+class ItemReward(BaseModel):
+    index: int
+    reward: float | None
+    mean_grade: float | None
+    n_judgments: int
+    n_failed: int
+    errors: list[str]
+
+
+class GroupCounts(BaseModel):
+    n_responses: int
+    n_judgments: int
+    n_failed_judgments: int
+    n_null_rewards: int
+
+
+class GroupRewardResponse(BaseModel):
+    scheme: str
+    reward_definition: str
+    rewards: list[float | None]
+    items: list[ItemReward]
+    judgments: list[JudgmentOut]
+    counts: GroupCounts
+    model: str
+    usage: Usage
+
+
+def usage_of(completions: list[Completion]) -> Usage:
+    prompt = sum(c.prompt_tokens for c in completions)
+    completion = sum(c.completion_tokens for c in completions)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def judge_text(completion: Completion) -> str:
+    """What the parsers read: the verbatim output (keeps <think> tags for MENLO's format check)."""
+    return completion.raw_text or completion.text
+
+
+def extract_rationale(raw: str) -> str:
+    """The judge's reasoning: its <think> block, else the text before the grade markup.
+
+    >>> extract_rationale("Fluent but lossy. Answer: [3]")
+    'Fluent but lossy.'
+    """
+    answer, reasoning = split_thinking(raw or "")
+    if not reasoning:
+        mark = _GRADE_MARK_RE.search(answer)
+        reasoning = answer[: mark.start()] if mark else answer
+    return reasoning.strip()[:_RATIONALE_CHARS]
+
+
+def status_of(completion: Completion, parse_error: str) -> str:
+    if completion.finish_reason == "error":
+        return f"engine_error: {completion.error}"
+    return parse_error or "ok"
+
+
+def score_response(completion: Completion, model: str, cached: bool) -> ScoreResponse:
+    raw = judge_text(completion)
+    parsed = parse_score(raw)
+    return ScoreResponse(
+        grade=parsed.value, label=MENLO_LABELS.get(parsed.value), rationale=extract_rationale(raw),
+        parse_status=status_of(completion, parsed.error), raw=raw, model=model, cached=cached,
+        usage=usage_of([completion]),
+    )
+
+
+def compare_response(completion: Completion, model: str, cached: bool) -> CompareResponse:
+    raw = judge_text(completion)
+    grades = parse_menlo_grades(raw)
+    preference = None
+    if not grades.error:
+        preference = "tie" if grades.grade_a == grades.grade_b else "A" if grades.grade_a > grades.grade_b else "B"
+    return CompareResponse(
+        grade_a=grades.grade_a, grade_b=grades.grade_b, label_a=MENLO_LABELS.get(grades.grade_a),
+        label_b=MENLO_LABELS.get(grades.grade_b), preference=preference, format_ok=grades.format_ok,
+        rationale=extract_rationale(raw), parse_status=status_of(completion, grades.error), raw=raw, model=model,
+        cached=cached, usage=usage_of([completion]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Group rewards
+
+
+def plan_pairs(n: int, scheme: str, both_orders: bool = False) -> list[tuple[int, int]]:
+    """(A, B) index pairs to judge; `REFERENCE` (-1) stands for the reference.
+
+    >>> plan_pairs(3, "all_pairs")
+    [(0, 1), (2, 0), (1, 2)]
+    >>> plan_pairs(2, "vs_reference")
+    [(0, -1), (-1, 1)]
+    """
+    if scheme == "all_pairs":
+        pairs = [(i, j) if (i + j) % 2 else (j, i) for i, j in itertools.combinations(range(n), 2)]
+    elif scheme == "vs_reference":
+        pairs = [(i, REFERENCE) if i % 2 == 0 else (REFERENCE, i) for i in range(n)]
+    else:
+        raise ValueError(f"scheme: {scheme!r} is not one of {SCHEMES}")
+    if both_orders:
+        return [pair for a, b in pairs for pair in ((a, b), (b, a))]
+    return pairs
+
+
+def read_judgment(a: int, b: int, completion: Completion, cached: bool = False) -> JudgmentOut:
+    raw = judge_text(completion)
+    grades = parse_menlo_grades(raw)
+    return JudgmentOut(a=a, b=b, grade_a=grades.grade_a, grade_b=grades.grade_b,
+                       parse_status=status_of(completion, grades.error), rationale=extract_rationale(raw),
+                       cached=cached)
+
+
+def compute_rewards(n: int, judgments: list[JudgmentOut]) -> list[ItemReward]:
+    """Per-response reward = mean grade margin over its parsed judgments (see module docstring).
+
+    A judgment counts only when both grades parsed (`parse_status == "ok"`); the reference side earns nothing.
+    """
+    margins: list[list[int]] = [[] for _ in range(n)]
+    grades: list[list[int]] = [[] for _ in range(n)]
+    errors: list[list[str]] = [[] for _ in range(n)]
+    for j in judgments:
+        for idx, own, other in ((j.a, j.grade_a, j.grade_b), (j.b, j.grade_b, j.grade_a)):
+            if idx == REFERENCE:
+                continue
+            if j.parse_status != "ok":
+                errors[idx].append(f"({j.a},{j.b}): {j.parse_status}")
+            else:
+                margins[idx].append(own - other)
+                grades[idx].append(own)
+    return [
+        ItemReward(index=i, reward=_mean(margins[i]), mean_grade=_mean(grades[i]),
+                   n_judgments=len(margins[i]) + len(errors[i]), n_failed=len(errors[i]), errors=errors[i])
+        for i in range(n)
+    ]
+
+
+def group_response(scheme: str, n: int, judgments: list[JudgmentOut], completions: list[Completion],
+                   model: str) -> GroupRewardResponse:
+    items = compute_rewards(n, judgments)
+    counts = GroupCounts(
+        n_responses=n, n_judgments=len(judgments),
+        n_failed_judgments=sum(j.parse_status != "ok" for j in judgments),
+        n_null_rewards=sum(item.reward is None for item in items),
+    )
+    return GroupRewardResponse(scheme=scheme, reward_definition=REWARD_DEFINITIONS[scheme],
+                               rewards=[item.reward for item in items], items=items, judgments=judgments,
+                               counts=counts, model=model, usage=usage_of(completions))
+
+
+def _mean(values: list[int]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,93 @@
+"""train/ds_config.py (DeepSpeed config, LR schedule) and `TrainConfig` validation: pure and fast."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jobs.config import load_config
+from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
+from train.trainer import DeepSpeedSection, TrainConfig, worker_env
+
+
+def test_ds_config_batch_sizes_zero_stage_and_precision():
+    config = build_ds_config(micro_batch_size=4, grad_accum=8, world_size=4, zero_stage=3, precision="bf16")
+    # global batch = micro x accum x workers = paper 000's 128
+    assert config["train_batch_size"] == 128
+    assert config["train_micro_batch_size_per_gpu"] == 4 and config["gradient_accumulation_steps"] == 8
+    assert config["zero_optimization"] == {"stage": 3}
+    assert config["bf16"] == {"enabled": True} and "fp16" not in config
+    fp32 = build_ds_config(1, 1, 2, zero_stage=2, precision="fp32")
+    assert "bf16" not in fp32 and "fp16" not in fp32
+
+
+def test_ds_config_offload_sections_and_their_preconditions():
+    config = build_ds_config(1, 1, 1, zero_stage=3, offload_optimizer=True, offload_params=True)
+    assert config["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert config["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    assert config["zero_force_ds_cpu_optimizer"] is False
+    with pytest.raises(ValueError, match="offload_params"):
+        build_ds_config(1, 1, 1, zero_stage=2, offload_params=True)
+    with pytest.raises(ValueError, match="zero_stage"):
+        build_ds_config(1, 1, 1, zero_stage=1)
+    with pytest.raises(ValueError, match="grad_accum"):
+        build_ds_config(1, 0, 1)
+
+
+def test_precision_auto_is_bf16_on_gpu_fp32_on_cpu():
+    assert resolve_precision("auto", use_gpu=True) == "bf16"
+    assert resolve_precision("auto", use_gpu=False) == "fp32"
+    assert resolve_precision("fp16", use_gpu=True) == "fp16"
+    with pytest.raises(ValueError, match="precision"):
+        resolve_precision("int8", use_gpu=False)
+
+
+def test_lr_schedules():
+    # 10 steps, 2 warm-up: 0, 0.5 during warm-up, then decay over the remaining 8 steps
+    assert [lr_multiplier(s, 10, 2, "constant") for s in (0, 1, 2, 9)] == [0.0, 0.5, 1.0, 1.0]
+    assert lr_multiplier(4, 10, 2, "linear") == pytest.approx(1 - 2 / 8)
+    # cosine at a quarter of the decay: 0.5 * (1 + cos(pi/4))
+    assert lr_multiplier(4, 10, 2, "cosine") == pytest.approx(0.5 * (1 + 0.7071067811865476))
+    assert lr_multiplier(0, 10, 0, "linear") == 1.0
+    assert warmup_steps(10, 0.15) == 2
+    with pytest.raises(ValueError, match="scheduler"):
+        lr_multiplier(0, 10, 0, "step")
+
+
+def test_train_config_defaults_are_paper_000():
+    cfg = TrainConfig()
+    cfg.validate()
+    assert (cfg.loss, cfg.lr, cfg.global_batch_size) == ("arpo", 1e-4, 128)
+    assert (cfg.loss_config.beta, cfg.loss_config.simpo_gamma, cfg.loss_config.cpo_alpha) == (0.1, 1.5, 1.0)
+    assert (cfg.loss_config.arpo_c1, cfg.loss_config.arpo_c2) == (0.9, 0.4)
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (16, 32, 0.05)
+    assert cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert TrainConfig.from_dict(dataclasses.asdict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"loss": "ppo"}, "loss"),
+    ({"micro_batch_size": 0}, "micro_batch_size"),
+    ({"scheduler": "step"}, "scheduler"),
+    ({"warmup_ratio": 1.0}, "warmup_ratio"),
+    ({"precision": "int8"}, "precision"),
+    ({"deepspeed": DeepSpeedSection(zero_stage=1)}, "deepspeed.zero_stage"),
+    ({"deepspeed": DeepSpeedSection(zero_stage=2, offload_params=True)}, "deepspeed.offload_params"),
+    ({"fail_at_step": 1, "checkpoint_every": 2}, "fail_at_step"),
+])
+def test_validate_names_the_field(change, field):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(TrainConfig(), **change).validate()
+
+
+def test_train_config_loads_from_yaml_style_overrides():
+    cfg = load_config(TrainConfig, None, ["deepspeed.zero_stage=3", "lora.target_modules=all-linear",
+                                          "loss_config.beta=0.2", "num_workers=2"])
+    assert cfg.deepspeed.zero_stage == 3 and cfg.lora.target_modules == "all-linear"
+    assert cfg.loss_config.beta == 0.2 and cfg.global_batch_size == 256
+
+
+def test_worker_env_selects_deepspeed_cpu_accelerator_off_gpu():
+    assert worker_env(TrainConfig(cpus_per_worker=2)) == {"OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
+    assert "DS_ACCELERATOR" not in worker_env(TrainConfig(use_gpu=True))

@@ -1,0 +1,246 @@
+"""HFEngine on real (tiny) models: batching, greedy parity with `generate`, stops, thinking, sampling, errors.
+
+Most tests use a 2-layer random Llama with SmolLM2's tokenizer (float32, so batch composition cannot change a
+greedy token); the thinking test uses a 1-layer model whose weights are set by hand so that it always answers
+`<think>plan</think>Yes`; two tests run the real SmolLM2.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from actors.engine import ChatRequest, EngineSpec, SamplingParams
+from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
+from actors.models import build_tiny_random_model, resolve_model_dir
+
+PROMPTS = [
+    "Simplify: The committee postponed its decision.",
+    "Rewrite in plain words: Notwithstanding the reservations expressed by several members, the proposal passed.",
+    "Hi",
+    "Explain photosynthesis to a child in one sentence, avoiding technical vocabulary where possible.",
+    "Make this shorter: owing to unprecedented demand the manufacturer implemented an allocation system.",
+    "Why?",
+]
+
+# A template in the style of Gemma's: no system role, it raises instead.
+NO_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from a second thread, and on a shared, busy 2-core machine an OpenMP barrier
+    waiting for a descheduled thread made these tests 20x slower. Restored afterwards for other test files."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> str:
+    return build_tiny_random_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir) -> HFEngine:
+    engine = HFEngine(EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def thinking_model_dir(tmp_path_factory) -> str:
+    return build_scripted_model(tmp_path_factory.mktemp("scripted"), ["<think>", "plan", "</think>", "Yes"])
+
+
+def build_scripted_model(out_dir: Path, script: list[str]) -> str:
+    """A 1-layer Llama that, after any chat prompt, greedily emits the tokens of `script` then EOS.
+
+    The decoder layer's output projections are zeroed, so the final hidden state is the (normalised) embedding
+    of the current token; the untied LM head maps each token's embedding onto its successor in the script,
+    a bigram table. `<think>` / `</think>` are added to the tokenizer so that every script token is unique.
+    """
+    build_tiny_random_model(out_dir, layers=1, seed=3)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, tie_word_embeddings=False)
+    model.resize_token_embeddings(len(tokenizer))
+    chain = [tokenizer("\n", add_special_tokens=False).input_ids[-1]]  # generation prompt ends with "\n"
+    chain += [tokenizer.convert_tokens_to_ids(token) for token in script] + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings = model.model.embed_tokens.weight
+        head = torch.zeros(len(tokenizer), embeddings.shape[1])
+        for current, following in zip(chain, chain[1:]):
+            head[following] += 20 * embeddings[current] / embeddings[current].norm()
+        model.lm_head.weight = torch.nn.Parameter(head)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return str(out_dir)
+
+
+def ask(text: str, **sampling) -> ChatRequest:
+    return ChatRequest([{"role": "user", "content": text}], SamplingParams(**sampling))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batching and greedy parity
+
+
+def test_batched_greedy_equals_one_at_a_time(tiny_engine):
+    # Different lengths make rows finish at different steps, so freed slots are refilled mid-flight and old
+    # and new rows (different KV columns) decode side by side.
+    requests = [ask(p, max_tokens=4 + 3 * i) for i, p in enumerate(PROMPTS)]
+    batched = tiny_engine.generate(requests)
+    for request, together in zip(requests, batched):
+        [alone] = tiny_engine.generate([request])
+        assert together.raw_text == alone.raw_text
+        assert together.completion_tokens == alone.completion_tokens
+    # Six prompts through four slots exercise refilling; different prompts must not collapse to one answer.
+    assert len({c.raw_text for c in batched}) > 1
+
+
+def test_greedy_equals_model_generate_on_tiny_model(tiny_engine):
+    completions = tiny_engine.generate([ask(p, max_tokens=12) for p in PROMPTS[:3]])
+    for prompt, completion in zip(PROMPTS[:3], completions):
+        reference = reference_greedy(tiny_engine.tokenizer, tiny_engine.model, prompt, max_new_tokens=12)
+        assert completion.raw_text == reference
+
+
+def reference_greedy(tokenizer, model, prompt: str, max_new_tokens: int) -> str:
+    """What plain `model.generate(do_sample=False)` answers, decoded like the engine decodes."""
+    text = render_prompt(tokenizer, [{"role": "user", "content": prompt}], thinking=False)
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    new = [t for t in out[0, ids.shape[1] :].tolist() if t not in collect_eos_ids(model, tokenizer)]
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def test_packed_bf16_engine_equals_model_generate(tiny_model_dir):
+    engine = HFEngine(EngineSpec(model=tiny_model_dir, dtype="bfloat16", device="cpu", num_threads=1))
+    if not engine.packed_layers:
+        pytest.skip("oneDNN packed linear unavailable in this torch build")
+    assert isinstance(engine.model.lm_head, PackedLinear)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    [completion] = engine.generate([ask(PROMPTS[1], max_tokens=12)])
+    assert completion.raw_text == reference_greedy(engine.tokenizer, plain, PROMPTS[1], max_new_tokens=12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lengths, stops, counts
+
+
+def test_max_tokens_ends_with_length_and_counts_tokens(tiny_engine):
+    [completion] = tiny_engine.generate([ask(PROMPTS[0], max_tokens=7)])
+    rendered = render_prompt(tiny_engine.tokenizer, [{"role": "user", "content": PROMPTS[0]}], thinking=False)
+    assert completion.finish_reason == "length"
+    assert completion.completion_tokens == 7
+    assert completion.prompt_tokens == len(tiny_engine.tokenizer(rendered, add_special_tokens=False).input_ids)
+    assert completion.text
+
+
+def test_stop_string_cuts_the_text(tiny_engine):
+    [full] = tiny_engine.generate([ask(PROMPTS[1], max_tokens=16)])
+    stop = full.raw_text[len(full.raw_text) // 2 :][:3]
+    [stopped] = tiny_engine.generate([ask(PROMPTS[1], max_tokens=16, stop=(stop, "never-there"))])
+    assert stopped.finish_reason == "stop"
+    assert stopped.raw_text == full.raw_text[: full.raw_text.find(stop)]
+    assert stopped.completion_tokens < 16
+
+
+def test_thinking_is_split_from_the_answer(thinking_model_dir):
+    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device="cpu", thinking=True))
+    [completion, cut] = engine.generate([ask("Is water wet?", max_tokens=20), ask("Is water wet?", max_tokens=2)])
+    assert completion.raw_text == "<think>plan</think>Yes"
+    assert (completion.text, completion.reasoning) == ("Yes", "plan")
+    # four script tokens + EOS, which ends the completion as "stop"
+    assert (completion.completion_tokens, completion.finish_reason) == (5, "stop")
+    # cut off while thinking: no answer, the partial thought is reasoning
+    assert (cut.text, cut.reasoning, cut.finish_reason) == ("", "plan", "length")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampling
+
+
+def test_seeded_sampling_does_not_depend_on_batch(tiny_engine):
+    sampled = ask(PROMPTS[3], max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7)
+    [alone] = tiny_engine.generate([sampled])
+    together = tiny_engine.generate([ask(PROMPTS[0], max_tokens=5), sampled, ask(PROMPTS[2], temperature=0.7)])
+    assert together[1].raw_text == alone.raw_text
+    [other_seed] = tiny_engine.generate([ask(PROMPTS[3], max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=8)])
+    assert other_seed.raw_text != alone.raw_text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Templates
+
+
+def test_system_turn_is_merged_when_the_template_rejects_it(tiny_model_dir, tmp_path):
+    model_dir = tmp_path / "no-system"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text(NO_SYSTEM_TEMPLATE)
+    engine = HFEngine(EngineSpec(model=str(model_dir), dtype="float32", device="cpu"))
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"}]
+    [completion] = engine.generate([ChatRequest(messages, SamplingParams(max_tokens=3))])
+    merged = "<|im_start|>user\nAnswer briefly.\n\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(engine.tokenizer, messages, thinking=False) == merged
+    assert completion.prompt_tokens == len(engine.tokenizer(merged, add_special_tokens=False).input_ids)
+
+
+def test_merge_system_into_user_without_user_turn():
+    assert merge_system_into_user([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_bad_spec_fields_are_named(tiny_model_dir):
+    with pytest.raises(ValueError, match="max_batch_size"):
+        HFEngine(EngineSpec(model=tiny_model_dir, max_batch_size=0))
+    with pytest.raises(ValueError, match="engine.dtype"):
+        HFEngine(EngineSpec(model=tiny_model_dir, dtype="float8"))
+    with pytest.raises(ValueError, match="/no/such/model"):
+        HFEngine(EngineSpec(model="/no/such/model"))
+
+
+def test_bad_requests_are_named(tiny_engine):
+    with pytest.raises(ValueError, match=r"requests\[1\]\.messages\[0\]\.content"):
+        tiny_engine.generate([ask("fine"), ChatRequest([{"role": "user"}])])
+    with pytest.raises(ValueError, match=r"requests\[0\]\.sampling\.temperature"):
+        tiny_engine.generate([ask("x", temperature=-1.0)])
+
+
+def test_prompt_longer_than_context_is_an_error_completion(tiny_engine):
+    [completion] = tiny_engine.generate([ask("word " * 3000)])
+    assert completion.finish_reason == "error"
+    assert "context" in completion.error
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real SmolLM2
+
+
+@pytest.mark.slow
+def test_smollm2_chat_completion_matches_generate():
+    engine = HFEngine(EngineSpec(model=resolve_model_dir("smollm2-135m"), dtype="float32", device="cpu"))
+    prompts = ["What is the capital of France?", "Simplify: The committee postponed its decision."]
+    completions = engine.generate([ask(p, max_tokens=24) for p in prompts])
+    for prompt, completion in zip(prompts, completions):
+        assert completion.text.strip()
+        assert completion.raw_text == reference_greedy(engine.tokenizer, engine.model, prompt, max_new_tokens=24)
+    assert "Paris" in completions[0].text
+    engine.close()

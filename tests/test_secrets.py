@@ -1,0 +1,34 @@
+"""Secrets named in configs are masked in every log line; configs only ever hold variable names."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from jobs.tracking import RedactSecrets, secret_env_names
+
+
+def test_secret_env_names_come_from_env_keys_only():
+    config = {"jury": {"judges": [{"engine": {"api_key_env": "JUDGE_KEY", "model": "x"}}]},
+              "serve": {"token_env": "SERVE_TOKEN"}, "other": "NOT_A_NAME"}
+    names = secret_env_names(config)
+    assert {"JUDGE_KEY", "SERVE_TOKEN", "WANDB_API_KEY"} <= names
+    assert "NOT_A_NAME" not in names
+
+
+def test_redaction_masks_values_in_messages_and_args(monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "sk-abcdef123456")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactSecrets({"JUDGE_KEY"}))
+    logger = logging.getLogger("quorum.test.redact")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("header Bearer %s", "sk-abcdef123456")
+        logger.info("inline sk-abcdef123456 in text")
+    finally:
+        logger.removeHandler(handler)
+    out = stream.getvalue()
+    assert "sk-abcdef123456" not in out
+    assert out.count("***") == 2

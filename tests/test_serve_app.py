@@ -1,0 +1,262 @@
+"""The real GRM Serve app on CPU: tiny random Llama (+ real peft LoRA adapters), one SmolLM2 check, real HTTP.
+
+One app serves the module (auth on, adapter 1); the hot-swap test re-runs `serve.run` with adapter 2 while a
+client keeps calling it. The bearer token reaches the replicas through the deployment's runtime_env here only
+because the session's Ray was started before this module could export it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from jobs.config import load_config
+from serve.config import ServeConfig
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+APP, PREFIX = "grm-test", "/grm"
+TOKEN_ENV, TOKEN = "QUORUM_TEST_GRM_TOKEN", "test-token-5f2c"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PROMPT = "The committee postponed the decision because several members were absent."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_adapter(model_dir: str, out_dir: Path, seed: int) -> str:
+    """A real LoRA adapter as a training run would save it (random, non-zero B so it changes outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    get_peft_model(model, lora).save_pretrained(out_dir)
+    return str(out_dir)
+
+
+def tiny_config(model_dir: str, adapter: str, port: int) -> ServeConfig:
+    return load_config(ServeConfig, REPO / "configs" / "grm.yaml", [
+        f"judge.engine.model={model_dir}", "judge.engine.dtype=float32", "judge.engine.num_threads=1",
+        f"judge.adapter={adapter}", f"serve.port={port}", f"serve.app_name={APP}", f"serve.route_prefix={PREFIX}",
+        f"serve.auth_token_env={TOKEN_ENV}", "resources.num_cpus=0.5", "sampling.max_tokens=8",
+        "batching.max_batch_size=8", "batching.batch_wait_timeout_s=0.2",
+    ])
+
+
+def deploy(app, name: str, prefix: str, timeout_s: float = 180) -> None:
+    from ray import serve
+
+    serve.run(app, name=name, route_prefix=prefix, blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while serve.status().applications[name].status != "RUNNING":
+        assert time.monotonic() < deadline, f"{name} not RUNNING: {serve.status().applications[name]}"
+        time.sleep(0.5)
+
+
+def deploy_with_token(cfg: ServeConfig) -> None:
+    from serve.app import make_deployment
+
+    options = {"num_cpus": cfg.resources.num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": {TOKEN_ENV: TOKEN}}}
+    deploy(make_deployment(cfg).options(ray_actor_options=options).bind(), APP, PREFIX)
+
+
+@pytest.fixture(scope="module")
+def grm(ray_local, tiny_model_dir, tmp_path_factory):
+    from ray import serve
+
+    root = tmp_path_factory.mktemp("grm-runs")
+    adapters = [make_adapter(tiny_model_dir, root / f"run{i}" / "adapter", seed=i) for i in (1, 2)]
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cfg = tiny_config(tiny_model_dir, adapters[0], port)
+    deploy_with_token(cfg)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}{PREFIX}", timeout=60)
+    yield {"client": client, "port": port, "adapters": adapters, "model_dir": tiny_model_dir}
+    client.close()
+    serve.shutdown()
+
+
+def test_health_and_ready_report_the_model_with_its_adapter(grm):
+    client = grm["client"]
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready").json()
+    assert ready["ready"] is True and ready["auth"] is True
+    assert ready["adapter"] == grm["adapters"][0] and f"adapter={grm['adapters'][0]}#" in ready["model_identity"]
+
+
+def test_missing_or_wrong_token_is_rejected(grm):
+    client = grm["client"]
+    body = {"prompt": PROMPT, "response": "The vote was delayed."}
+    missing = client.post("/score", json=body)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert client.post("/score", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert client.get("/stats").status_code == 401
+
+
+def test_score_compare_and_chat_endpoints(grm):
+    client = grm["client"]
+    body = {"prompt": PROMPT, "response": "The vote was delayed because people were missing."}
+    first = client.post("/score", json=body, headers=AUTH)
+    assert first.status_code == 200, first.text
+    score = first.json()
+    assert score["parse_status"] and score["raw"] and score["cached"] is False
+    assert score["grade"] is None or 1 <= score["grade"] <= 5
+    assert (score["grade"] is None) == (score["parse_status"] != "ok")
+    again = client.post("/score", json=body, headers=AUTH).json()
+    assert again["cached"] is True and again["raw"] == score["raw"]
+
+    compare = client.post("/compare", json={"prompt": PROMPT, "response_a": "It was delayed.",
+                                            "response_b": "<think>short</think>The decision waited."}, headers=AUTH)
+    assert compare.status_code == 200, compare.text
+    got = compare.json()
+    assert got["preference"] in ("A", "B", "tie", None) and (got["preference"] is None) == (got["parse_status"] != "ok")
+
+    chat = client.post("/v1/chat/completions", headers=AUTH, json={
+        "model": "whatever", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 5, "seed": 1})
+    assert chat.status_code == 200, chat.text
+    out = chat.json()
+    assert isinstance(out["choices"][0]["message"]["content"], str)
+    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
+    assert 1 <= out["usage"]["completion_tokens"] <= 5
+    assert client.get("/v1/models", headers=AUTH).json()["data"][0]["id"] == out["model"]
+
+
+@pytest.mark.parametrize("scheme, n, extra, n_judgments", [
+    ("all_pairs", 3, {}, 3), ("all_pairs", 3, {"both_orders": True}, 6), ("vs_reference", 2, {"reference": "Ref."}, 2),
+])
+def test_group_reward_counts_every_judgment(grm, scheme, n, extra, n_judgments):
+    responses = [f"Candidate {i}: the decision was put off." for i in range(n)]
+    resp = grm["client"].post("/reward/group", headers=AUTH,
+                              json={"prompt": PROMPT, "responses": responses, "scheme": scheme, **extra})
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    counts = out["counts"]
+    assert counts["n_responses"] == n and counts["n_judgments"] == n_judgments == len(out["judgments"])
+    assert counts["n_failed_judgments"] == sum(j["parse_status"] != "ok" for j in out["judgments"])
+    for item in out["items"]:
+        # a reward exists exactly when at least one of the item's judgments parsed: never a silent 0
+        assert (item["reward"] is None) == (item["n_failed"] == item["n_judgments"])
+        assert len(item["errors"]) == item["n_failed"]
+    assert counts["n_null_rewards"] == sum(r is None for r in out["rewards"])
+    if scheme == "vs_reference":
+        assert all(-1 in (j["a"], j["b"]) for j in out["judgments"])
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"prompt": PROMPT}, 422, "responses"),
+    ({"prompt": PROMPT, "responses": ["a", "b"], "sampling": {"temperature": "hot"}}, 422, "sampling.temperature"),
+    ({"prompt": PROMPT, "responses": ["a", "b"], "scheme": "best_of_n"}, 422, "scheme"),
+    ({"prompt": PROMPT, "responses": ["only one"]}, 400, "responses"),
+    ({"prompt": PROMPT, "responses": ["x"] * 17}, 400, "responses"),
+    ({"prompt": PROMPT, "responses": ["a", "b"], "scheme": "vs_reference"}, 400, "reference"),
+    ({"prompt": PROMPT, "responses": ["a", "b" * 20_001]}, 400, "responses[1]"),
+    ({"prompt": PROMPT, "responses": ["a", "b"], "sampling": {"max_tokens": 99_999}}, 400, "sampling.max_tokens"),
+])
+def test_invalid_requests_get_4xx_naming_the_field(grm, body, status, field):
+    resp = grm["client"].post("/reward/group", json=body, headers=AUTH)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field and error["message"].startswith(field)
+
+
+def test_oversize_body_and_deadline(grm):
+    client = grm["client"]
+    huge = client.post("/score", headers=AUTH, json={"prompt": PROMPT, "response": "y" * 1_100_000})
+    assert huge.status_code == 413 and "exceeds the limit" in huge.json()["error"]["message"]
+    late = client.post("/score", headers=AUTH, json={"prompt": PROMPT, "response": "unique deadline text",
+                                                     "timeout_s": 0.01})
+    assert late.status_code == 504 and "deadline" in late.json()["error"]["message"]
+
+
+def test_concurrent_requests_are_batched(grm):
+    client = grm["client"]
+    before = client.get("/stats", headers=AUTH).json()["batch_sizes"]
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=str(client.base_url), timeout=60, headers=AUTH) as aclient:
+            calls = [aclient.post("/score", json={"prompt": PROMPT, "response": f"batched reply number {i}"})
+                     for i in range(8)]
+            return [r.status_code for r in await asyncio.gather(*calls)]
+
+    assert asyncio.run(burst()) == [200] * 8
+    after = client.get("/stats", headers=AUTH).json()["batch_sizes"]
+    new = {int(size): count - before.get(size, 0) for size, count in after.items()}
+    assert sum(size * count for size, count in new.items()) == 8
+    assert max(size for size, count in new.items() if count > 0) > 1, new
+
+
+def test_rerun_with_new_adapter_swaps_the_model_without_downtime(grm):
+    client, (first, second) = grm["client"], grm["adapters"]
+    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8}
+    before = client.post("/v1/chat/completions", json=chat, headers=AUTH).json()
+    old_identity = before["quorum"]["model_identity"]
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def keep_calling() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=30, headers=AUTH) as poller:
+            while not stop.is_set():
+                try:
+                    resp = poller.post("/v1/chat/completions", json={**chat, "max_tokens": 2})
+                    seen.append((resp.status_code, resp.json()["quorum"]["model_identity"]))
+                except (httpx.HTTPError, KeyError) as exc:
+                    seen.append((0, repr(exc)))
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=keep_calling, daemon=True)
+    thread.start()
+    try:
+        deploy_with_token(tiny_config(grm["model_dir"], second, grm["port"]))
+        deadline = time.monotonic() + 60
+        while client.get("/ready").json()["adapter"] != second:
+            assert time.monotonic() < deadline, "the new adapter never became visible"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    after = client.post("/v1/chat/completions", json=chat, headers=AUTH).json()
+    new_identity = after["quorum"]["model_identity"]
+    assert new_identity != old_identity and f"adapter={second}#" in new_identity
+    assert after["quorum"]["cached"] is False
+    assert after["choices"][0]["message"]["content"] != before["choices"][0]["message"]["content"]
+    failures = [s for s in seen if s[0] != 200]
+    assert not failures, failures[:5]
+    identities = [identity for _, identity in seen]
+    assert old_identity in identities and new_identity in identities
+    assert first not in client.get("/ready").json()["model_identity"]
+
+
+def test_smollm2_judge_built_from_args_returns_a_parse_status(grm, smollm2_dir):
+    from ray import serve
+
+    from serve.app import build_app
+    from serve.cli import app_args
+
+    cfg = load_config(ServeConfig, REPO / "configs" / "grm.yaml", [
+        f"judge.engine.model={smollm2_dir}", "judge.engine.num_threads=1", "serve.auth_token_env=",
+        "resources.num_cpus=0.5", "sampling.max_tokens=24", "serve.app_name=grm-smol"])
+    deploy(build_app(app_args(cfg)), "grm-smol", "/smol")
+    try:
+        resp = httpx.post(f"http://127.0.0.1:{grm['port']}/smol/score", timeout=120,
+                          json={"prompt": PROMPT, "response": "The decision was delayed because members were away."})
+        assert resp.status_code == 200, resp.text
+        out = resp.json()
+        assert isinstance(out["parse_status"], str) and out["parse_status"]
+        assert (out["grade"] is not None) == (out["parse_status"] == "ok")
+        assert out["usage"]["completion_tokens"] >= 1
+    finally:
+        serve.delete("grm-smol")

@@ -1,0 +1,138 @@
+"""Preference training end to end on Ray Train + DeepSpeed (CPU, gloo) + LoRA, on the tiny random Llama.
+
+Three real 2-worker runs (ZeRO-2, ZeRO-3, and ZeRO-2 with a worker failure) of a few ARPO steps each; the ZeRO-2
+run doubles as the uninterrupted reference of the failure run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from wandb_reader import find_run_files, read_run
+
+from train.trainer import DeepSpeedSection, LoraSection, TrainConfig, run_training
+
+# the timeout turns a wait for CPUs held by another test's Ray actors into a failure instead of a hang
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SYSTEM = "Rewrite the sentence in simpler words."
+SOURCES = [
+    "The committee postponed the decision indefinitely.", "He was unable to attend owing to illness.",
+    "The municipality commenced construction in 1990.", "She possesses considerable expertise in botany.",
+    "The phenomenon was subsequently elucidated.", "They endeavoured to ameliorate the conditions.",
+    "Precipitation is anticipated tomorrow afternoon.", "The edifice was demolished last year.",
+    "The physician prescribed an antibiotic regimen.", "Attendance at the assembly is obligatory.",
+    "The legislation was ratified unanimously.", "He purchased a substantial quantity of provisions.",
+    "The vessel departed prior to dawn.", "Her remuneration was augmented considerably.",
+    "The residents were evacuated as a precaution.", "The manuscript was meticulously scrutinised.",
+]
+
+
+def make_rows() -> list[dict]:
+    rows = []
+    for i, source in enumerate(SOURCES):
+        messages = [{"role": "user", "content": source}]
+        rows.append({"prompt_messages": json.dumps(messages) if i % 2 else messages,
+                     "chosen": " ".join(source.split()[:4]) + ".", "rejected": source})
+    return rows
+
+
+def tiny_config(model_dir: str, **changes) -> TrainConfig:
+    base = TrainConfig(model=model_dir, loss="arpo", num_workers=2, micro_batch_size=2, grad_accum=1, max_steps=4,
+                       checkpoint_every=2, keep_checkpoints=2, max_failures=1, lr=1e-2, scheduler="constant",
+                       lora=LoraSection(r=4, alpha=8), max_prompt_length=48, max_completion_length=24,
+                       system_instruction=SYSTEM, deepspeed=DeepSpeedSection(zero_stage=2))
+    return dataclasses.replace(base, **changes)
+
+
+def lora_weights(adapter_dir: str) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
+
+
+def initial_lora_weights(model_dir: str, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The adapter as the workers initialise it, rebuilt here with the loop's own builder and seed."""
+    from peft import get_peft_model_state_dict
+
+    from train.loop import build_lora_model
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(build_lora_model(model_dir, cfg)).items()}
+
+
+def assert_trained_lora(result, model_dir: str, cfg: TrainConfig) -> None:
+    assert math.isfinite(result.metrics["loss"]) and math.isfinite(result.metrics["grad_norm"])
+    assert result.metrics["tokens_per_s"] > 0
+    # the frozen base weights are bit-identical to the loaded ones on every worker
+    assert result.metrics["base_drift"] == 0.0
+    trained, initial = lora_weights(result.adapter_dir), initial_lora_weights(model_dir, cfg)
+    assert trained.keys() == initial.keys() and trained and all("lora_" in k for k in trained)
+    for name, before in initial.items():
+        assert not torch.equal(trained[name], before), f"{name} did not change"
+        if "lora_B" in name:  # peft starts B at zero, so a trained B is non-zero
+            assert before.abs().max() == 0 and trained[name].abs().max() > 0
+
+
+@pytest.fixture(scope="module")
+def zero2_run(ray_local, tiny_model_dir, tmp_path_factory):
+    cfg = tiny_config(tiny_model_dir, run_name="zero2", wandb=True)
+    run_dir = tmp_path_factory.mktemp("zero2")
+    return cfg, run_dir, run_training(cfg, make_rows(), make_rows()[:3], run_dir=str(run_dir))
+
+
+def test_zero2_two_workers_train_lora_with_arpo(zero2_run, tiny_model_dir):
+    cfg, run_dir, result = zero2_run
+    assert result.metrics["step"] == 4 and result.metrics["start_step"] == 0
+    assert_trained_lora(result, tiny_model_dir, cfg)
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+                "arpo/penalty", "nll_loss", "lr", "eval/loss", "eval/rewards/margins"):
+        assert math.isfinite(result.metrics[key]), key
+    assert result.metrics["lr"] == pytest.approx(1e-2)
+    assert result.adapter_dir == str(run_dir / "adapter")
+    assert json.loads((run_dir / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    storage = Path(result.storage_dir)
+    assert sorted(p.name for p in storage.glob("checkpoint_0*")) == ["checkpoint_000002", "checkpoint_000004"]
+    assert [m["step"] for m in result.history] == [2, 4]
+    step4 = storage / "checkpoint_000004"
+    assert json.loads((step4 / "train_state.json").read_text()) == {"step": 4, "total_steps": 4}
+    assert sorted(p.name for p in (step4 / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
+    assert sorted(p.name for p in (step4 / "deepspeed" / "step_4").iterdir()) == [
+        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    (run_file,) = find_run_files(storage / "wandb")  # rank 0 only, offline
+    history = read_run(run_file)["history"]
+    assert [row["step"] for row in history if "loss" in row] == [1, 2, 3, 4]
+
+
+def test_zero3_two_workers_train_lora_with_arpo(ray_local, tiny_model_dir, tmp_path):
+    # grad accumulation and left padding on top; 16 rows / global batch 8 = 2 steps per epoch, so 3 steps wrap
+    cfg = tiny_config(tiny_model_dir, run_name="zero3", deepspeed=DeepSpeedSection(zero_stage=3), grad_accum=2,
+                      max_steps=3, checkpoint_every=3, padding_side="left")
+    result = run_training(cfg, make_rows(), run_dir=str(tmp_path))
+    assert result.metrics["step"] == 3
+    assert_trained_lora(result, tiny_model_dir, cfg)
+    step3 = Path(result.storage_dir) / "checkpoint_000003" / "deepspeed" / "step_3"
+    # ZeRO-3 partitions the (LoRA) parameters themselves: one model-state shard per rank
+    assert {p.name for p in step3.iterdir()} >= {"zero_pp_rank_0_mp_rank_00_model_states.pt",
+                                                 "zero_pp_rank_1_mp_rank_00_model_states.pt"}
+
+
+def test_failed_worker_resumes_from_checkpoint_and_ends_at_the_same_step(ray_local, tiny_model_dir, tmp_path,
+                                                                         zero2_run):
+    reference_cfg, _, reference = zero2_run
+    # same run as the ZeRO-2 reference, but the last rank raises right after step 2 (its checkpoint) on attempt 1
+    cfg = tiny_config(tiny_model_dir, run_name="resumed", fail_at_step=2, max_failures=1)
+    result = run_training(cfg, make_rows(), make_rows()[:3], run_dir=str(tmp_path))
+    assert result.metrics["step"] == reference.metrics["step"] == 4
+    assert result.metrics["start_step"] == 2, "the restarted workers did not resume from the step-2 checkpoint"
+    # same batches, optimizer state, LR schedule and dropout RNG as the uninterrupted run
+    assert result.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-4)
+    resumed, uninterrupted = lora_weights(result.adapter_dir), lora_weights(reference.adapter_dir)
+    for name, weight in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], weight, rtol=1e-4, atol=1e-5)
+    assert reference_cfg.fail_at_step == 0
+
