@@ -76,7 +76,7 @@ def build_generate_dataset(sources: ray.data.Dataset, generators: list[ModelConf
         completed = rendered.map_batches(
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={"spec": dataclasses.asdict(gen.engine), "cache_dir": cache_dir},
-            **gen.pool.map_batches_kwargs(),
+            **gen.pool.map_batches_kwargs(gen.engine),
         )
         per_model.append(completed.map_batches(finalize_candidates, batch_format="pandas", num_cpus=LIGHT_CPU))
     return per_model[0].union(*per_model[1:]) if len(per_model) > 1 else per_model[0]

@@ -230,7 +230,7 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
             fn_constructor_kwargs={
                 "spec": dataclasses.asdict(judge.engine), "cache_dir": cache_dir, "check": CHECKS[judge.format],
                 "max_parse_retries": judge.max_parse_retries, "retry_temperature": judge.retry_temperature},
-            **judge.pool.map_batches_kwargs())
+            **judge.pool.map_batches_kwargs(judge.engine))
         per_judge.append(judged.map_batches(parse_judgments, batch_format="pandas", num_cpus=LIGHT_CPU,
                                             fn_kwargs={"fmt": judge.format}))
     return per_judge[0].union(*per_judge[1:]) if len(per_judge) > 1 else per_judge[0]

@@ -6,6 +6,7 @@ YAML-shaped twins of the engine types (lists instead of tuples) so job configs c
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 
 from actors.engine import EngineSpec, SamplingParams
@@ -47,14 +48,27 @@ class PoolConfig:
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError(f"{where}: num_cpus and num_gpus must be >= 0")
 
-    def map_batches_kwargs(self) -> dict:
+    def map_batches_kwargs(self, engine: EngineSpec | None = None) -> dict:
         import ray.data
 
         kwargs = {"compute": ray.data.ActorPoolStrategy(size=self.concurrency), "batch_size": self.batch_size,
                   "num_cpus": self.num_cpus}
         if self.num_gpus:
             kwargs["num_gpus"] = self.num_gpus
+        env = engine_secret_env(engine) if engine else {}
+        if env:
+            kwargs["runtime_env"] = {"env_vars": env}
         return kwargs
+
+
+def engine_secret_env(engine: EngineSpec) -> dict[str, str]:
+    """The engine's API key variable, handed to its actors through Ray's runtime env.
+
+    Workers of an already running cluster do not see variables the driver exported later; the key travels on
+    Ray's control plane to the actors that need it, and never into configs, manifests or logs.
+    """
+    name = engine.api_key_env
+    return {name: os.environ[name]} if name and os.environ.get(name) else {}
 
 
 @dataclass

@@ -49,7 +49,8 @@ def fmt(value, digits: int = 3) -> str:
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
-        return f"{value:.{digits}f}"
+        text = f"{value:.{digits}f}"
+        return text[1:] if text.startswith("-") and not text.strip("-0.") else text  # no "-0.000"
     return str(value)
 
 
@@ -59,7 +60,7 @@ def format_table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
 
 
 def ci_text(lo: float, hi: float) -> str:
-    return NA if math.isnan(lo) or math.isnan(hi) else f"[{lo:.3f}, {hi:.3f}]"
+    return NA if math.isnan(lo) or math.isnan(hi) else f"[{fmt(lo)}, {fmt(hi)}]"
 
 
 def format_stats(stats: pd.DataFrame) -> pd.DataFrame:
@@ -190,7 +191,8 @@ def render_markdown(title: str, notes: list[str], sections: list[Section]) -> st
         if section.note:
             parts += [section.note, ""]
         table = format_table(section.table)
-        parts += [table.to_markdown(index=False) if len(table) else "(no rows)", ""]
+        # the cells are display text already: tabulate must not re-parse "0.100" as a number
+        parts += [table.to_markdown(index=False, disable_numparse=True) if len(table) else "(no rows)", ""]
     return "\n".join(parts)
 
 

@@ -172,15 +172,15 @@ def asset_pairs(frame: pd.DataFrame, limit: int = 0) -> pd.DataFrame:
     in file order (0 = all).
     """
     keys = ["original_sentence_id", "original", "simplification"]
-    means = frame.pivot_table(index=keys, columns="aspect", values="rating", aggfunc="mean", dropna=False,
-                              sort=False)
+    # groupby means skip NaN ratings; a (pair, aspect) with no rating at all stays NaN
+    means = frame.groupby([*keys, "aspect"], sort=False)["rating"].mean()
     missing = frame.assign(miss=frame["rating"].isna()).groupby(keys, sort=False)["miss"].sum()
     counts = frame.groupby(keys, sort=False)["rating"].size()
     order = frame[keys].drop_duplicates()
     rows = []
     for sid, original, simp in order.itertuples(index=False):
         k = (sid, original, simp)
-        aspects = {a: float(means.loc[k, a]) if a in means.columns else math.nan for a in ASSET_ASPECTS}
+        aspects = {a: float(means.get((*k, a), math.nan)) for a in ASSET_ASPECTS}
         values = [v for v in aspects.values() if not math.isnan(v)]
         rows.append({"set": ASSET, "id": f"asset-{sid}", "source": original, "candidate": simp,
                      "generation_error": "", "human": sum(values) / len(values) if values else math.nan,

@@ -1,7 +1,8 @@
 """`quorum serve`: start, update or describe the generative reward model (GRM) Serve app.
 
-    quorum serve configs/grm.yaml [key=value ...]            start (local Ray if none is running); Ctrl-C stops
-    quorum serve configs/grm.yaml judge.adapter=runs/r2/adapter --detach
+    quorum serve configs/grm.yaml [key=value ...]            start (a local Ray unless ray.address / RAY_ADDRESS
+                                                             names one); blocks, Ctrl-C stops the app
+    quorum serve configs/grm.yaml ray.address=HOST:PORT judge.adapter=runs/r2/adapter --detach
                                                              update the running app in place and return
     quorum serve configs/grm.yaml --print-config[=out.yaml]  write a Serve config for `serve run` / `serve deploy`
 
@@ -10,8 +11,8 @@ adapter, new batching, ...) before it stops the old one, so the endpoint stays u
 `--print-config`, editing `deployments[0].user_config` and `serve deploy`-ing it again reconfigures the replicas in
 place without restarting them.
 
-`--detach` needs a running Ray cluster (`ray.address`, RAY_ADDRESS, or a local cluster started by `ray start` or
-by another `quorum serve`): a local cluster started by this process would die with it.
+`--detach` needs a running Ray cluster named by `ray.address` or RAY_ADDRESS (e.g. the address a blocking
+`quorum serve` prints when it starts a local cluster): a local cluster started by this process would die with it.
 Exit codes: 0 success, 2 bad config or arguments, 1 anything else.
 """
 
@@ -102,23 +103,25 @@ def run(cfg: ServeConfig, detach: bool) -> int:
 
 
 def connect_ray(cfg: RayConfig, detach: bool) -> bool:
-    """Join a running cluster if there is one; else start a local one (not with --detach). True if started here."""
+    """Join the cluster at `ray.address` / RAY_ADDRESS, else start a local one (not with --detach).
+
+    Never joins a cluster that was not named: on a shared machine "auto" could be somebody else's. Returns True
+    when the cluster was started here (and so stops when this process exits).
+    """
     import ray
 
     if ray.is_initialized():
         return False
-    if cfg.address or os.environ.get("RAY_ADDRESS"):
-        init_ray(cfg)
-        return False
-    try:
-        ray.init(address="auto", log_to_driver=True)
-        return False
-    except ConnectionError:
-        if detach:
-            raise ConfigError("--detach needs a running Ray cluster (set ray.address or RAY_ADDRESS, or run "
-                              "`ray start --head` first); a local cluster started here would stop on exit") from None
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    if detach and not address:
+        raise ConfigError("--detach needs a running Ray cluster: set ray.address (e.g. the address printed by the "
+                          "`quorum serve` that started it) or RAY_ADDRESS; a local cluster started here would stop "
+                          "on exit")
     init_ray(cfg)
-    return True
+    if not address:
+        print(f"quorum serve: started a local Ray cluster; update this app from another shell with "
+              f"`quorum serve CONFIG ray.address={ray.get_runtime_context().gcs_address} ... --detach`", flush=True)
+    return not address
 
 
 def wait_until_running(app_name: str, timeout_s: float) -> None:
@@ -127,12 +130,10 @@ def wait_until_running(app_name: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         app = serve.status().applications.get(app_name)
-        status = str(app.status) if app else "MISSING"
-        if status.endswith("RUNNING"):
+        if app is not None and app.status == "RUNNING":
             return
-        if status.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
-            message = app.message if app else ""
-            raise RuntimeError(f"Serve app {app_name!r} is {status}: {message}")
+        if (app is not None and app.status == "DEPLOY_FAILED") or time.monotonic() > deadline:
+            raise RuntimeError(f"Serve app {app_name!r} did not start: {app}")
         time.sleep(1.0)
 
 

@@ -1,0 +1,35 @@
+"""The pure core never imports ray, vllm or deepspeed (checked in a fresh interpreter per module)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PURE = sorted(
+    [f"eval.{p.stem}" for p in (REPO / "eval").glob("*.py") if p.stem != "__init__"]
+    + ["train.losses", "train.logprobs", "train.advantages", "train.pairs", "train.pairs_data", "train.ds_config",
+       "actors.engine", "actors.corpus", "actors.cache", "jobs.config"]
+    + (["serve.protocol"] if (REPO / "serve" / "protocol.py").exists() else [])
+)
+FORBIDDEN = ("ray", "vllm", "deepspeed")
+
+
+def test_pure_modules_import_no_distributed_stack():
+    # one fresh interpreter imports them all: if any pulled ray/vllm/deepspeed in, it shows in sys.modules,
+    # and the per-module record names the culprit
+    code = (
+        "import sys, importlib, json\n"
+        "seen = {}\n"
+        f"for name in {PURE!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"    seen[name] = sorted(m for m in {FORBIDDEN!r} if m in sys.modules)\n"
+        "print(json.dumps(seen))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    offenders = {name: mods for name, mods in seen.items() if mods}
+    assert not offenders, f"pure modules pull in the distributed stack: {offenders}"
