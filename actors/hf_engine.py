@@ -98,8 +98,7 @@ class HFEngine:
             if sampling.max_tokens > room:
                 sampling = dataclasses.replace(sampling, max_tokens=room)
             rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling)
-        # Longest prompts first: co-admitted prompts have similar lengths (little padding), and later, shorter
-        # prompts always fit left of the shared write column.
+        # Longest first: prompts admitted together have similar lengths, so their prefill pads little.
         order = sorted(rows, key=lambda i: -len(rows[i].prompt_ids))
         run_decode(self.model, [rows[i] for i in order], self.settings)
         return [

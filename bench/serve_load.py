@@ -115,7 +115,7 @@ async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: flo
     async with httpx.AsyncClient(timeout=cap_s, limits=limits) as http:
         start = time.perf_counter()
         tasks = [asyncio.create_task(client(http)) for _ in range(concurrency)]
-        done, pending = await asyncio.wait(tasks, timeout=cap_s)
+        _, pending = await asyncio.wait(tasks, timeout=cap_s)
         for task in pending:
             task.cancel()
         elapsed = time.perf_counter() - start
@@ -134,10 +134,11 @@ def main() -> None:
 
     args = parse_args()
     model = args.model
+    scratch = tempfile.TemporaryDirectory(prefix="quorum-bench-tiny-")
     if model == "tiny":
         from actors.models import build_tiny_random_model
 
-        model = build_tiny_random_model(tempfile.mkdtemp(prefix="quorum-bench-tiny-"))
+        model = build_tiny_random_model(scratch.name)
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
@@ -160,6 +161,7 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
+        scratch.cleanup()
     batched_rps, latencies, batched_errors = results[args.batch_size]
     single_rps, _, single_errors = results[1]
     print(f"info model={args.model} endpoint={args.endpoint} requests={args.requests} "

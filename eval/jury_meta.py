@@ -303,6 +303,10 @@ def metric_meta(scores: pd.DataFrame, scorers: list[str], boot: Bootstrap) -> li
     return rows
 
 
+def _mean_stat(values: np.ndarray) -> AgreementStat:
+    return AgreementStat(float(np.mean(values)), len(values), 0)
+
+
 def system_means(scores: pd.DataFrame, boot: Bootstrap) -> pd.DataFrame:
     """Per (set, system): pairs, failed generations, scored pairs, jury mean with its CI, human mean, size."""
     rows = []
@@ -311,8 +315,7 @@ def system_means(scores: pd.DataFrame, boot: Bootstrap) -> pd.DataFrame:
         ok = ~np.isnan(jury)
         est = {"value": math.nan, "ci_lo": math.nan, "ci_hi": math.nan}
         if ok.any():
-            mean_stat = (lambda v: AgreementStat(float(np.mean(v)), len(v), 0))
-            est = estimate(mean_stat, jury[ok], clusters=df["id"].to_numpy()[ok], boot=boot)
+            est = estimate(_mean_stat, jury[ok], clusters=df["id"].to_numpy()[ok], boot=boot)
         rows.append({"set": set_name, "model": model,
                      "size_b": float(df["size_b"].iloc[0]) if "size_b" in df.columns else math.nan,
                      "pairs": len(df), "failed_generations": int((df["generation_error"] != "").sum()),

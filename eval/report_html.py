@@ -67,7 +67,8 @@ def format_stats(stats: pd.DataFrame) -> pd.DataFrame:
     """Stats rows -> display columns: set, a, b, statistic, value, 95% CI, n used, n excluded, note."""
     out = pd.DataFrame({
         "set": stats["set"], "a": stats["a"], "b": stats["b"], "statistic": stats["statistic"],
-        "value": stats["value"].map(fmt), "95% CI": [ci_text(lo, hi) for lo, hi in zip(stats["ci_lo"], stats["ci_hi"])],
+        "value": stats["value"].map(fmt),
+        "95% CI": [ci_text(lo, hi) for lo, hi in zip(stats["ci_lo"], stats["ci_hi"])],
         "n used": stats["n_used"].map(fmt), "n excluded": stats["n_excluded"].map(fmt), "note": stats["note"],
     })
     return out.reset_index(drop=True)
@@ -225,16 +226,19 @@ def render_html(title: str, notes: list[str], sections: list[Section], figures: 
 # The jury meta-evaluation report
 
 STAT_SECTIONS = (
-    ("inter_judge", "Inter-judge agreement", "ICC(2,1) with the judges as raters; pairs where any judge has no usable "
-     "score are excluded (counted)."),
-    ("human_raters", "Human inter-rater agreement", "SimpEval's three ratings as raters (the paper reports 0.228 on "
-     "all 360 rows)."),
-    ("human_vs_jury", "Human vs jury (instance level)", "Spearman on raw scores; ICC(2,1) on scores z-scored within "
-     "the set (human 0-100 and jury 1-5 scales differ)."),
-    ("judge_vs_jury", "Each judge vs the jury", "spearman: against the mean of all judges (includes the judge); "
-     "spearman_vs_rest: against the mean of the other judges."),
-    ("expected_trend", "Expected trend (synthetic set)", "Instance-level Spearman of each scorer with the "
-     "simplifier's size_b; monotone_means = 1 when per-simplifier jury means never fall as size grows."),
+    ("inter_judge", "Inter-judge agreement",
+     "ICC(2,1) with the judges as raters; pairs where any judge has no usable score are excluded (counted)."),
+    ("human_raters", "Human inter-rater agreement",
+     "SimpEval's three ratings as raters (the paper reports 0.228 on all 360 rows)."),
+    ("human_vs_jury", "Human vs jury (instance level)",
+     ("Spearman on raw scores; ICC(2,1) on scores z-scored within the set (human 0-100 and jury 1-5 scales "
+      "differ).")),
+    ("judge_vs_jury", "Each judge vs the jury",
+     ("spearman: against the mean of all judges (includes the judge); spearman_vs_rest: against the mean of the "
+      "other judges.")),
+    ("expected_trend", "Expected trend (synthetic set)",
+     ("Instance-level Spearman of each scorer with the simplifier's size_b; monotone_means = 1 when per-simplifier "
+      "jury means never fall as size grows.")),
 )
 
 

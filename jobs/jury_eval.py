@@ -331,23 +331,23 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 
 
 def report_notes(cfg: Config) -> list[str]:
+    human_kind = "raw 0-100 ratings" if cfg.simpeval.rating == "raw" else "per-rater z-scores"
     sims = ", ".join(f"{s.name} = {s.size_b:g}B" for s in cfg.synth.simplifiers) if cfg.synth.enabled else "none"
     notes = [
-        f"Jury: {len(cfg.jury.judges)} judges ({', '.join(j.name for j in cfg.jury.judges)}), 1-5 `Answer: [k]` "
-        f"scores aggregated by the {cfg.jury.aggregate}; a judgment without a parsable answer is excluded from "
-        "that mean and counted (Jury health).",
-        f"Human scores: SimpEval = mean of the 3 {'raw 0-100 ratings' if cfg.simpeval.rating == 'raw' else 'per-rater z-scores'}"
-        "; ASSET = mean over workers per aspect, then the mean of fluency, meaning and simplicity. Missing ratings "
-        "are left out of those means and counted.",
-        f"Synthetic set: {cfg.synth.n if cfg.synth.enabled else 0} (domain, noun) prompts ({cfg.synth.strategy}, "
-        f"seed {cfg.synth.seed}); writer {cfg.synth.writer.name}; simplifier sizes: {sims}. {cfg.synth.size_note}",
-        "Automatic metrics: FKGL of the output, compression ratio and Levenshtein similarity to the source, and "
-        "BERTScore F1 against the source (local MiniLM encoder, not comparable to published BERTScore) are "
-        "reference-free. SARI and sentence BLEU need references: only SimpEval's non-human systems have them (the "
-        "sentence's human-written simplifications); SimpEval's human-written rows, ASSET pairs (their sentences "
-        "come from ASSET's held-out test split) and synthetic pairs are n/a there.",
-        f"95% CIs: {cfg.report.n_boot} bootstrap resamples of source sentences (seed {cfg.report.seed}). n/a = "
-        "nothing to compute on (e.g. no parsed judgments, a constant scorer).",
+        (f"Jury: {len(cfg.jury.judges)} judges ({', '.join(j.name for j in cfg.jury.judges)}), 1-5 `Answer: [k]` "
+         f"scores aggregated by the {cfg.jury.aggregate}; a judgment without a parsable answer is excluded from "
+         "that mean and counted (Jury health)."),
+        (f"Human scores: SimpEval = mean of the 3 {human_kind}; ASSET = mean over workers per aspect, then the mean "
+         "of fluency, meaning and simplicity. Missing ratings are left out of those means and counted."),
+        (f"Synthetic set: {cfg.synth.n if cfg.synth.enabled else 0} (domain, noun) prompts ({cfg.synth.strategy}, "
+         f"seed {cfg.synth.seed}); writer {cfg.synth.writer.name}; simplifier sizes: {sims}. {cfg.synth.size_note}"),
+        ("Automatic metrics: FKGL of the output, compression ratio and Levenshtein similarity to the source, and "
+         "BERTScore F1 against the source (local MiniLM encoder, not comparable to published BERTScore) are "
+         "reference-free. SARI and sentence BLEU need references: only SimpEval's non-human systems have them (the "
+         "sentence's human-written simplifications); SimpEval's human-written rows, ASSET pairs (their sentences "
+         "come from ASSET's held-out test split) and synthetic pairs are n/a there."),
+        (f"95% CIs: {cfg.report.n_boot} bootstrap resamples of source sentences (seed {cfg.report.seed}). n/a = "
+         "nothing to compute on (e.g. no parsed judgments, a constant scorer)."),
     ]
     return [n.strip() for n in notes]
 

@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException
 
 from actors.cache import request_key
 from actors.engine import ChatRequest, Completion
+from actors.stage_config import engine_secret_env
 from jobs.config import ConfigError, build, with_defaults
 from serve import protocol as P
 from serve.adapter import build_judge_engine, judge_identity, served_name
@@ -376,7 +377,25 @@ def deployment_options(cfg: ServeConfig) -> dict:
 
 
 def make_deployment(cfg: ServeConfig):
-    return GRMServer.options(**deployment_options(cfg))
+    """The deployment with its options; secrets set in this process travel to the replicas (never into YAML)."""
+    options = deployment_options(cfg)
+    env = replica_secret_env(cfg)
+    if env:
+        options["ray_actor_options"] = {**options["ray_actor_options"], "runtime_env": {"env_vars": env}}
+    return GRMServer.options(**options)
+
+
+def replica_secret_env(cfg: ServeConfig) -> dict[str, str]:
+    """The auth token and judge API key variables set here, for the replicas' runtime env.
+
+    As for job actors (actors.stage_config.engine_secret_env): workers of a running cluster never saw what this
+    process exported, so the values ride Ray's control plane; configs, `--print-config` and logs keep only names.
+    """
+    env = engine_secret_env(cfg.judge.engine)
+    name = cfg.serve.auth_token_env
+    if name and os.environ.get(name):
+        env[name] = os.environ[name]
+    return env
 
 
 def config_from_args(args: dict) -> ServeConfig:

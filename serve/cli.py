@@ -2,7 +2,7 @@
 
     quorum serve configs/grm.yaml [key=value ...]            start (a local Ray unless ray.address / RAY_ADDRESS
                                                              names one); blocks, Ctrl-C stops the app
-    quorum serve configs/grm.yaml ray.address=HOST:PORT judge.adapter=runs/r2/adapter --detach
+    quorum serve configs/grm.yaml ray.address=auto judge.adapter=runs/r2/adapter --detach
                                                              update the running app in place and return
     quorum serve configs/grm.yaml --print-config[=out.yaml]  write a Serve config for `serve run` / `serve deploy`
 
@@ -11,8 +11,9 @@ adapter, new batching, ...) before it stops the old one, so the endpoint stays u
 `--print-config`, editing `deployments[0].user_config` and `serve deploy`-ing it again reconfigures the replicas in
 place without restarting them.
 
-`--detach` needs a running Ray cluster named by `ray.address` or RAY_ADDRESS (e.g. the address a blocking
-`quorum serve` prints when it starts a local cluster): a local cluster started by this process would die with it.
+`--detach` needs a running Ray cluster named by `ray.address` or RAY_ADDRESS (`ray.address=auto` joins the local
+cluster a blocking `quorum serve` started): a local cluster started by this process would die with it. No cluster
+is ever joined unless named, so a shared machine's other clusters are left alone.
 Exit codes: 0 success, 2 bad config or arguments, 1 anything else.
 """
 
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -88,18 +90,26 @@ def run(cfg: ServeConfig, detach: bool) -> int:
         if detach:
             return 0
         print("quorum serve: Ctrl-C to stop", flush=True)
+        # a process manager's SIGTERM stops the app as cleanly as Ctrl-C
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 time.sleep(_POLL_S)
         except KeyboardInterrupt:
             print("quorum serve: stopping", flush=True)
-            serve.delete(cfg.serve.app_name)
+            if not started_local:
+                # on a shared cluster the app must go; a local cluster goes away with this process anyway
+                serve.delete(cfg.serve.app_name)
         return 0
     finally:
         if started_local:
             import ray
 
             ray.shutdown()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def connect_ray(cfg: RayConfig, detach: bool) -> bool:
@@ -114,13 +124,14 @@ def connect_ray(cfg: RayConfig, detach: bool) -> bool:
         return False
     address = cfg.address or os.environ.get("RAY_ADDRESS", "")
     if detach and not address:
-        raise ConfigError("--detach needs a running Ray cluster: set ray.address (e.g. the address printed by the "
-                          "`quorum serve` that started it) or RAY_ADDRESS; a local cluster started here would stop "
+        raise ConfigError("--detach needs a running Ray cluster: set ray.address (`auto` for the local one a "
+                          "blocking `quorum serve` started) or RAY_ADDRESS; a local cluster started here would stop "
                           "on exit")
     init_ray(cfg)
     if not address:
-        print(f"quorum serve: started a local Ray cluster; update this app from another shell with "
-              f"`quorum serve CONFIG ray.address={ray.get_runtime_context().gcs_address} ... --detach`", flush=True)
+        # `auto` finds the newest local cluster (with its auth token); a bare GCS address would need the token too
+        print(f"quorum serve: started a local Ray cluster at {ray.get_runtime_context().gcs_address}; update this app "
+              "from another shell with `quorum serve CONFIG ray.address=auto ... --detach`", flush=True)
     return not address
 
 

@@ -39,7 +39,7 @@ REWARD_DEFINITIONS = {
     "vs_reference": "mean over judgments of grade_i - grade_reference (range -4..4)",
 }
 _RATIONALE_CHARS = 2000
-_GRADE_MARK_RE = re.compile(r"<\s*final[\s_.\\-]*grade|answer[\s*_]*:[\s*_]*\[", re.I)
+_GRADE_MARK_RE = re.compile(r"<\s*final[\s_.\\-]*grade|answer[\s*_]*:[\s*_]*\[", re.IGNORECASE)
 
 
 class RequestError(ValueError):

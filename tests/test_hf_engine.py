@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
 from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
+from actors.hf_decode import sample_token
 from actors.models import build_tiny_random_model, resolve_model_dir
 
 PROMPTS = [
@@ -182,6 +183,20 @@ def test_seeded_sampling_does_not_depend_on_batch(tiny_engine):
     assert together[1].raw_text == alone.raw_text
     [other_seed] = tiny_engine.generate([ask(PROMPTS[3], max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=8)])
     assert other_seed.raw_text != alone.raw_text
+
+
+def test_top_k_and_top_p_cut_the_tail():
+    # softmax([3, 2, 1, 0]) = [0.644, 0.237, 0.087, 0.032]
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    generator = torch.Generator().manual_seed(0)
+
+    def draws(**params) -> set[int]:
+        return {int(sample_token(logits, SamplingParams(temperature=1.0, **params), generator)) for _ in range(400)}
+
+    assert draws(top_k=2) == {0, 1}
+    # token 1 is kept (mass ranked above it, 0.644, is under 0.8); token 2 is not (0.881 above it)
+    assert draws(top_p=0.8) == {0, 1}
+    assert draws() == {0, 1, 2, 3}
 
 
 # ---------------------------------------------------------------------------------------------------------------

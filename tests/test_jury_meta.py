@@ -11,9 +11,15 @@ import pytest
 
 from actors.corpus import CorpusError
 from eval import jury_meta as meta
-from eval.report_html import build_report, fmt, pivot_cells, render_html, Section, Figure
-from eval.synth_bench import (asset_pairs, read_word_list, render_requests, sample_prompt_pairs, simpeval_pairs,
-                              finalize_complex)
+from eval.report_html import Figure, Section, build_report, fmt, pivot_cells, render_html
+from eval.synth_bench import (
+    asset_pairs,
+    finalize_complex,
+    read_word_list,
+    render_requests,
+    sample_prompt_pairs,
+    simpeval_pairs,
+)
 
 NO_BOOT = meta.Bootstrap(n_boot=0)
 
@@ -43,6 +49,10 @@ def test_wide_scores_pivots_judges_means_usable_scores_and_counts_unparsed():
     assert row.loc[("s1", "b"), "n_unparsed"] == 1 and row.loc[("s1", "b"), "n_judges"] == 1  # ... and counted
     assert math.isnan(row.loc[("s2", "a"), "jury"]) and row.loc[("s2", "a"), "n_judges"] == 0  # failed generation
     assert wide["judge:j3"].isna().all()  # a judge with no rows still gets its column
+    empty = judgments.iloc[:0]  # no usable pair at all: every pair kept, nothing scored
+    none = meta.wide_scores(pairs, empty, ["j1"])
+    assert len(none) == 3 and none["jury"].isna().all() and none["judge:j1"].isna().all()
+    assert (none["n_judges"] == 0).all()
 
 
 def test_parse_health_counts_failures_per_judge():

@@ -1,13 +1,14 @@
 """The real GRM Serve app on CPU: tiny random Llama (+ real peft LoRA adapters), one SmolLM2 check, real HTTP.
 
 One app serves the module (auth on, adapter 1); the hot-swap test re-runs `serve.run` with adapter 2 while a
-client keeps calling it. The bearer token reaches the replicas through the deployment's runtime_env here only
-because the session's Ray was started before this module could export it.
+client keeps calling it. The bearer token is exported in this process only, after the session's Ray started:
+it reaches the replicas the way `quorum serve` sends it, through the deployment's runtime env.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -66,11 +67,10 @@ def deploy(app, name: str, prefix: str, timeout_s: float = 180) -> None:
         time.sleep(0.5)
 
 
-def deploy_with_token(cfg: ServeConfig) -> None:
+def deploy_tiny(cfg: ServeConfig) -> None:
     from serve.app import make_deployment
 
-    options = {"num_cpus": cfg.resources.num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": {TOKEN_ENV: TOKEN}}}
-    deploy(make_deployment(cfg).options(ray_actor_options=options).bind(), APP, PREFIX)
+    deploy(make_deployment(cfg).bind(), APP, PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +81,13 @@ def grm(ray_local, tiny_model_dir, tmp_path_factory):
     adapters = [make_adapter(tiny_model_dir, root / f"run{i}" / "adapter", seed=i) for i in (1, 2)]
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    cfg = tiny_config(tiny_model_dir, adapters[0], port)
-    deploy_with_token(cfg)
+    os.environ[TOKEN_ENV] = TOKEN
+    deploy_tiny(tiny_config(tiny_model_dir, adapters[0], port))
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}{PREFIX}", timeout=60)
     yield {"client": client, "port": port, "adapters": adapters, "model_dir": tiny_model_dir}
     client.close()
     serve.shutdown()
+    os.environ.pop(TOKEN_ENV, None)
 
 
 def test_health_and_ready_report_the_model_with_its_adapter(grm):
@@ -220,7 +221,7 @@ def test_rerun_with_new_adapter_swaps_the_model_without_downtime(grm):
     thread = threading.Thread(target=keep_calling, daemon=True)
     thread.start()
     try:
-        deploy_with_token(tiny_config(grm["model_dir"], second, grm["port"]))
+        deploy_tiny(tiny_config(grm["model_dir"], second, grm["port"]))
         deadline = time.monotonic() + 60
         while client.get("/ready").json()["adapter"] != second:
             assert time.monotonic() < deadline, "the new adapter never became visible"
