@@ -24,7 +24,7 @@ from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, b
 
 COMPLETION_COLUMNS = (
     "completion", "raw_completion", "reasoning", "prompt_tokens", "completion_tokens", "finish_reason",
-    "engine_error", "cached", "attempts", "check_error", "worker_seconds",
+    "engine_error", "cached", "attempts", "check_error", "worker_seconds", "worker_ready_at",
 )
 
 
@@ -48,6 +48,8 @@ class ChatWorker:
         self.engine = build_engine(self.spec)
         self.cache = RequestCache(cache_dir) if cache_dir else None
         self.check, self.max_parse_retries, self.retry_temperature = check, max_parse_retries, retry_temperature
+        # when the model was loaded: throughput measurements start here, not at actor scheduling
+        self.ready_at = time.time()
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         started = time.time()
@@ -76,6 +78,7 @@ class ChatWorker:
         out["attempts"] = attempts
         out["check_error"] = errors
         out["worker_seconds"] = [0.0 if hit else per_row for _, hit in results]
+        out["worker_ready_at"] = self.ready_at
         return out
 
     def _check(self, row: dict, result: tuple[Completion, bool]) -> str:

@@ -280,9 +280,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bench bare_generate_tokens_per_s = {bare_tps:.1f}")
     print(f"bench engine_vs_bare_generate = {engine_tps / bare_tps:.2f}", flush=True)
 
-    # ----- Ray Data comparison (added by the Ray Data stage owner) -----
-    # Print `bench ray_data_vs_bare = X` here: X = Ray Data generate-stage tokens/s on `requests` with `spec`
-    # divided by `measure_bare_loop(requests, spec)`.
+    # ----- Ray Data comparison: the generate stage's worker vs the same engine in a bare in-process loop -----
+    from bench.ray_data_stage import measure_ray_data
+
+    loop_tps = measure_bare_loop(requests, spec)
+    ray_tps = measure_ray_data(requests, spec)
+    print(f"bench bare_loop_tokens_per_s = {loop_tps:.1f}")
+    print(f"bench ray_data_tokens_per_s = {ray_tps:.1f}")
+    print(f"bench ray_data_vs_bare = {ray_tps / loop_tps:.2f}", flush=True)
 
 
 if __name__ == "__main__":
