@@ -1,6 +1,7 @@
 """Jury meta-evaluation (paper 001): SynthSimpliEval + human-rated sets -> LLM jury -> agreement report.
 
-Local (embedded default: local Ray, SmolLM2-135M as writer, simplifiers and jury; ~6 min on 2 cores):
+Local (embedded default: local Ray, SmolLM2-135M as writer, simplifiers and jury; measured 7 min 51 s on 2 CPU cores
+shared with other work at load average ~5; the jury stage is ~75% of it, ~2.5 CPU-s of prompt prefill per judgment):
 
     quorum run configs/jury_eval_demo.yaml
     python -m jobs.jury_eval configs/jury_eval_demo.yaml synth.n=6 simpeval.limit=12 run.id=small
@@ -32,7 +33,7 @@ import yaml
 
 from actors.corpus import read_asset_ratings, read_simpeval
 from actors.jury import JuryConfig
-from actors.stage_config import ModelConfig, SamplingConfig, check_unique_names
+from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names
 from eval import jury_meta as meta
 from eval import report_html as rep
 from eval import synth_bench as bench
@@ -146,14 +147,14 @@ class Config:
 
 
     def _check_local_cpus(self) -> None:
-        """All judge pools run at once (one Ray Data plan); with Ray Data's own tasks (1 CPU) they must fit a local
-        cluster of `ray.num_cpus`, or the jury stage waits forever for a CPU that never frees up."""
+        """All judge pools run at once (one Ray Data plan); with the light pre/post tasks beside them they must fit
+        a local cluster of `ray.num_cpus`, or the jury stage waits forever for a CPU that never frees up."""
         if self.ray.address or not self.ray.num_cpus:
             return
-        need = sum(j.pool.concurrency * j.pool.num_cpus for j in self.jury.judges) + 1
-        if need > self.ray.num_cpus:
-            raise ConfigError(f"jury.judges: the judge pools ask for {need - 1:g} CPUs together, plus 1 for Ray "
-                              f"Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
+        pools = sum(j.pool.concurrency * j.pool.num_cpus for j in self.jury.judges)
+        if pools + LIGHT_CPU > self.ray.num_cpus:
+            raise ConfigError(f"jury.judges: the judge pools ask for {pools:g} CPUs together, plus {LIGHT_CPU} for "
+                              f"Ray Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,14 +176,14 @@ def chat_plan(ds, model: ModelConfig, template: str, variables: dict[str, str], 
     """rows -> rendered `template` requests -> ChatWorker pool of `model` -> post (actors.generate's pattern)."""
     from actors.chat_worker import ChatWorker
 
-    rendered = ds.map_batches(bench.render_requests, batch_format="pandas", fn_kwargs={
+    rendered = ds.map_batches(bench.render_requests, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
         "template": template, "variables": variables, "model": model.name,
         "sampling_json": model.sampling.to_json()})
     completed = rendered.map_batches(
         ChatWorker, batch_format="pandas",
         fn_constructor_kwargs={"spec": dataclasses.asdict(model.engine), "cache_dir": cache},
-        **model.pool.map_batches_kwargs())
-    return completed.map_batches(post, batch_format="pandas")
+        **model.pool.map_batches_kwargs(model.engine))
+    return completed.map_batches(post, batch_format="pandas", num_cpus=LIGHT_CPU)
 
 
 def to_dataset(df: pd.DataFrame, block_rows: int):

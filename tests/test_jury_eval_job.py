@@ -134,3 +134,10 @@ def test_non_numeric_rating_exits_2_naming_column_and_line(tiny_model_dir, share
     assert cli_main(["run", str(cfg), f"run.root={tmp_path / 'runs'}", "wandb.mode=disabled"]) == 2
     err = capsys.readouterr().err
     assert "ratings.csv: line 6, column 'rating': non-numeric value 'eighty'" in err
+
+
+def test_judge_pools_that_cannot_fit_the_local_cluster_are_a_config_error(capsys):
+    # two 1-CPU judge pools fill a 2-CPU local cluster: the jury stage would wait forever, so refuse up front
+    demo = str(REPO / "configs" / "jury_eval_demo.yaml")
+    assert cli_main(["run", demo, "jury.judges.0.pool.num_cpus=1", "jury.judges.1.pool.num_cpus=1"]) == 2
+    assert "jury.judges: the judge pools ask for 2 CPUs together" in capsys.readouterr().err
