@@ -110,6 +110,16 @@ def build_lora_model(model_dir: str, cfg: TrainConfig) -> torch.nn.Module:
         return get_peft_model(model, lora)
 
 
+def skip_cpu_shm_allreduce() -> None:
+    """Keep DeepSpeed's CPU backend on plain gloo instead of its shared-memory allreduce op.
+
+    DeepSpeed JIT-compiles that op on the first `init_distributed` of every fresh machine (minutes on 2 cores), and a
+    build killed half way leaves a lock in ~/.cache/torch_extensions that makes every later run wait forever. Setting
+    the module attribute also skips DeepSpeed's probe of every op (compiler subprocesses); the shm op is its only reader.
+    """
+    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
+
+
 def build_engine(model: torch.nn.Module, cfg: TrainConfig, world: int, total_steps: int):
     """`deepspeed.initialize` with torch AdamW over the LoRA parameters and a LambdaLR over `lr_multiplier`."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -121,6 +131,8 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, world: int, total_ste
         cfg.micro_batch_size, cfg.grad_accum, world, cfg.deepspeed.zero_stage,
         resolve_precision(cfg.precision, cfg.use_gpu), cfg.deepspeed.offload_optimizer,
         cfg.deepspeed.offload_params, cfg.max_grad_norm)
+    if not cfg.use_gpu:
+        skip_cpu_shm_allreduce()
     # Ray Train's TorchConfig already created the process group (gloo on CPU); DeepSpeed adopts it
     deepspeed.init_distributed(dist_backend="nccl" if cfg.use_gpu else "gloo")
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
