@@ -72,10 +72,15 @@ class EngineSpec:
     max_batch_size: int = 16
     # torch intra-op threads for the hf engine on CPU; 0 leaves torch's default
     num_threads: int = 0
+    # a LoRA adapter directory (peft format) applied on top of `model`; "" = the base model.
+    # hf merges it into the weights at load; vllm serves it as a LoRA request; openai ignores it (name the
+    # adapter in `served_model_name` instead)
+    adapter: str = ""
+    # hf and vllm: reuse the keys/values of shared prompt prefixes (hf: the prefix common to one call's requests)
+    enable_prefix_caching: bool = True
     # vllm only
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
-    enable_prefix_caching: bool = True
     max_model_len: int = 4096
     # openai only
     base_url: str = "http://127.0.0.1:8000/v1"

@@ -7,11 +7,15 @@ criteria. Here:
 - the KV cache is preallocated (`RowKVLayer`), every row writes its next token at the same column;
 - a row that finishes leaves the batch and a waiting prompt takes its place (prefilled on its own, then
   merged in, right-aligned to the shared column), so the batch stays full until the queue runs dry;
+- the prompt tokens that every row of a call starts with (a judge's instructions and few-shot examples) are
+  run through the model once; each prefill copies their keys/values and computes only the rest;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
   request's random stream does not depend on which other requests share its batch.
 
 Greedy output is token-for-token what `generate(do_sample=False)` gives for the same left-padded prompt: the
-same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits.
+same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits. A shared prefix
+computed apart from the rest of the prompt can differ from the joint forward in the last bits of its keys, so
+parity is exact in float32 and close (not bitwise) in bfloat16.
 """
 
 from __future__ import annotations
@@ -57,12 +61,28 @@ class RowKVLayer(DynamicLayer):
         self.value_buffer: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        rows, heads, _, key_dim = key_states.shape
-        self.dtype, self.device = key_states.dtype, key_states.device
+        self.allocate(key_states.shape[0], key_states, value_states)
+
+    def allocate(self, rows: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> None:
+        """Zeroed buffers for `rows` rows, with heads, head dims, dtype and device taken from the `like_*` tensors."""
+        heads = like_keys.shape[1]
+        self.dtype, self.device = like_keys.dtype, like_keys.device
         # Zeros, not empty: masked columns still enter softmax(QK)V, and 0 * NaN garbage would poison a row.
-        self.key_buffer = key_states.new_zeros(rows, heads, self.capacity, key_dim)
-        self.value_buffer = value_states.new_zeros(rows, heads, self.capacity, value_states.shape[-1])
+        self.key_buffer = like_keys.new_zeros(rows, heads, self.capacity, like_keys.shape[-1])
+        self.value_buffer = like_values.new_zeros(rows, heads, self.capacity, like_values.shape[-1])
         self.is_initialized = True
+
+    def start_from(self, rows: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Fill the first columns of every row with one sequence's keys/values (shape (1, heads, n, dim))."""
+        self.allocate(rows, keys, values)
+        self.set_length(keys.shape[-2])
+        self.key_buffer[:, :, : self.length] = keys
+        self.value_buffer[:, :, : self.length] = values
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+        self.keys = self.key_buffer[:, :, :length]
+        self.values = self.value_buffer[:, :, :length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -72,9 +92,7 @@ class RowKVLayer(DynamicLayer):
             raise RuntimeError(f"KV buffer overflow: {end} columns needed, capacity {self.capacity}")
         self.key_buffer[:, :, self.length : end] = key_states
         self.value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys = self.key_buffer[:, :, :end]
-        self.values = self.value_buffer[:, :, :end]
+        self.set_length(end)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -107,9 +125,30 @@ class DecodeSettings:
     decode: Callable[[list[int]], str]
     # the model's forward accepts `logits_to_keep` (skip the LM head on prompt positions)
     logits_to_keep: bool = True
+    # reuse the keys/values of a prompt prefix all rows share when it has at least this many tokens (0 = never)
+    min_shared_prefix: int = 64
 
 
-def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> None:
+@dataclass
+class DecodeStats:
+    """Where the prompt tokens of one `run_decode` call went."""
+
+    prompt_tokens: int = 0
+    # prompt tokens run through the model in prefill passes (the shared prefix once; padding not counted)
+    prefilled_tokens: int = 0
+    shared_prefix_tokens: int = 0
+
+
+@dataclass
+class SharedPrefix:
+    """Per-layer keys/values, shape (1, kv_heads, length, head_dim), of the prompt start shared by all rows."""
+
+    length: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> DecodeStats:
     """Complete every row in place, keeping up to `settings.max_batch_size` rows in flight.
 
     Rows are admitted in the order given (callers sort by prompt length so co-admitted prompts need little
@@ -120,7 +159,11 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
         model: a causal LM taking `input_ids, attention_mask, position_ids, past_key_values`.
         rows: prompts with their sampling params; `token_ids`, `finish_reason`, `stop_at` are filled in.
         settings: EOS ids, pad id, layer count, batch size and the token decoder.
+
+    Returns:
+        Prompt and prefill token counts (how much the shared prefix saved).
     """
+    stats = DecodeStats(prompt_tokens=sum(len(row.prompt_ids) for row in rows))
     for row in rows:
         if row.sampling.temperature > 0:
             row.generator = torch.Generator(device=model.device).manual_seed(row.sampling.seed)
@@ -128,36 +171,85 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
     refill_at = max(1, settings.max_batch_size // 4)
     batch: _Batch | None = None
     with torch.inference_mode():
+        prefix = _shared_prefix(model, rows, settings)
+        if prefix is not None:
+            stats.shared_prefix_tokens = stats.prefilled_tokens = prefix.length
         while pending or batch is not None:
             live = [] if batch is None else [i for i, row in enumerate(batch.rows) if not row.finish_reason]
             free = settings.max_batch_size - len(live)
             admitted = None
             if pending and free >= min(refill_at, len(pending)):
-                admitted = _prefill(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings)
+                admitted = _prefill(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
+                                    prefix)
+                skipped = prefix.length if prefix else 0
+                stats.prefilled_tokens += sum(len(row.prompt_ids) - skipped for row in admitted.rows)
             if batch is None or len(live) < len(batch.rows) or admitted is not None:
                 batch = _merge(batch, live, admitted)
             if batch is not None:
                 _step(model, batch, settings)
+    return stats
 
 
-def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> _Batch:
-    """Run the prompts of `rows` (left-padded) through the model and choose each row's first token."""
+def common_prefix_length(sequences: list[list[int]]) -> int:
+    """Length of the longest list that starts every sequence.
+
+    >>> common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]])
+    2
+    """
+    first, length = sequences[0], min(len(seq) for seq in sequences)
+    for seq in sequences[1:]:
+        length = next((i for i in range(length) if seq[i] != first[i]), length)
+    return length
+
+
+def _shared_prefix(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> SharedPrefix | None:
+    """Run the prompt start that all `rows` share through the model once, if it is long enough to pay off.
+
+    Each row keeps at least its last prompt token out of the prefix: its prefill must produce logits.
+    """
+    if settings.min_shared_prefix <= 0 or len(rows) < 2:
+        return None
+    prompts = [row.prompt_ids for row in rows]
+    length = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+    if length < settings.min_shared_prefix:
+        return None
+    ids = torch.tensor([prompts[0][:length]], device=model.device)
+    cache = Cache(layers=[RowKVLayer(length) for _ in range(settings.num_layers)])
+    extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
+    model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(length, device=ids.device)[None],
+          past_key_values=cache, use_cache=True, **extra)
+    return SharedPrefix(length, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
+
+
+def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
+             prefix: SharedPrefix | None = None) -> _Batch:
+    """Run the prompts of `rows` (left-padded) through the model and choose each row's first token.
+
+    With a shared prefix, the columns are [prefix | pads | rest of the prompt]: the prefix keys/values are copied
+    in and only the rest is computed; the position ids skip the pads as they do for left padding.
+    """
     device = model.device
-    width = max(len(row.prompt_ids) for row in rows)
+    start = prefix.length if prefix else 0
+    rests = [row.prompt_ids[start:] for row in rows]
+    width = max(len(rest) for rest in rests)
     ids = torch.full((len(rows), width), settings.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
-        mask[i, width - len(row.prompt_ids) :] = 1
+    mask = torch.zeros((len(rows), start + width), dtype=torch.long)
+    mask[:, :start] = 1
+    for i, rest in enumerate(rests):
+        ids[i, width - len(rest) :] = torch.tensor(rest)
+        mask[i, start + width - len(rest) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     # Same position ids as `generate`: count of real tokens so far, pads at 0.
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = Cache(layers=[RowKVLayer(width) for _ in range(settings.num_layers)])
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, start:]
+    cache = Cache(layers=[RowKVLayer(start + width) for _ in range(settings.num_layers)])
+    if prefix is not None:
+        for layer, keys, values in zip(cache.layers, prefix.keys, prefix.values):
+            layer.start_from(len(rows), keys, values)
     extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
     out = model(
         input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, **extra
     )
-    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], width)
+    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], start + width)
     _accept_tokens(batch, out.logits[:, -1, :], settings)
     return batch
 
@@ -306,12 +398,8 @@ def _align(columns: torch.Tensor, width: int) -> torch.Tensor:
 def _merge_layer(sources: list[tuple[RowKVLayer, list[int], int]], capacity: int, width: int) -> RowKVLayer:
     """Copy the last `w` columns of the kept rows of each source layer, right-aligned at `width`."""
     layer = RowKVLayer(capacity)
-    rows = sum(len(idx) for _, idx, _ in sources)
     first = sources[0][0]
-    heads, key_dim = first.key_buffer.shape[1], first.key_buffer.shape[3]
-    layer.key_buffer = first.key_buffer.new_zeros(rows, heads, capacity, key_dim)
-    layer.value_buffer = first.value_buffer.new_zeros(rows, heads, capacity, first.value_buffer.shape[3])
-    layer.dtype, layer.device, layer.is_initialized = first.dtype, first.device, True
+    layer.allocate(sum(len(idx) for _, idx, _ in sources), first.key_buffer, first.value_buffer)
     start = 0
     for src, idx, w in sources:
         index = torch.tensor(idx, device=src.key_buffer.device)
@@ -319,6 +407,5 @@ def _merge_layer(sources: list[tuple[RowKVLayer, list[int], int]], capacity: int
         layer.key_buffer[start:stop, :, width - w : width] = src.key_buffer[index, :, src.length - w : src.length]
         layer.value_buffer[start:stop, :, width - w : width] = src.value_buffer[index, :, src.length - w : src.length]
         start = stop
-    layer.length = width
-    layer.keys, layer.values = layer.key_buffer[:, :, :width], layer.value_buffer[:, :, :width]
+    layer.set_length(width)
     return layer

@@ -10,7 +10,9 @@ What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/RE
 - bfloat16 on CPUs with native bf16 dot products (avx512_bf16 / AMX) when a quick matmul probe confirms it;
 - nn.Linear weights pre-reordered into oneDNN's blocked layout (`PackedLinear`): the skinny decode matmuls
   stream weights far faster, with bit-identical results in bf16;
-- prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`).
+- prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`);
+- a prompt prefix shared by every request of a call (a judge's instructions and few-shot examples) is
+  prefilled once (`enable_prefix_caching`, on by default).
 
 Greedy decoding (temperature 0) gives the same tokens as `model.generate(do_sample=False)`.
 """
@@ -28,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
-from actors.hf_decode import DecodeRow, DecodeSettings, run_decode
+from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
 from actors.models import resolve_model_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +38,8 @@ _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # bf16 must beat fp32 by this factor in the startup probe to be picked on CPU (guards against timing noise).
 _BF16_MIN_SPEEDUP = 1.2
 _PROBE = (torch.float32, torch.bfloat16)
+# A shared prompt prefix shorter than this is recomputed per row: copying its keys costs about what it saves.
+_MIN_SHARED_PREFIX = 64
 
 
 class HFEngine:
@@ -59,7 +63,7 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:
             raise ValueError(f"engine.model: {spec.model!r} has no chat template in its tokenizer")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
+        self.model = load_model(model_dir, spec.adapter, self.dtype).to(self.device).eval()
         self.packed_layers = 0
         if self.device.type == "cpu" and self.dtype == torch.bfloat16:
             self.packed_layers = pack_linear_layers(self.model, spec.max_batch_size)
@@ -74,7 +78,10 @@ class HFEngine:
             max_batch_size=spec.max_batch_size,
             decode=self._decode,
             logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
+            min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
         )
+        # prompt / prefill token counts of the last `generate` call
+        self.last_stats = DecodeStats()
 
     def generate(self, requests: list[ChatRequest]) -> list[Completion]:
         """Complete each request; the result list is in request order.
@@ -100,7 +107,7 @@ class HFEngine:
             rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling)
         # Longest first: prompts admitted together have similar lengths, so their prefill pads little.
         order = sorted(rows, key=lambda i: -len(rows[i].prompt_ids))
-        run_decode(self.model, [rows[i] for i in order], self.settings)
+        self.last_stats = run_decode(self.model, [rows[i] for i in order], self.settings)
         return [
             Completion(text="", finish_reason="error", error=errors[i], prompt_tokens=len(prompts[i]))
             if i in errors
@@ -157,6 +164,8 @@ def validate_spec(spec: EngineSpec) -> None:
         raise ValueError(f"engine.max_batch_size: must be an integer >= 1, got {spec.max_batch_size!r}")
     if not isinstance(spec.num_threads, int) or spec.num_threads < 0:
         raise ValueError(f"engine.num_threads: must be an integer >= 0, got {spec.num_threads!r}")
+    if spec.adapter and not (Path(spec.adapter) / "adapter_config.json").is_file():
+        raise ValueError(f"engine.adapter: {spec.adapter!r} is not a peft adapter directory (no adapter_config.json)")
 
 
 def validate_request(index: int, request: ChatRequest) -> None:
@@ -230,6 +239,20 @@ def merge_system_into_user(messages: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Device, dtype, weights
+
+
+def load_model(model_dir: str, adapter: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The causal LM at `dtype`, with a LoRA adapter merged into its weights when one is given.
+
+    The merge runs in float32 and the result is cast afterwards, so a bf16 engine rounds the merged weight once
+    (as a model saved merged would) instead of adding a rounded delta to rounded weights.
+    """
+    if not adapter:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, adapter).merge_and_unload().to(dtype)
 
 
 def pick_device(name: str) -> torch.device:

@@ -68,6 +68,7 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "enable_prefix_caching": spec.enable_prefix_caching,
         "max_model_len": spec.max_model_len,
+        "enable_lora": bool(spec.adapter),
     }
 
 
@@ -106,6 +107,11 @@ class VLLMEngine:
 
         self.spec = spec
         self._llm = LLM(**llm_kwargs)
+        self._lora = None
+        if spec.adapter:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("adapter", 1, spec.adapter)
 
     def __repr__(self) -> str:
         return f"VLLMEngine(model={self.spec.model!r}, tp={self.spec.tensor_parallel_size})"
@@ -146,6 +152,7 @@ class VLLMEngine:
             sampling_params=params,
             use_tqdm=False,
             chat_template_kwargs={"enable_thinking": self.spec.thinking},
+            lora_request=self._lora,
         )
 
     def _generate_batch(self, rows: list[tuple[ChatRequest, object]]) -> list[Completion]:

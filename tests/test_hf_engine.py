@@ -7,6 +7,7 @@ greedy token); the thinking test uses a 1-layer model whose weights are set by h
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
 from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
-from actors.hf_decode import sample_token
+from actors.hf_decode import common_prefix_length, sample_token
 from actors.models import build_tiny_random_model, resolve_model_dir
 
 PROMPTS = [
@@ -137,6 +138,54 @@ def test_packed_bf16_engine_equals_model_generate(tiny_model_dir):
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
     [completion] = engine.generate([ask(PROMPTS[1], max_tokens=12)])
     assert completion.raw_text == reference_greedy(engine.tokenizer, plain, PROMPTS[1], max_new_tokens=12)
+
+
+def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_dir):
+    # a judge-like system prompt (> 64 tokens) shared by all six requests; four slots, so refills reuse it too
+    system = "You judge simplifications. " + " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
+    requests = [ChatRequest([{"role": "system", "content": system}, {"role": "user", "content": p}],
+                            SamplingParams(max_tokens=4 + 2 * i)) for i, p in enumerate(PROMPTS)]
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4)
+    cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
+    with_prefix, without = cached.generate(requests), plain.generate(requests)
+    assert [c.raw_text for c in with_prefix] == [c.raw_text for c in without]
+    assert [c.completion_tokens for c in with_prefix] == [c.completion_tokens for c in without]
+    stats, plain_stats = cached.last_stats, plain.last_stats
+    assert stats.prompt_tokens == plain_stats.prompt_tokens == sum(c.prompt_tokens for c in with_prefix)
+    assert stats.shared_prefix_tokens >= 64 and plain_stats.shared_prefix_tokens == 0
+    # the prefix ran once instead of six times
+    assert stats.prefilled_tokens == stats.prompt_tokens - 5 * stats.shared_prefix_tokens
+    assert plain_stats.prefilled_tokens == plain_stats.prompt_tokens
+    # a lone request has nothing to share
+    cached.generate(requests[:1])
+    assert cached.last_stats.shared_prefix_tokens == 0
+
+
+def test_lora_adapter_is_merged_and_answers_like_the_peft_model(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    torch.manual_seed(5)
+    lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora).save_pretrained(tmp_path / "adapter")
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", adapter=str(tmp_path / "adapter"))
+    tuned, base = HFEngine(spec), HFEngine(dataclasses.replace(spec, adapter=""))
+    requests = [ask(p, max_tokens=10) for p in PROMPTS[:3]]
+    tuned_texts = [c.raw_text for c in tuned.generate(requests)]
+    assert tuned_texts != [c.raw_text for c in base.generate(requests)]
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "adapter")
+    references = [reference_greedy(tuned.tokenizer, peft_model.eval(), p, max_new_tokens=10) for p in PROMPTS[:3]]
+    assert tuned_texts == references
+
+
+def test_adapter_that_is_not_a_peft_directory_is_named(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="engine.adapter"):
+        HFEngine(EngineSpec(model=tiny_model_dir, adapter=str(tmp_path)))
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[5, 1], [6, 1]]) == 0
+    assert common_prefix_length([[1, 2, 3]]) == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------

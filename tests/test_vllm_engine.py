@@ -5,6 +5,8 @@ GPU run: `python -m pytest tests/test_vllm_engine.py -m gpu -q` (needs `pip inst
 
 from __future__ import annotations
 
+import dataclasses
+
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -70,7 +72,9 @@ def test_llm_kwargs_from_spec():
         "gpu_memory_utilization": 0.5,
         "enable_prefix_caching": False,
         "max_model_len": 2048,
+        "enable_lora": False,
     }
+    assert build_llm_kwargs(dataclasses.replace(spec, adapter="/adapters/a"), "/models/x")["enable_lora"] is True
 
 
 @pytest.mark.parametrize(
