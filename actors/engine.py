@@ -8,8 +8,10 @@ Implementations: `actors.hf_engine.HFEngine` (transformers, CPU/GPU), `actors.vl
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 
@@ -94,7 +96,17 @@ class EngineSpec:
     def cache_identity(self) -> str:
         """What makes two engines answer the same prompt the same way (request-cache key part)."""
         name = self.served_model_name or self.model
-        return f"{self.kind}:{name}:think={self.thinking}"
+        adapter = f":adapter={adapter_digest(self.adapter)}" if self.adapter else ""
+        return f"{self.kind}:{name}{adapter}:think={self.thinking}"
+
+
+def adapter_digest(adapter_dir: str) -> str:
+    """Content hash of a LoRA adapter directory: a retrained adapter at the same path is a different model."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(adapter_dir).glob("adapter_*")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 class Engine(Protocol):

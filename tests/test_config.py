@@ -100,3 +100,18 @@ def test_console_script_exit_code_is_2_for_missing_config(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert "missing.yaml" in proc.stderr
+
+
+@pytest.mark.parametrize("override, named", [
+    ("train.policy=simple", "train.policy"),
+    ("train.trainer.loss=ppo", "train.trainer.loss"),
+    ("evaluate.engine.model=/other/model", "evaluate.engine.model"),
+    ("run.root=s3://bucket/runs", "run.root"),
+    ("evaluate.format=xml", "evaluate.format"),
+    ("pairs.prompts={overall: simplify_overall_zeroshot}", "pairs.prompts"),
+    ("evaluate.rejudge.0.format=score", "evaluate.rejudge.0.format"),
+    ("features.align.threshold=1.5", "features.align.threshold"),
+])
+def test_preference_stage_config_errors_name_the_field(override, named, capsys):
+    assert cli_main(["run", str(REPO / "configs" / "demo.yaml"), override]) == 2
+    assert named in capsys.readouterr().err

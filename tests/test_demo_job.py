@@ -19,28 +19,42 @@ REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-quorum-test-5f3b9c2a7d"
 
 
-def tiny_overrides(model_dir: str, root: Path, server_url: str) -> list[str]:
-    """The demo config, shrunk: tiny model everywhere, 4 sources, short outputs, plus a hosted-API judge."""
-    overrides = [f"run.root={root}", "wandb.mode=offline", "data.limit=4"]
-    for i in range(2):
-        overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.sampling.max_tokens=8",
-                      f"generate.{i}.pool.num_cpus=0.5"]
-        overrides += [f"jury.judges.{i}.engine.model={model_dir}", f"jury.judges.{i}.sampling.max_tokens=6",
-                      f"jury.judges.{i}.pool.num_cpus=0.5", f"jury.judges.{i}.max_parse_retries=0"]
-    # a third judge behind an OpenAI-compatible endpoint whose key lives only in the environment
-    overrides.append(
-        "jury.judges=[{name: judge-greedy, engine: {kind: hf, model: %s, num_threads: 1}, "
-        "sampling: {max_tokens: 6}, pool: {num_cpus: 0.5, batch_size: 16}, max_parse_retries: 0}, "
-        "{name: judge-api, engine: {kind: openai, model: remote-judge, base_url: '%s', "
-        "api_key_env: QUORUM_TEST_JUDGE_KEY, max_concurrency: 4}, sampling: {max_tokens: 6}, "
-        "pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1}]" % (model_dir, server_url))
+def scripted_judge(prompt: str) -> str | None:
+    """The hosted judge follows the output formats (a tiny random model never does), so pairs get made."""
+    if prompt.startswith("Source sentence:"):  # judge_policy: best/worst per aspect
+        return "\n".join(f"Aspect: {aspect}, Best: 0, Worst: 1" for aspect in ("Lexical", "Structural", "Overall"))
+    if prompt.startswith("[Original Sentence]"):  # jury_pairwise: A graded above B
+        return ("<think>A is plainer.</think><final_grade_A> FINAL GRADE: 4 - GOOD </final_grade_A>"
+                "<final_grade_B> FINAL GRADE: 2 - POOR </final_grade_B>")
+    return None
+
+
+def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) -> list[str]:
+    """The demo config, shrunk: tiny model everywhere, 8 sources, 4 eval sentences, 2 training steps, plus a
+    hosted-API judge whose key lives only in the environment."""
+    overrides = [f"run.root={root}", "wandb.mode=offline", "data.limit=8", "pairs.dev_fraction=0.0"]
+    for i in range(4):
+        overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.sampling.max_tokens=8"]
+    api = ("engine: {kind: openai, model: remote-judge, base_url: '%s', api_key_env: QUORUM_TEST_JUDGE_KEY, "
+           "max_concurrency: 4}, pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1" % server_url)
+    local = "engine: {kind: hf, model: %s, num_threads: 1}, pool: {num_cpus: 0.5, batch_size: 16}" % model_dir
+    overrides.append("jury.judges=[{name: judge-tiny, template: judge_policy_brief, format: best_worst, %s, "
+                     "sampling: {max_tokens: 6}, max_parse_retries: 0}, {name: judge-api, template: judge_policy_brief, "
+                     "format: best_worst, %s}]" % (local, api))
+    overrides += [f"train.trainer.model={model_dir}", "train.trainer.max_steps=2", "train.trainer.micro_batch_size=1",
+                  "train.trainer.checkpoint_every=2", "train.trainer.lora.r=4", "train.trainer.lora.alpha=8",
+                  "train.trainer.max_prompt_length=48", "train.trainer.max_completion_length=16"]
+    overrides += [f"evaluate.path={turk_dir}", "evaluate.limit=4", f"evaluate.engine.model={model_dir}",
+                  "evaluate.sampling.max_tokens=8", "evaluate.pool.num_cpus=0.5", "evaluate.n_boot=100",
+                  "evaluate.rejudge=[{name: judge-api, template: jury_pairwise, format: pairwise, %s}]" % api]
     return overrides
 
 
-def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, tmp_path, monkeypatch):
+def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared_data, tmp_path, monkeypatch):
     monkeypatch.setenv("QUORUM_TEST_JUDGE_KEY", SECRET)
-    with FakeOpenAIServer(api_key=SECRET) as server:
-        args = ["run", str(REPO / "configs" / "demo.yaml"), *tiny_overrides(tiny_model_dir, tmp_path, server.base_url)]
+    with FakeOpenAIServer(api_key=SECRET, reply=scripted_judge) as server:
+        args = ["run", str(REPO / "configs" / "demo.yaml"),
+                *tiny_overrides(tiny_model_dir, tmp_path, server.base_url, shared_data / "turkcorpus")]
         started = time.time()
         assert cli_main(args) == 0
         first = time.time() - started
@@ -49,26 +63,48 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, tmp_pa
 
     run_dir = tmp_path / "policy_simplify" / "demo"
     manifest = (run_dir / "manifest.json").read_text()
-    for stage in ("sources", "generate", "jury"):
-        assert (run_dir / stage).is_dir()
+    for stage in ("sources", "generate", "features", "jury", "pairs", "train", "eval_set", "eval_generate",
+                  "rejudge", "results"):
+        assert (run_dir / stage).is_dir(), stage
     candidates = pd.read_parquet(run_dir / "generate")
+    assert len(candidates) == 8 * 2 * 4  # sources x policies x generators
+    features = pd.read_parquet(run_dir / "features")
+    usable = features[features["generation_error"] == ""]
+    assert (usable["alignment_json"] != "").all()
     judgments = pd.read_parquet(run_dir / "jury")
-    assert len(candidates) == 4 * 2 * 2  # sources x policies x generators
-    usable = int((candidates["generation_error"] == "").sum())
-    assert len(judgments) == usable * 2  # every usable candidate judged by both judges, none dropped
-    # the echo server never answers "Answer: [k]": its judgments are kept, retried once, and counted
-    api = judgments[judgments["judge"] == "judge-api"]
-    assert (api["parse_error"] != "").all() and (api["attempts"] == 2).all()
+    sets = usable.groupby(["id", "policy"]).ngroups
+    assert len(judgments) == sets * 2  # every candidate set judged by both judges, none dropped
+    # the tiny judge never writes the format: kept, counted; the hosted one always does
+    tiny = judgments[judgments["judge"] == "judge-tiny"]
+    assert (tiny["parse_error"] != "").all()
+    assert (judgments.loc[judgments["judge"] == "judge-api", "parse_error"] == "").all()
+
+    pairs = pd.read_parquet(run_dir / "pairs")
+    assert len(pairs) > 0 and set(pairs["policy"]) <= {"lexical", "overall"}
+    assert (pairs["chosen"] != pairs["rejected"]).all()
+    adapter = run_dir / "train" / "run" / "adapter"
+    assert (adapter / "adapter_config.json").is_file()
+    outputs = pd.read_parquet(run_dir / "eval_generate")
+    assert sorted(outputs["model"].unique()) == ["trained", "vanilla"] and len(outputs) == 2 * 4
+    results = pd.read_parquet(run_dir / "results").set_index("system")
+    assert set(results.index) == {"vanilla", "trained"}
+    for system in results.index:
+        row = results.loc[system]
+        assert row["sari_lo"] <= row["sari"] <= row["sari_hi"] and row["n"] == 4
+    # the scripted judge grades position A higher: over both orders each system wins once per source
+    assert results.loc["trained", "vs_vanilla_win_rate"] == pytest.approx(0.5)
     summary = (run_dir / "summary.md").read_text()
-    assert "lexical" in summary and "smollm2-greedy" in summary and "jury_mean" in summary
+    for title in ("paper 000 Table 3", "vanilla vs trained", "Cost per stage"):
+        assert title in summary
 
     # W&B offline files hold the resolved config and the stage summaries
-    wandb_runs = find_run_files(run_dir)
-    assert wandb_runs
-    logged = read_run(wandb_runs[-1])
-    assert logged["config"]["data"]["limit"] == 4
-    assert logged["summary"]["generate/rows_out"] == 16
-    assert "jury/parse_failures" in logged["summary"]
+    runs = [read_run(path) for path in find_run_files(run_dir)]
+    # the job's run, and the trainer's rank-0 run under train/
+    assert len(runs) == 2 and any("loss" in row for r in runs for row in r["history"])
+    logged = next(r for r in runs if "data" in r["config"])
+    assert logged["config"]["data"]["limit"] == 8
+    assert logged["summary"]["generate/rows_out"] == 64
+    assert "jury/parse_failures" in logged["summary"] and "train/loss" in logged["summary"]
 
     # the key was used, but it is nowhere in what the run wrote: config, manifest, logs, W&B
     assert "QUORUM_TEST_JUDGE_KEY" in (run_dir / "config.yaml").read_text()

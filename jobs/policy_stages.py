@@ -1,0 +1,261 @@
+"""The stages of paper 000 after the jury: pairs -> train -> evaluation set -> eval generation -> re-judge.
+
+Each `stage_*` function runs one `RunStore` stage (skipped when its output exists with the same chained config
+hash) and returns its `StageResult`. The job module (`jobs/policy_simplify.py`) holds the config and calls them
+in order; the pure pieces live in `train/pairs.py` and `eval/results.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from actors.corpus import CorpusError, read_corpus, read_standard
+from actors.engine import EngineSpec
+from actors.jury import JudgeConfig, JuryConfig
+from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
+from jobs.config import ConfigError
+from jobs.runstore import RunStore, StageResult, write_table
+from train.pairs import build_pairs, preference_distribution
+from train.trainer import TrainConfig
+
+# policy -> how the demo references file names that policy's references
+REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewriting"}
+
+
+@dataclass
+class PairsConfig:
+    dev_fraction: float = 0.125
+    seed: int = 0
+    # policy -> prompt the model is trained and evaluated with (paper 000: the system instruction only)
+    prompts: dict[str, str] = field(default_factory=lambda: {
+        "lexical": "simplify_lexical_zeroshot", "overall": "simplify_overall_zeroshot"})
+
+
+@dataclass
+class TrainStageConfig:
+    enabled: bool = True
+    # which policy's pairs train the adapter (one adapter per run; run the job once per policy)
+    policy: str = "lexical"
+    # the trainer's own config (model, loss, LoRA, DeepSpeed, workers, steps, ...); see train/trainer.py
+    trainer: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass
+class EvalConfig:
+    enabled: bool = True
+    # turkcorpus | asset | jsonl (jsonl: rows with id and references; sources come from `sources_path`)
+    format: str = "turkcorpus"
+    path: str = "../shared/data/turkcorpus"
+    split: str = "tune"
+    offset: int = 0
+    limit: int = 100
+    # used when `path` does not exist (no ../shared beside the checkout): self-written demo references
+    fallback_path: str = "configs/data/demo_references.jsonl"
+    fallback_sources: str = "configs/data/demo_corpus.jsonl"
+    # how the vanilla and trained models decode (paper 000: greedy)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=96))
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    # more systems to compare: name -> LoRA adapter directory (e.g. an SFT baseline trained elsewhere)
+    extra_adapters: dict[str, str] = field(default_factory=dict)
+    n_boot: int = 1000
+    # the jury judges trained vs vanilla outputs pairwise (both orders); empty = no re-judge
+    rejudge: list[JudgeConfig] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.format not in ("turkcorpus", "asset", "jsonl"):
+            raise ConfigError(f"evaluate.format: {self.format!r} is not one of turkcorpus, asset, jsonl")
+        self.pool.validate("evaluate.pool")
+        for i, judge in enumerate(self.rejudge):
+            if judge.format != "pairwise":
+                raise ConfigError(f"evaluate.rejudge.{i}.format: re-judging compares two systems, use 'pairwise'")
+            judge.pool.validate(f"evaluate.rejudge.{i}.pool")
+        for name, path in self.extra_adapters.items():
+            if not (Path(path) / "adapter_config.json").is_file():
+                raise ConfigError(f"evaluate.extra_adapters.{name}: {path!r} is not a peft adapter directory")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pairs
+
+
+def stage_pairs(store: RunStore, cfg: PairsConfig) -> StageResult:
+    def produce(out_dir: str) -> dict:
+        judgments = store.read_stage("jury").to_pandas()
+        pairs, status = build_pairs(judgments, cfg.prompts, cfg.dev_fraction, cfg.seed)
+        write_table(pa.Table.from_pandas(pairs, preserve_index=False), out_dir)
+        store.write_text("pairs_status.csv", status.to_csv(index=False))
+        store.write_text("preference_distribution.md",
+                         preference_distribution(pairs).to_markdown(index=False, floatfmt=".1f") + "\n")
+        counts = status["status"].value_counts().to_dict() if len(status) else {}
+        return {"rows_out": len(pairs), "train": int((pairs["split"] == "train").sum()),
+                "dev": int((pairs["split"] == "dev").sum()), **{f"sources_{k}": int(v) for k, v in counts.items()},
+                "invalid_votes": int(status["n_invalid"].sum()) if len(status) else 0}
+
+    return store.run_stage("pairs", dataclasses.asdict(cfg), produce)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def training_rows(pairs: pd.DataFrame, policy: str, split: str) -> list[dict]:
+    chosen = pairs[(pairs["policy"] == policy) & (pairs["split"] == split)]
+    return [{"prompt_messages": p, "chosen": c, "rejected": r}
+            for p, c, r in zip(chosen["prompt"], chosen["chosen"], chosen["rejected"])]
+
+
+def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wandb_on: bool) -> StageResult:
+    def produce(out_dir: str) -> dict:
+        from train.trainer import run_training
+
+        pairs = store.read_stage("pairs").to_pandas()
+        train_rows, dev_rows = training_rows(pairs, cfg.policy, "train"), training_rows(pairs, cfg.policy, "dev")
+        needed = cfg.trainer.global_batch_size
+        if len(train_rows) < needed:
+            raise ConfigError(f"train: {len(train_rows)} training pairs for policy {cfg.policy!r}, fewer than one "
+                              f"global batch ({needed}); lower train.trainer.micro_batch_size/grad_accum")
+        trainer = dataclasses.replace(cfg.trainer, run_name=f"train-{cfg.policy}", wandb=wandb_on,
+                                      wandb_project=wandb_project)
+        started = time.time()
+        result = run_training(trainer, train_rows, dev_rows, run_dir=f"{out_dir}/run")
+        seconds = time.time() - started
+        metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+        write_table(pa.Table.from_pylist([{"policy": cfg.policy, **metrics}]), out_dir)
+        return {"train_pairs": len(train_rows), "dev_pairs": len(dev_rows), "steps": metrics.get("step"),
+                "loss": metrics.get("loss"), "seconds": round(seconds, 3),
+                "actor_seconds": round(seconds * trainer.num_workers, 3)}
+
+    key = {**dataclasses.asdict(cfg), "wandb": wandb_on}
+    return store.run_stage("train", key, produce)
+
+
+def adapter_dir(store: RunStore) -> str:
+    return f"{store.stage_path('train')}/run/adapter"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluation set and systems
+
+
+def load_eval_set(cfg: EvalConfig, policy: str) -> pd.DataFrame:
+    """id, source, references of the evaluation sentences (the fallback demo set when `path` is missing)."""
+    window = {"offset": cfg.offset, "limit": cfg.limit or None}
+    if not Path(cfg.path).exists():
+        frame = demo_eval_set(cfg.fallback_path, cfg.fallback_sources, policy)
+        return frame.iloc[cfg.offset : cfg.offset + cfg.limit if cfg.limit else None].reset_index(drop=True)
+    if cfg.format == "jsonl":  # rows with id, text and a list of references
+        frame = read_corpus(cfg.path, fmt="jsonl", text_column="text", id_column="id", **window)
+        if "references" not in frame:
+            raise CorpusError(f"{cfg.path}: no 'references' column; columns are {list(frame.columns)}")
+        return frame[["id", "source", "references"]]
+    return read_standard(cfg.format, cfg.path, split=cfg.split, **window)[["id", "source", "references"]]
+
+
+def demo_eval_set(refs_path: str, sources_path: str, policy: str) -> pd.DataFrame:
+    """The demo corpus with its self-written references for `policy` (each reference is tagged with a policy)."""
+    sources = read_corpus(sources_path, fmt="jsonl", text_column="text", id_column="id")
+    text = dict(zip(sources["id"], sources["source"]))
+    wanted = REFERENCE_POLICY.get(policy, policy)
+    rows = []
+    for lineno, line in enumerate(Path(refs_path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(f"{refs_path}: line {lineno}: not valid JSON ({exc.msg})") from None
+        refs, tags = record.get("references"), record.get("policies", [])
+        if record.get("id") not in text:
+            raise CorpusError(f"{refs_path}: line {lineno}: id {record.get('id')!r} is not in {sources_path}")
+        if not isinstance(refs, list) or not refs or len(tags) != len(refs):
+            raise CorpusError(f"{refs_path}: line {lineno}: needs 'references' and 'policies' lists of equal length")
+        kept = [r for r, tag in zip(refs, tags) if tag == wanted]
+        if not kept:
+            raise CorpusError(f"{refs_path}: line {lineno}: no reference tagged {wanted!r}")
+        rows.append({"id": record["id"], "source": text[record["id"]], "references": kept})
+    return pd.DataFrame(rows, columns=["id", "source", "references"])
+
+
+def eval_systems(cfg: EvalConfig, store: RunStore, trained: bool) -> list[ModelConfig]:
+    """The vanilla model, the trained adapter (if the run trained one) and any extra adapters, one pool each."""
+    systems = [("vanilla", "")]
+    if trained:
+        systems.append(("trained", adapter_dir(store)))
+    systems += sorted(cfg.extra_adapters.items())
+    return [ModelConfig(name=name, engine=dataclasses.replace(cfg.engine, adapter=path), sampling=cfg.sampling,
+                        pool=cfg.pool) for name, path in systems]
+
+
+def rejudge_config(cfg: EvalConfig, seed: int) -> JuryConfig:
+    return JuryConfig(judges=cfg.rejudge, aggregate="majority", seed=seed, both_orders=True)
+
+
+def stage_eval_set(store: RunStore, cfg: EvalConfig, policy: str) -> StageResult:
+    def produce(out_dir: str) -> dict:
+        frame = load_eval_set(cfg, policy)
+        write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir)
+        used = cfg.path if Path(cfg.path).exists() else cfg.fallback_path
+        return {"rows_out": len(frame), "data": used, "references_per_source": round(
+            float(frame["references"].map(len).mean()), 2) if len(frame) else 0}
+
+    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("rejudge", "pool", "n_boot")}
+    return store.run_stage("eval_set", {**key, "policy": policy,
+                                        "found": Path(cfg.path).exists()}, produce)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Results
+
+
+def stage_results(store: RunStore, cfg: EvalConfig, seed: int) -> StageResult:
+    def produce(out_dir: str) -> dict:
+        table = build_results(store, cfg, seed)
+        write_table(pa.Table.from_pandas(table, preserve_index=False), out_dir)
+        return {"rows_out": len(table), "systems": list(table["system"])}
+
+    return store.run_stage("results", {"n_boot": cfg.n_boot, "seed": seed}, produce)
+
+
+def build_results(store: RunStore, cfg: EvalConfig, seed: int) -> pd.DataFrame:
+    """SARI (+CI, paired gain over vanilla), BLEU, FKGL, compression per system; win rate vs vanilla if re-judged."""
+    from eval.results import outcome_for, results_table, winrate_with_ci
+
+    eval_set = store.read_stage("eval_set").to_pandas()
+    outputs = store.read_stage("eval_generate").to_pandas()
+    outputs = outputs.assign(system=outputs["model"], output=outputs["candidate"].fillna(""))
+    references = {i: list(r) for i, r in zip(eval_set["id"], eval_set["references"])}
+    table = results_table(outputs[["id", "system", "source", "output"]], references, "vanilla", cfg.n_boot, seed)
+    if cfg.rejudge and store.manifest["stages"].get("rejudge", {}).get("status") == "complete":
+        judged = store.read_stage("rejudge").to_pandas()
+        for i, system in enumerate(table["system"]):
+            if system == "vanilla":
+                continue
+            mine = judged[judged["model_a"].isin([system, "vanilla"]) & judged["model_b"].isin([system, "vanilla"])]
+            outcomes = [outcome_for(w, a, b, system) for w, a, b in zip(mine["winner"], mine["model_a"],
+                                                                        mine["model_b"])]
+            stats = winrate_with_ci(outcomes, list(mine["id"]), cfg.n_boot, seed)
+            for key in ("win_rate", "win_rate_lo", "win_rate_hi", "n_missing"):
+                table.loc[i, "vs_vanilla_" + key] = stats[key]
+    return table
+
+
+def cost_table(manifest: dict) -> pd.DataFrame:
+    """Seconds, tokens and actor-seconds per stage, from the manifest (the cost accounting of a run)."""
+    rows = []
+    for name, entry in manifest["stages"].items():
+        summary = entry.get("summary", {})
+        rows.append({"stage": name, "seconds": entry.get("seconds"), "rows": entry.get("rows"),
+                     "prompt_tokens": summary.get("prompt_tokens", 0),
+                     "completion_tokens": summary.get("completion_tokens", 0),
+                     "actor_seconds": summary.get("actor_seconds", 0.0)})
+    table = pd.DataFrame(rows)
+    total = {"stage": "total", **{c: table[c].sum() for c in table.columns if c != "stage"}}
+    return pd.concat([table, pd.DataFrame([total])], ignore_index=True)
