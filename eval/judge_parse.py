@@ -19,6 +19,8 @@ Error codes:
 ``missing_grade_a``      parse_menlo_grades: no ``<final_grade_A>`` block (same for b)
 ``grade_a_unparsable``   parse_menlo_grades: a block without a readable grade (same for b)
 ``grade_a_out_of_range`` parse_menlo_grades: grade not in 1..5 (same for b)
+``missing_grade``        parse_menlo_grade (pointwise): no ``<final_grade>`` block; likewise
+                         ``grade_unparsable`` and ``grade_out_of_range``
 =======================  ==============================================================
 
 Several codes are joined with ``"; "``. This module is pure (no ray, vllm, deepspeed or torch).
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 
 MENLO_LABELS = {1: "MAJOR FAILURE", 2: "MINOR FAILURE", 3: "PASS", 4: "GOOD", 5: "EXCELLENT"}
 MENLO_TAGS = ("<think>", "</think>", "<final_grade_A>", "</final_grade_A>", "<final_grade_B>", "</final_grade_B>")
+# pointwise protocols (one response) use one untagged-side block, in the same format
+MENLO_POINTWISE_TAGS = ("<think>", "</think>", "<final_grade>", "</final_grade>")
 
 _THINK_OPEN_RE = re.compile(r"<\s*think\s*>", re.I)
 _THINK_CLOSE_RE = re.compile(r"<\s*/\s*think\s*>", re.I)
@@ -245,7 +249,7 @@ class MenloGrades:
     raw: str | None = None
 
 
-_STRICT_TAG_RE = re.compile(r"<\s*(/?)\s*(think|final_grade_a|final_grade_b)\s*>", re.I)
+_STRICT_TAG_RE = re.compile(r"<\s*(/?)\s*(think|final_grade_a|final_grade_b|final_grade)\s*>", re.I)
 _GRADE_CONTENT_RE = re.compile(
     r"^(?P<prefix>final\s*grade\s*:\s*)?\[?\s*(?P<grade>\d+)\b(?!\.\d)\s*\]?\s*"
     r"(?P<sep>[-–—:])?\s*(?P<label>.*?)[\s.]*$",
@@ -260,10 +264,11 @@ def _grade_block_re(side: str) -> re.Pattern:
     return re.compile(rf"<\s*{name}\s*>(.*?)<\s*/\s*{name}\s*>", re.I | re.S)
 
 
-_GRADE_BLOCK_RE = {"a": _grade_block_re("a"), "b": _grade_block_re("b")}
+# side "" is the pointwise block: "<final_grade>" (the separator run cannot swallow an "_A" side letter)
+_GRADE_BLOCK_RE = {"a": _grade_block_re("a"), "b": _grade_block_re("b"), "": _grade_block_re("")}
 
 
-def check_menlo_tags(text: str) -> list[str]:
+def check_menlo_tags(text: str, tags: tuple[str, ...] = MENLO_TAGS) -> list[str]:
     """List violations of MENLO's rule "each tag must appear in the correct order and only once".
 
     Tags are matched case-insensitively and with optional inner whitespace (``< /think >``), but a
@@ -277,10 +282,13 @@ def check_menlo_tags(text: str) -> list[str]:
     found = []
     for match in _STRICT_TAG_RE.finditer(text):
         name = match.group(2).lower()
-        name = "final_grade_" + name[-1].upper() if name.startswith("final") else name
+        name = "final_grade_" + name[-1].upper() if name.startswith("final_grade_") else name
         found.append(f"<{match.group(1)}{name}>")
-    errors = [f"{tag} appears {found.count(tag)} times" for tag in MENLO_TAGS if found.count(tag) != 1]
-    if not errors and found != list(MENLO_TAGS):
+    errors = [f"{tag} appears {found.count(tag)} times" for tag in tags if found.count(tag) != 1]
+    foreign = sorted(set(found) - set(tags))
+    if foreign:  # e.g. A/B blocks in a pointwise answer: the judge followed the wrong protocol
+        errors.append(f"unexpected tags {foreign}")
+    if not errors and found != list(tags):
         errors.append("tags out of order")
     return errors
 
@@ -288,29 +296,30 @@ def check_menlo_tags(text: str) -> list[str]:
 def _read_grade(region: str, side: str) -> tuple[int | None, str, list[str], str]:
     """Return (grade, label, content format errors, extraction error) for one side."""
     blocks = _GRADE_BLOCK_RE[side].findall(region)
+    code = f"grade_{side}" if side else "grade"  # error-code stem: grade_a / grade_b / grade (pointwise)
+    side_up = f"grade {side.upper()}" if side else "grade"
     if not blocks:
-        return None, "", [], f"missing_grade_{side}"
+        return None, "", [], f"missing_{code}"
     content = blocks[-1].replace("*", "").strip()
     match = _GRADE_CONTENT_RE.match(content)
     if not match:
-        problem = f"grade {side.upper()}: {content[:40]!r} is not 'FINAL GRADE: k - LABEL'"
-        return None, "", [problem], f"grade_{side}_unparsable"
+        problem = f"{side_up}: {content[:40]!r} is not 'FINAL GRADE: k - LABEL'"
+        return None, "", [problem], f"{code}_unparsable"
     grade = int(match.group("grade"))
     label = " ".join((match.group("label") or "").replace("[", "").replace("]", "").split()).upper()
-    side_up = side.upper()
     problems = []
     if not match.group("prefix"):
-        problems.append(f"grade {side_up}: missing 'FINAL GRADE:'")
+        problems.append(f"{side_up}: missing 'FINAL GRADE:'")
     if "[" in content or "]" in content:
-        problems.append(f"grade {side_up}: brackets around grade or label")
+        problems.append(f"{side_up}: brackets around grade or label")
     if not label:
-        problems.append(f"grade {side_up}: missing label")
+        problems.append(f"{side_up}: missing label")
     elif not match.group("sep"):
-        problems.append(f"grade {side_up}: missing '-' between grade and label")
+        problems.append(f"{side_up}: missing '-' between grade and label")
     elif MENLO_LABELS.get(grade) != label:
-        problems.append(f"grade {side_up}: label {label!r} does not match grade {grade}")
+        problems.append(f"{side_up}: label {label!r} does not match grade {grade}")
     if not 1 <= grade <= 5:
-        return None, label, problems, f"grade_{side}_out_of_range"
+        return None, label, problems, f"{code}_out_of_range"
     return grade, label, problems, ""
 
 
@@ -351,6 +360,32 @@ def parse_menlo_grades(text: str | None) -> MenloGrades:
         tags_ok=not tag_errors, format_ok=not format_errors, format_errors=format_errors,
         error="; ".join(errors), raw=text,
     )
+
+
+def parse_menlo_grade(text: str | None) -> MenloGrades:
+    """Pointwise MENLO judgment: ``<think>…</think>`` then ``<final_grade> FINAL GRADE: k - LABEL </final_grade>``.
+
+    Same tolerance and strict format check as :func:`parse_menlo_grades`, with the tags of
+    :data:`MENLO_POINTWISE_TAGS`; the grade and label are returned in ``grade_a`` / ``label_a``
+    (``grade_b`` stays ``None``). Error codes: ``missing_grade``, ``grade_unparsable``,
+    ``grade_out_of_range``, ``unterminated_think``, ``empty``.
+
+    >>> g = parse_menlo_grade("<think>Natural.</think><final_grade> FINAL GRADE: 4 - GOOD </final_grade>")
+    >>> (g.grade_a, g.label_a, g.format_ok, g.error)
+    (4, 'GOOD', True, '')
+    >>> parse_menlo_grade("<think>.</think><final_grade_A> FINAL GRADE: 4 - GOOD </final_grade_A>").error
+    'missing_grade'
+    """
+    if text is None or not text.strip():
+        return MenloGrades(None, None, format_errors=("empty output",), error="empty", raw=text)
+    tag_errors = check_menlo_tags(text, MENLO_POINTWISE_TAGS)
+    region, unterminated = split_think(text)
+    grade, label, problems, error = _read_grade(region, "")
+    if unterminated and grade is None:
+        error = "unterminated_think"
+    format_errors = tuple(tag_errors + problems)
+    return MenloGrades(grade, None, label, "", tags_ok=not tag_errors, format_ok=not format_errors,
+                       format_errors=format_errors, error=error, raw=text)
 
 
 def parse_pairwise(text: str | None) -> Parsed:

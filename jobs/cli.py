@@ -19,6 +19,7 @@ from jobs.config import ConfigError, load_config, read_yaml
 JOBS = {
     "policy_simplify": "jobs.policy_simplify",
     "jury_eval": "jobs.jury_eval",
+    "judge_eval": "jobs.judge_eval",
     "serve_grm": "serve.cli",
 }
 

@@ -273,3 +273,46 @@ def test_menlo_labels_are_the_papers():
 )
 def test_parse_pairwise(text, expected):
     assert parse_pairwise(text) == expected
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parse_menlo_grade (pointwise MENLO protocols): one <final_grade> block
+
+GOOD_POINT = "<think>\nNatural and polite.\n</think>\n<final_grade> FINAL GRADE: 4 - GOOD </final_grade>"
+
+POINT_CASES = [
+    # (text, grade, tags_ok, format_ok, error)
+    (GOOD_POINT, 4, True, True, ""),
+    (GOOD_POINT.replace("4 - GOOD", "2 - minor failure"), 2, True, True, ""),
+    (GOOD_POINT.replace("</think>\n", "</think>\nOverall fine.\n"), 4, True, True, ""),
+    (GOOD_POINT.replace("<think>", ""), 4, False, False, ""),
+    (GOOD_POINT.replace("4 - GOOD", "4 - PASS"), 4, True, False, ""),
+    (GOOD_POINT + "\n<final_grade> FINAL GRADE: 5 - EXCELLENT </final_grade>", 5, False, False, ""),  # last wins
+    # the pairwise format is not the pointwise one: no grade, and the foreign tags are named
+    (GOOD_POINT.replace("final_grade>", "final_grade_A>"), None, False, False, "missing_grade"),
+    (GOOD_POINT.replace("4 - GOOD", "7 - GREAT"), None, True, False, "grade_out_of_range"),
+    (GOOD_POINT.replace("FINAL GRADE: 4 - GOOD", "good"), None, True, False, "grade_unparsable"),
+    ("<think>it is fine, grade 4", None, False, False, "unterminated_think"),
+    ("   ", None, False, False, "empty"),
+]
+
+
+@pytest.mark.parametrize("text, grade, tags_ok, format_ok, error", POINT_CASES)
+def test_menlo_pointwise_table(text, grade, tags_ok, format_ok, error):
+    from eval.judge_parse import parse_menlo_grade
+
+    g = parse_menlo_grade(text)
+    assert (g.grade_a, g.grade_b, g.tags_ok, g.format_ok, g.error) == (grade, None, tags_ok, format_ok, error)
+    assert g.format_ok == (not g.format_errors)
+
+
+def test_menlo_pointwise_tag_messages():
+    from eval.judge_parse import MENLO_POINTWISE_TAGS
+
+    pairwise_answer = GOOD_MENLO
+    errors = check_menlo_tags(pairwise_answer, MENLO_POINTWISE_TAGS)
+    assert errors == ["<final_grade> appears 0 times", "</final_grade> appears 0 times",
+                      "unexpected tags ['</final_grade_A>', '</final_grade_B>', '<final_grade_A>', '<final_grade_B>']"]
+    # and a pointwise block inside a pairwise answer is foreign there
+    assert check_menlo_tags(GOOD_MENLO + "<final_grade>x</final_grade>") == [
+        "unexpected tags ['</final_grade>', '<final_grade>']"]

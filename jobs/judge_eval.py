@@ -1,0 +1,273 @@
+"""Judge evaluation on MENLO-format data (paper 003 §3): judge protocols x judges -> metrics table + HTML report.
+
+Local (local Ray, SmolLM2-135M judge, the self-written fixture):
+
+    quorum run configs/judge_eval_demo.yaml
+    python -m jobs.judge_eval configs/judge_eval_demo.yaml data.limit=8 run.id=small
+
+On a cluster (vLLM judges on GPUs, API judges through OpenAI-compatible endpoints, MENLO from a local copy):
+
+    ray job submit --address http://HEAD:8265 --working-dir . -- \
+        quorum run configs/judge_eval_cluster.yaml data.path=/data/menlo/menlo.jsonl run.root=s3://bucket/runs
+
+Data: a MENLO-format JSONL file (`data.path`), one response pair per line with pair_id, dimension (fluency | tone
+| localized_tone | localized_factuality), locale, prompt, response_a, response_b, gold_a, gold_b (1-5) and
+optionally template_id, question_type, split (train | val | test), prompt_en; the full table is in
+eval/menlo_data.py. Pairs whose split is in `data.eval_splits` are judged; few-shot exemplars come from
+`data.exemplar_splits`. A malformed line stops the run before any model is loaded (exit code 2, naming file, line
+and field). `configs/data/menlo_fixture.jsonl` is a small self-written set (6 locales, all four dimensions).
+
+Protocols (`protocols[i]`): pointwise, few-shot pointwise (3 graded exemplars) and pairwise (both A/B orders),
+each with the dimension's rubric or only the five labels; all answer in MENLO's format and are read with the shared
+parser (eval.judge_parse), as the GRM service and the RL reward read them.
+
+Stages (Parquet under <run.root>/judge_eval/<run-id>/, reused when complete and unchanged): data (validated pairs,
+role = eval | exemplar) -> items (one rendered judge call per protocol x pair x response/order) -> judgments
+(every judge's answers, parsed; failures kept) -> metrics (eval.judge_metrics: macro-F1, accuracy, preference
+accuracy, Krippendorff's alpha, position-bias rate, parse-failure and format-violation rates, per dimension and
+locale, bootstrap 95% CIs over pairs). Then metrics.md, report.html (tables + plots) and W&B (offline by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+import yaml
+
+from actors.menlo import MenloJudgeConfig
+from actors.stage_config import LIGHT_CPU, SamplingConfig, check_unique_names
+from eval import judge_metrics as jm
+from eval import judge_report as rep
+from eval import menlo_data as md
+from eval.jury_meta import Bootstrap
+from jobs.cli import entry
+from jobs.config import ConfigError, require_file
+from jobs.jury_eval import stage_frame, to_dataset
+from jobs.policy_simplify import model_key
+from jobs.ray_env import RayConfig, init_ray
+from jobs.runstore import RunConfig, RunStore
+from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+
+log = logging.getLogger("quorum.judge_eval")
+JOB = "judge_eval"
+
+
+@dataclass
+class DataConfig:
+    path: str = "configs/data/menlo_fixture.jsonl"
+    rubrics_path: str = "configs/data/menlo_rubrics.yaml"
+    # splits whose pairs are judged, and splits few-shot exemplars are drawn from (never the judged pair's group)
+    eval_splits: list[str] = field(default_factory=lambda: ["test"])
+    exemplar_splits: list[str] = field(default_factory=lambda: ["train"])
+    # keep only these dimensions / locales ([] = all)
+    dimensions: list[str] = field(default_factory=list)
+    locales: list[str] = field(default_factory=list)
+    # first N judged pairs in file order after the filters (0 = all)
+    limit: int = 0
+    # exemplar picks and the A/B order of single-order pairwise protocols
+    seed: int = 0
+
+
+@dataclass
+class ReportConfig:
+    # bootstrap resamples of pairs per CI (paper: 5000); 0 = no CIs
+    n_boot: int = 1000
+    seed: int = 0
+    # an unparseable grade: counted as a wrong answer, or left out (always counted in the parse-failure rate)
+    failures: Literal["count_wrong", "exclude"] = "count_wrong"
+    # Krippendorff's alpha level of measurement (the paper does not say)
+    alpha_level: Literal["nominal", "ordinal", "interval", "ratio"] = "interval"
+
+
+def _default_protocols() -> list[md.Protocol]:
+    return [md.Protocol(name="pointwise+rubric", mode="pointwise"), md.Protocol(name="pairwise+rubric")]
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    protocols: list[md.Protocol] = field(default_factory=_default_protocols)
+    judges: list[MenloJudgeConfig] = field(default_factory=lambda: [MenloJudgeConfig(
+        name="smollm2", sampling=SamplingConfig(max_tokens=256))])
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+    def validate(self) -> None:
+        require_file(self.data.path, "data.path")
+        require_file(self.data.rubrics_path, "data.rubrics_path")
+        for key in ("eval_splits", "exemplar_splits"):
+            bad = sorted(set(getattr(self.data, key)) - set(md.SPLITS))
+            if bad or not getattr(self.data, key):
+                raise ConfigError(f"data.{key}: must be a non-empty subset of {list(md.SPLITS)}, got "
+                                  f"{getattr(self.data, key)}")
+        bad = sorted(set(self.data.dimensions) - set(md.DIMENSIONS))
+        if bad:
+            raise ConfigError(f"data.dimensions: unknown {bad}; expected some of {list(md.DIMENSIONS)}")
+        if self.data.limit < 0 or self.report.n_boot < 0:
+            raise ConfigError("data.limit and report.n_boot must be >= 0")
+        names = [p.name for p in self.protocols]
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"protocols: need at least one, with unique names; got {names}")
+        for i, protocol in enumerate(self.protocols):
+            protocol.validate(f"protocols.{i}")
+        check_unique_names(self.judges, "judges")
+        for i, judge in enumerate(self.judges):
+            judge.pool.validate(f"judges.{i}.pool")
+        self._check_local_cpus()
+        self.wandb.validate()
+
+    def _check_local_cpus(self) -> None:
+        """All judge pools run in one Ray Data plan: on a local cluster they must fit beside the light tasks."""
+        if self.ray.address or not self.ray.num_cpus:
+            return
+        pools = sum(j.pool.concurrency * j.pool.num_cpus for j in self.judges)
+        if pools + LIGHT_CPU > self.ray.num_cpus:
+            raise ConfigError(f"judges: the judge pools ask for {pools:g} CPUs together, plus {LIGHT_CPU} for "
+                              f"Ray Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stages
+
+
+def load_pairs(data: DataConfig) -> pd.DataFrame:
+    """Validated pairs with role "eval" (judged) or "exemplar" (few-shot pool); a pair in both splits is judged."""
+    try:
+        pairs = md.read_menlo_jsonl(data.path)
+    except md.MenloDataError as exc:
+        raise ConfigError(f"data.path: {exc}") from exc
+    keep = pd.Series(True, index=pairs.index)
+    if data.dimensions:
+        keep &= pairs["dimension"].isin(data.dimensions)
+    if data.locales:
+        keep &= pairs["locale"].isin(data.locales)
+    judged = pairs[keep & pairs["split"].isin(data.eval_splits)]
+    if data.limit:
+        judged = judged.head(data.limit)
+    if judged.empty:
+        raise ConfigError(f"data: no pair of {data.path} is in eval_splits {data.eval_splits} after the filters")
+    exemplars = pairs[pairs["split"].isin(data.exemplar_splits) & ~pairs.index.isin(judged.index)]
+    return pd.concat([judged.assign(role="eval"), exemplars.assign(role="exemplar")], ignore_index=True)
+
+
+def build_items(cfg: Config, pairs: pd.DataFrame) -> pd.DataFrame:
+    rubrics = md.load_rubrics(cfg.data.rubrics_path)
+    pool = md.exemplar_pool(pairs[pairs["split"].isin(cfg.data.exemplar_splits)])
+    try:
+        return md.build_items(pairs[pairs["role"] == "eval"], pool, cfg.protocols, rubrics, cfg.data.seed)
+    except md.MenloDataError as exc:
+        raise ConfigError(f"data.exemplar_splits: {exc}") from exc
+
+
+def run_judges(cfg: Config, store: RunStore, cache: str):
+    from actors.menlo import build_menlo_dataset, summarize_judgments
+
+    def judge() -> pd.DataFrame:
+        items = store.read_stage("items").to_pandas()
+        init_ray(cfg.ray)
+        block = min(j.pool.batch_size for j in cfg.judges)
+        out = build_menlo_dataset(to_dataset(items, block), cfg.judges, cache).to_pandas()
+        return out.sort_values(["judge", "item_id"], ignore_index=True)
+
+    return stage_frame(cfg, store, "judgments", {"judges": model_key(cfg.judges)}, judge, summarize_judgments)
+
+
+def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
+    store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
+    config_dict = dataclasses.asdict(cfg)
+    redaction = install_redaction(secret_env_names(config_dict))
+    if not store.uri_prefix:
+        Path(store.path, "logs").mkdir(exist_ok=True)
+        add_file_log(f"{store.path}/logs/driver.log", redaction)
+    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
+    cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
+    boot = Bootstrap(cfg.report.n_boot, cfg.report.seed)
+    # data and items first: a malformed file or a missing exemplar fails the run before any model is loaded
+    data_key = {**dataclasses.asdict(cfg.data), "file": _digest(cfg.data.path)}
+    results = [stage_frame(cfg, store, "data", data_key, lambda: load_pairs(cfg.data))]
+    results.append(stage_frame(cfg, store, "items", {"protocols": [dataclasses.asdict(p) for p in cfg.protocols],
+                                                     "rubrics": _digest(cfg.data.rubrics_path)},
+                               lambda: build_items(cfg, store.read_stage("data").to_pandas())))
+    tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, None if store.uri_prefix else store.path)
+    try:
+        results.append(run_judges(cfg, store, cache))
+        results.append(stage_frame(cfg, store, "metrics", dataclasses.asdict(cfg.report), lambda: jm.evaluate(
+            store.read_stage("judgments").to_pandas(), boot, cfg.report.failures, cfg.report.alpha_level)))
+        for result in results:
+            log.info("stage %-9s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
+                     result.rows, result.seconds, result.summary)
+            tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+        metrics = write_report(cfg, store, tracker)
+        store.finish({"metrics_rows": len(metrics)})
+    finally:
+        tracker.finish()
+    return metrics
+
+
+def _digest(path: str) -> str:
+    """Content hash, so editing the data or rubric file re-runs the stages that read it."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+
+
+def report_notes(cfg: Config, pairs: pd.DataFrame) -> list[str]:
+    judged = pairs[pairs["role"] == "eval"]
+    protocols = ", ".join(f"{p.name} ({p.mode}{', few-shot' if p.fewshot else ''}, "
+                          f"{'rubric' if p.rubric else 'labels only'})" for p in cfg.protocols)
+    return [
+        (f"Data: {len(judged)} pairs from {cfg.data.path} ({judged['locale'].nunique()} locales, "
+         f"{judged['dimension'].nunique()} dimensions); splits {cfg.data.eval_splits}."),
+        f"Protocols: {protocols}. Preference is derived from the grades, never asked.",
+        f"Judges: {', '.join(j.name for j in cfg.judges)}.",
+        (f"95% CIs: {cfg.report.n_boot} bootstrap resamples of pairs (seed {cfg.report.seed}); Krippendorff's alpha "
+         f"at the {cfg.report.alpha_level} level, judge vs gold as two coders over responses."),
+    ]
+
+
+def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
+    """metrics.md and report.html in the run directory; tables, plots and headline numbers to W&B."""
+    metrics = store.read_stage("metrics").to_pandas()
+    judgments = store.read_stage("judgments").to_pandas()
+    notes = report_notes(cfg, store.read_stage("data").to_pandas())
+    markdown, html, figures = rep.build_report("Judge evaluation (MENLO protocols)", notes, metrics, judgments,
+                                               cfg.report.failures)
+    store.write_text("metrics.md", markdown)
+    store.write_text("report.html", html)
+    print("\n" + markdown + "\n")
+    tracker.table("report/headline", jm.headline(metrics))
+    tracker.table("report/metrics", metrics, max_rows=5000)
+    tracker.table("report/parse_health", rep.parse_health(judgments))
+    sample = judgments[["judge", "protocol", "item_id", "raw_completion", "parse_error"]]
+    tracker.table("report/judge_outputs", sample, max_rows=100)
+    if tracker.run is not None:
+        import io
+
+        import wandb
+        from PIL import Image
+
+        tracker.log({f"report/{_slug(f.title)}": wandb.Image(Image.open(io.BytesIO(f.png)), caption=f.title)
+                     for f in figures})
+    overall = metrics[metrics["slice"] == "all"]
+    tracker.summary("metrics", {f"{r.judge}/{r.protocol}/{r.statistic}": r.value for r in overall.itertuples()})
+    return metrics
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text.lower()).strip("_")
+
+
+if __name__ == "__main__":
+    entry("jobs.judge_eval")
