@@ -5,8 +5,10 @@
                        --ChatWorker (actor pool per model)-->  + completion, tokens, ...
                        --finalize_candidates-->  + candidate, generation_error
 
-Each model gets its own actor pool (`pool.concurrency` actors, `pool.num_cpus`/`num_gpus` each, `pool.batch_size`
-rows per call); the K model datasets are unioned, so the stage output is long-format: one row per candidate.
+Each distinct engine gets one actor pool (`pool.concurrency` actors, `pool.num_cpus`/`num_gpus` each,
+`pool.batch_size` rows per call). Generators that differ only in sampling (one model decoded K ways, as in the
+demo) share the pool of the first of them: the sampling travels with each row, so one loaded model serves them
+all instead of K copies competing for the same cores. The output is long-format: one row per candidate.
 Failed or empty generations are kept with `generation_error` set, never dropped.
 """
 
@@ -67,19 +69,29 @@ def build_generate_dataset(sources: ray.data.Dataset, generators: list[ModelConf
     expanded = (sources.map_batches(expand_policies, batch_format="pandas", num_cpus=LIGHT_CPU,
                                     fn_kwargs={"policies": policies})
                 .repartition(target_num_rows_per_block=block_rows).materialize())
-    per_model = []
-    for gen in generators:
-        rendered = expanded.map_batches(
+    per_engine = []
+    for members in group_by_engine(generators):
+        rendered = [expanded.map_batches(
             render_generation_requests, batch_format="pandas", num_cpus=LIGHT_CPU,
             fn_kwargs={"templates": templates, "model": gen.name, "sampling_json": gen.sampling.to_json()},
-        )
-        completed = rendered.map_batches(
+        ) for gen in members]
+        requests = rendered[0].union(*rendered[1:]) if len(rendered) > 1 else rendered[0]
+        lead = members[0]
+        completed = requests.map_batches(
             ChatWorker, batch_format="pandas",
-            fn_constructor_kwargs={"spec": dataclasses.asdict(gen.engine), "cache_dir": cache_dir},
-            **gen.pool.map_batches_kwargs(gen.engine),
+            fn_constructor_kwargs={"spec": dataclasses.asdict(lead.engine), "cache_dir": cache_dir},
+            **lead.pool.map_batches_kwargs(lead.engine),
         )
-        per_model.append(completed.map_batches(finalize_candidates, batch_format="pandas", num_cpus=LIGHT_CPU))
-    return per_model[0].union(*per_model[1:]) if len(per_model) > 1 else per_model[0]
+        per_engine.append(completed.map_batches(finalize_candidates, batch_format="pandas", num_cpus=LIGHT_CPU))
+    return per_engine[0].union(*per_engine[1:]) if len(per_engine) > 1 else per_engine[0]
+
+
+def group_by_engine(generators: list[ModelConfig]) -> list[list[ModelConfig]]:
+    """Generators grouped by identical engine spec, in first-appearance order."""
+    groups: dict[str, list[ModelConfig]] = {}
+    for gen in generators:
+        groups.setdefault(json.dumps(dataclasses.asdict(gen.engine), sort_keys=True), []).append(gen)
+    return list(groups.values())
 
 
 def summarize_generation(df: pd.DataFrame, seconds: float) -> dict:

@@ -127,6 +127,8 @@ class DecodeSettings:
     logits_to_keep: bool = True
     # reuse the keys/values of a prompt prefix all rows share when it has at least this many tokens (0 = never)
     min_shared_prefix: int = 64
+    # padded prompt tokens per prefill forward (rows are split to fit; 0 = all admitted rows at once)
+    prefill_token_budget: int = 4096
 
 
 @dataclass
@@ -241,17 +243,45 @@ def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSett
     ids, mask = ids.to(device), mask.to(device)
     # Same position ids as `generate`: count of real tokens so far, pads at 0.
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, start:]
-    cache = Cache(layers=[RowKVLayer(start + width) for _ in range(settings.num_layers)])
-    if prefix is not None:
-        for layer, keys, values in zip(cache.layers, prefix.keys, prefix.values):
-            layer.start_from(len(rows), keys, values)
-    extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, **extra
-    )
+    chunks = _row_chunks(len(rows), start + width, settings.prefill_token_budget)
+    parts, logits = [], []
+    for chunk in chunks:
+        cache = Cache(layers=[RowKVLayer(start + width) for _ in range(settings.num_layers)])
+        if prefix is not None:
+            for layer, keys, values in zip(cache.layers, prefix.keys, prefix.values):
+                layer.start_from(chunk.stop - chunk.start, keys, values)
+        extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
+        out = model(input_ids=ids[chunk], attention_mask=mask[chunk], position_ids=positions[chunk],
+                    past_key_values=cache, use_cache=True, **extra)
+        parts.append(cache)
+        logits.append(out.logits[:, -1, :])
+    cache = parts[0] if len(parts) == 1 else Cache(layers=[_stack_layers([c.layers[i] for c in parts])
+                                                           for i in range(settings.num_layers)])
     batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], start + width)
-    _accept_tokens(batch, out.logits[:, -1, :], settings)
+    _accept_tokens(batch, torch.cat(logits), settings)
     return batch
+
+
+def _row_chunks(rows: int, width: int, budget: int) -> list[slice]:
+    """Row ranges whose padded token count (rows x width) stays within `budget` (at least one row each).
+
+    One forward over many long prompts materialises a (rows, heads, width, width) attention matrix on CPU
+    (the masked SDPA path): 16 judge prompts of 2,900 tokens would need gigabytes per layer. Chunking the rows
+    keeps prefill compute-bound; the chunks' caches are stacked back into one batch.
+    """
+    per_chunk = max(1, budget // max(width, 1)) if budget > 0 else rows
+    return [slice(i, min(i + per_chunk, rows)) for i in range(0, rows, per_chunk)]
+
+
+def _stack_layers(layers: list[RowKVLayer]) -> RowKVLayer:
+    """One layer holding the rows of several same-width layers, in order."""
+    first = layers[0]
+    stacked = RowKVLayer(first.capacity)
+    stacked.key_buffer = torch.cat([layer.key_buffer for layer in layers])
+    stacked.value_buffer = torch.cat([layer.value_buffer for layer in layers])
+    stacked.dtype, stacked.device, stacked.is_initialized = first.dtype, first.device, True
+    stacked.set_length(first.length)
+    return stacked
 
 
 def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> None:

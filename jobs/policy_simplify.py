@@ -30,6 +30,7 @@ import yaml
 from actors.corpus import read_standard, source_filter
 from actors.features import FeaturesConfig
 from actors.jury import JuryConfig
+from actors.selector import SelectorConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.jury_tables import candidate_scores, system_table
 from jobs.cli import entry
@@ -69,6 +70,8 @@ class Config:
     generate: list[ModelConfig] = field(default_factory=lambda: [ModelConfig()])
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     jury: JuryConfig = field(default_factory=JuryConfig)
+    # where best/worst comes from: the jury (paper 000) or a scalar scorer (the LENS-SALSA-style baseline)
+    selector: SelectorConfig = field(default_factory=SelectorConfig)
     pairs: PairsConfig = field(default_factory=PairsConfig)
     train: TrainStageConfig = field(default_factory=TrainStageConfig)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
@@ -83,13 +86,14 @@ class Config:
         self.wandb.validate()
         self.features.validate()
         self.jury.validate()
+        self.selector.validate()
         if self.preference_run:
             self.validate_preference_stages()
 
     @property
     def preference_run(self) -> bool:
         """Best/worst verdicts make pairs, so the run goes on to training and evaluation."""
-        return self.jury.judges[0].format == "best_worst"
+        return self.selector.kind == "scorer" or self.jury.judges[0].format == "best_worst"
 
     def validate_preference_stages(self) -> None:
         for policy in self.policies:
@@ -174,10 +178,17 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     if cfg.features.align.enabled or cfg.features.parse.enabled:
         results.append(stage_features(cfg, store, cache))
         judged_input = "features"
-    results.append(stage_ray(
-        cfg, store, "jury", {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed,
-                             "both_orders": cfg.jury.both_orders},
-        lambda s: build_jury_dataset(_read(s, judged_input), cfg.jury, cache), summarize_jury))
+    if cfg.selector.kind == "scorer":
+        from actors.selector import build_selector_dataset, summarize_selection
+
+        results.append(stage_ray(
+            cfg, store, "select", dataclasses.asdict(cfg.selector),
+            lambda s: build_selector_dataset(_read(s, judged_input), cfg.selector), summarize_selection))
+    else:
+        results.append(stage_ray(
+            cfg, store, "jury", {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed,
+                                 "both_orders": cfg.jury.both_orders},
+            lambda s: build_jury_dataset(_read(s, judged_input), cfg.jury, cache), summarize_jury))
     if cfg.preference_run:
         results += preference_stages(cfg, store, cache)
     for result in results:
@@ -224,7 +235,7 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
     from actors.generate import build_generate_dataset, summarize_generation
     from actors.jury import build_jury_dataset, summarize_jury
 
-    results = [stage_pairs(store, cfg.pairs)]
+    results = [stage_pairs(store, cfg.pairs, "select" if cfg.selector.kind == "scorer" else "jury")]
     if cfg.train.enabled:
         init_ray(cfg.ray)
         results.append(stage_train(store, cfg.train, cfg.wandb.project, cfg.wandb.enabled and cfg.wandb.mode != "disabled"))

@@ -86,9 +86,10 @@ class EvalConfig:
 # Pairs
 
 
-def stage_pairs(store: RunStore, cfg: PairsConfig) -> StageResult:
+def stage_pairs(store: RunStore, cfg: PairsConfig, verdicts: str = "jury") -> StageResult:
+    """Pairs from the best/worst rows of stage `verdicts` ("jury", or "select" for a scalar scorer)."""
     def produce(out_dir: str) -> dict:
-        judgments = store.read_stage("jury").to_pandas()
+        judgments = store.read_stage(verdicts).to_pandas()
         pairs, status = build_pairs(judgments, cfg.prompts, cfg.dev_fraction, cfg.seed)
         write_table(pa.Table.from_pandas(pairs, preserve_index=False), out_dir)
         store.write_text("pairs_status.csv", status.to_csv(index=False))
@@ -99,7 +100,7 @@ def stage_pairs(store: RunStore, cfg: PairsConfig) -> StageResult:
                 "dev": int((pairs["split"] == "dev").sum()), **{f"sources_{k}": int(v) for k, v in counts.items()},
                 "invalid_votes": int(status["n_invalid"].sum()) if len(status) else 0}
 
-    return store.run_stage("pairs", dataclasses.asdict(cfg), produce)
+    return store.run_stage("pairs", {**dataclasses.asdict(cfg), "verdicts": verdicts}, produce)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -32,9 +32,11 @@ def scripted_judge(prompt: str) -> str | None:
 def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) -> list[str]:
     """The demo config, shrunk: tiny model everywhere, 8 sources, 4 eval sentences, 2 training steps, plus a
     hosted-API judge whose key lives only in the environment."""
-    overrides = [f"run.root={root}", "wandb.mode=offline", "data.limit=8", "pairs.dev_fraction=0.0"]
+    overrides = [f"run.root={root}", "wandb.mode=offline", "data.limit=8", "pairs.dev_fraction=0.0",
+                 "features.align.enabled=true"]
     for i in range(4):
-        overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.sampling.max_tokens=8"]
+        overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.engine.num_threads=1",
+                      f"generate.{i}.sampling.max_tokens=8", f"generate.{i}.pool.num_cpus=0.5"]
     api = ("engine: {kind: openai, model: remote-judge, base_url: '%s', api_key_env: QUORUM_TEST_JUDGE_KEY, "
            "max_concurrency: 4}, pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1" % server_url)
     local = "engine: {kind: hf, model: %s, num_threads: 1}, pool: {num_cpus: 0.5, batch_size: 16}" % model_dir

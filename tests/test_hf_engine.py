@@ -182,6 +182,19 @@ def test_adapter_that_is_not_a_peft_directory_is_named(tiny_model_dir, tmp_path)
         HFEngine(EngineSpec(model=tiny_model_dir, adapter=str(tmp_path)))
 
 
+def test_prefill_split_into_row_chunks_gives_the_same_tokens(tiny_engine):
+    requests = [ask(p, max_tokens=6 + i) for i, p in enumerate(PROMPTS)]
+    whole = tiny_engine.generate(requests)
+    budget = tiny_engine.settings.prefill_token_budget
+    try:  # one row per prefill forward (any width exceeds a budget of 1 token)
+        tiny_engine.settings = dataclasses.replace(tiny_engine.settings, prefill_token_budget=1)
+        chunked = tiny_engine.generate(requests)
+    finally:
+        tiny_engine.settings = dataclasses.replace(tiny_engine.settings, prefill_token_budget=budget)
+    assert [c.raw_text for c in chunked] == [c.raw_text for c in whole]
+    assert [c.completion_tokens for c in chunked] == [c.completion_tokens for c in whole]
+
+
 def test_common_prefix_length():
     assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
     assert common_prefix_length([[5, 1], [6, 1]]) == 0

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from actors.engine import EngineSpec
-from actors.generate import build_generate_dataset
+from actors.generate import build_generate_dataset, group_by_engine
 from actors.jury import JudgeConfig, JuryConfig, build_jury_dataset
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from eval.aggregate import shuffle_order
@@ -53,6 +53,15 @@ def test_generate_stage_yields_k_candidates_per_source_and_policy(ray_local, tin
     key = ["id", "policy", "model"]
     merged = out.merge(rerun, on=key, suffixes=("", "_2"))
     assert (merged["completion"] == merged["completion_2"]).all()
+
+
+def test_generators_that_differ_only_in_sampling_share_one_pool(tiny_model_dir):
+    import dataclasses
+
+    g0, g1 = generator("g0", tiny_model_dir), generator("g1", tiny_model_dir, temperature=1.0)
+    other = dataclasses.replace(generator("g2", tiny_model_dir), engine=EngineSpec(kind="hf", model=tiny_model_dir,
+                                                                                    num_threads=2))
+    assert [[g.name for g in group] for group in group_by_engine([g0, other, g1])] == [["g0", "g1"], ["g2"]]
 
 
 def _chat_worker_actors(ray) -> list[str]:
