@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import yaml
 
-from actors.corpus import read_asset_ratings, read_simpeval
+from actors.ratings import read_asset_ratings, read_simpeval
 from actors.jury import JuryConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names
 from eval import jury_meta as meta

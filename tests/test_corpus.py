@@ -10,17 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from actors.corpus import (
-    CorpusError,
-    read_asset,
-    read_asset_ratings,
-    read_cord,
-    read_corpus,
-    read_simpeval,
-    read_standard,
-    read_turkcorpus,
-    source_filter,
-)
+from actors.corpus import CorpusError, read_asset, read_cord, read_corpus, read_standard, read_turkcorpus, source_filter
+from actors.ratings import read_asset_ratings, read_simpeval
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "data"
 ROWS = [
@@ -279,6 +270,15 @@ def test_simpeval_bad_rating_names_column_and_line(tmp_path):
     path.write_text(header + '1,"A, b.",A.,T5-3B,Paraphrases,50,60,70\n2,C d.,C.,Muss,Deletions,50,?,70\n')
     with pytest.raises(CorpusError, match=r"simpeval\.csv: line 3, column 'rating_2': non-numeric value '\?'"):
         read_simpeval(path)
+
+
+def test_simpeval_unknown_system_names_column_and_line(tmp_path):
+    path = tmp_path / "simpeval.csv"
+    header = "original_id,original,generation,system,sentence_type,rating_1,rating_2,rating_3\n"
+    path.write_text(header + "1,A b.,A.,T5-3B,Paraphrases,50,60,70\n2,C d.,C.,T5-3b,Deletions,50,60,70\n")
+    with pytest.raises(CorpusError, match=r"line 3, column 'system': unknown system 'T5-3b'"):
+        read_simpeval(path)
+    assert list(read_simpeval(path, systems=None)["system"]) == ["T5-3B", "T5-3b"]
 
 
 # ----------------------------------------------------------------------------- CORD, dispatch, filter
