@@ -15,8 +15,8 @@ Prints `bench <name> = <value>` lines (plus `info ...` context lines):
 - `roofline_fraction`: useful FLOP/s of the batched engine run / a bf16-or-fp32 (the engine's dtype) matmul
   peak measured in the same process just before and after it (best of 5 reps of a 2048^3 product each). Useful FLOPs count generated tokens
   only (prompt prefill is overhead here): per generated token at context length t (prompt + tokens so far),
-  2 * N + 4 * n_layers * t * d_attn, with N the non-embedding parameters (the tied LM head is not counted)
-  and d_attn = heads * head_dim (the QK^T and AV products).
+  2 * N + 4 * n_layers * t * d_attn, with N the weights of every linear layer, the LM head included (counted
+  from their shapes; it runs once per generated token), and d_attn = heads * head_dim (QK^T and AV).
 
 Completion token counts include the EOS token, for both the engine and bare generate. Runtime ~2 min on 2
 idle cores; on a busy machine every number is noisy, ratios less so (each side is measured back to back).
@@ -31,7 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, render_prompt
+from actors.hf_engine import HFEngine, PackedLinear, render_prompt
 from actors.models import resolve_model_dir
 
 INSTRUCTION = (
@@ -230,15 +230,19 @@ def measure_matmul_peak(dtype: torch.dtype, size: int = 2048, reps: int = 5) -> 
 
 
 def count_useful_flops(model: torch.nn.Module, completions: list[Completion]) -> float:
-    """FLOPs of the generated tokens only: 2 * non-embedding params + attention at each token's context."""
+    """FLOPs of the generated tokens only: 2 x the multiply-adds of every linear layer + attention at each context.
+
+    Linear layers are counted from their shapes, packed or not: after `pack_linear_layers` the weights are no
+    longer `nn.Parameter`s, so counting `model.parameters()` would miss almost all of them.
+    """
     config = model.config.get_text_config()
-    embedding = model.get_input_embeddings().weight.numel()
-    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
     d_attn = config.num_attention_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+    linear = sum(m.in_features * m.out_features for m in model.modules()
+                 if isinstance(m, (torch.nn.Linear, PackedLinear)))
     flops = 0.0
     for c in completions:
         contexts = c.completion_tokens * c.prompt_tokens + c.completion_tokens * (c.completion_tokens - 1) / 2
-        flops += 2 * non_embedding * c.completion_tokens + 4 * config.num_hidden_layers * d_attn * contexts
+        flops += 2 * linear * c.completion_tokens + 4 * config.num_hidden_layers * d_attn * contexts
     return flops
 
 

@@ -1,0 +1,27 @@
+"""The useful-FLOP count behind `bench roofline_fraction`, on the tiny Llama, before and after weight packing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actors.engine import Completion, EngineSpec
+from actors.hf_engine import HFEngine
+from bench.generate import count_useful_flops
+
+
+def test_flops_count_every_linear_layer_packed_or_not(tiny_model_dir):
+    # 2 layers, d 64, 4 heads (head_dim 16), 2 kv heads (kv width 32), MLP 128, vocab from SmolLM2's tokenizer
+    engine = HFEngine(EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", num_threads=1))
+    vocab = engine.model.config.vocab_size
+    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128  # q, k+v, o, gate+up+down
+    linear = 2 * per_layer + 64 * vocab  # + LM head
+    # one completion of 3 tokens after a 5-token prompt: contexts 5, 6, 7 -> sum 18
+    completions = [Completion(text="x", prompt_tokens=5, completion_tokens=3)]
+    expected = 2 * linear * 3 + 4 * 2 * 64 * 18
+    assert count_useful_flops(engine.model, completions) == pytest.approx(expected)
+    packed = HFEngine(EngineSpec(model=tiny_model_dir, dtype="bfloat16", device="cpu", num_threads=1))
+    if not packed.packed_layers:
+        pytest.skip("oneDNN packed linear unavailable in this torch build")
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
+    assert count_useful_flops(packed.model, completions) == pytest.approx(expected)
