@@ -21,6 +21,8 @@ JOBS = {
     "jury_eval": "jobs.jury_eval",
     "judge_eval": "jobs.judge_eval",
     "serve_grm": "serve.cli",
+    "judge_grpo": "jobs.judge_grpo",
+    "policy_grpo": "jobs.policy_grpo",
 }
 
 USAGE = __doc__

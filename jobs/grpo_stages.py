@@ -1,0 +1,119 @@
+"""Stages shared by the GRPO jobs (`jobs/judge_grpo.py`, `jobs/policy_grpo.py`): rows -> train -> summary.
+
+    rows   one Parquet row per training prompt: id, prompt_messages (JSON), plus what the reward reads
+    train  `train.grpo_trainer.run_grpo` on Ray Train; the stage holds one row of final metrics and, under
+           train/run/, the adapter (train/run/adapter), Ray Train's checkpoints and the workers' W&B files
+
+Both are skipped on resume when their config hash is unchanged, like every stage (`jobs/runstore.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.config import ConfigError
+from jobs.runstore import RunStore, StageResult, write_table
+from jobs.tracking import Tracker, WandbConfig
+from train.grpo_trainer import GRPOConfig
+
+log = logging.getLogger("quorum.grpo")
+
+# final metrics shown in summary.md, in this order (those present)
+SUMMARY_KEYS = ("step", "reward/mean", "reward/std_within_group", "reward/groups", "reward/groups_failed",
+                "reward/groups_failed_fraction", "reward_service/latency_s_mean", "reward_service/retries",
+                "response_length/mean", "response_length/truncated_fraction", "kl", "approx_kl", "clip_fraction",
+                "entropy", "loss", "grad_norm", "updates_skipped", "tokens_per_s", "generate_tokens_per_s",
+                "time/step_s")
+
+
+def validate_grpo(grpo: GRPOConfig, n_rows: int | None = None) -> None:
+    """`GRPOConfig.validate` with errors named under the job's ``grpo.`` section."""
+    try:
+        grpo.validate()
+        if n_rows is not None and n_rows < grpo.prompts_per_step:
+            raise ValueError(f"prompts_per_step: {grpo.prompts_per_step} is more than the {n_rows} training prompts")
+    except ValueError as exc:
+        raise ConfigError(f"grpo.{exc}") from None
+
+
+def stage_rows(store: RunStore, key: object, build: Callable[[], pd.DataFrame]) -> StageResult:
+    """The training prompts, as built by `build` (a frame with at least id and prompt_messages)."""
+    def produce(out_dir: str) -> dict:
+        frame = build()
+        write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir)
+        summary = {"rows": len(frame)}
+        for column in ("dimension", "locale"):
+            if column in frame:
+                summary[f"{column}s"] = int(frame[column].nunique())
+        return summary
+
+    return store.run_stage("rows", key, produce)
+
+
+def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: object,
+                reward: Callable[[], AbstractContextManager[tuple[dict, dict[str, str]]]]) -> StageResult:
+    """GRPO on the `rows` stage. `reward()` is entered only when the stage really runs and yields the reward spec
+    and the secret worker environment (policy_grpo starts the Serve GRM there and stops it on exit)."""
+    def produce(out_dir: str) -> dict:
+        from train.grpo_trainer import run_grpo
+
+        rows = store.read_stage("rows").to_pylist()
+        trainer = dataclasses.replace(grpo, run_name=f"grpo-{store.job}", wandb_project=wandb_cfg.project,
+                                      wandb=wandb_cfg.enabled and wandb_cfg.mode != "disabled")
+        started = time.time()
+        with reward() as (spec, secret_env):
+            result = run_grpo(trainer, rows, spec, run_dir=f"{out_dir}/run", secret_env=secret_env)
+        seconds = time.time() - started
+        metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+        write_table(pa.Table.from_pylist([metrics]), out_dir)
+        return {"steps": metrics.get("step"), "reward_mean": _finite(metrics.get("reward/mean")),
+                "groups_failed": metrics.get("reward/groups_failed"), "seconds": round(seconds, 3),
+                "actor_seconds": round(seconds * trainer.num_workers, 3)}
+
+    return store.run_stage("train", key, produce)
+
+
+def adapter_dir(store: RunStore) -> str:
+    return f"{store.stage_path('train')}/run/adapter"
+
+
+def report(store: RunStore, tracker: Tracker, results: list[StageResult], title: str) -> pd.DataFrame:
+    """summary.md (final step metrics + stage costs), W&B summary and table; returns the metrics table."""
+    for result in results:
+        log.info("stage %-6s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran", result.rows,
+                 result.seconds, result.summary)
+        tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+    # not read_stage: the stage folder also holds the Ray Train run (adapter, checkpoints), which is no Parquet
+    final = pq.read_table(f"{store.stage_path('train')}/part-00000.parquet", filesystem=store.fs).to_pylist()[0]
+    table = pd.DataFrame([{"metric": k, "value": final[k]} for k in SUMMARY_KEYS if k in final]
+                         + [{"metric": k, "value": v} for k, v in sorted(final.items())
+                            if k.startswith(("reward/", "reward_service/errors/")) and k not in SUMMARY_KEYS])
+    stages = pd.DataFrame([{"stage": r.name, "skipped": r.skipped, "rows": r.rows, "seconds": round(r.seconds, 1)}
+                           for r in results])
+    markdown = (f"# {title}\n\nAdapter: `{adapter_dir(store)}`\n\n## Final step (reduced over workers)\n\n"
+                f"{table.to_markdown(index=False, floatfmt='.4g')}\n\n"
+                f"## Stages\n\n{stages.to_markdown(index=False)}\n")
+    store.write_text("summary.md", markdown)
+    print("\n" + markdown)
+    tracker.table("final_metrics", table)
+    return table
+
+
+def file_sha(path: str) -> str:
+    """Content hash of an input file: edited data re-runs the stages that read it."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

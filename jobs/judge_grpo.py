@@ -1,0 +1,151 @@
+"""Judge training with GRPO (paper 003 §4): a pairwise MENLO judge learns to grade A/B responses like the gold.
+
+Local (local Ray, SmolLM2-135M as the judge being trained, 2 Ray Train workers on CPU):
+
+    quorum run configs/judge_grpo_demo.yaml
+    python -m jobs.judge_grpo configs/judge_grpo_demo.yaml grpo.max_steps=2 run.id=short
+
+On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 4096-token prompts and answers):
+
+    ray job submit --address http://HEAD:8265 --working-dir . -- \\
+        quorum run configs/judge_grpo_cluster.yaml run.root=/shared/runs data.path=/shared/menlo/train.jsonl
+
+Stages (under <run.root>/judge_grpo/<run-id>/, skipped when already complete):
+rows (MENLO-format pairs -> one judge prompt per pair and shown order, rendered by `eval.menlo_data.build_items`
+with the same template and rubrics as the judge evaluation; gold grades follow the shown order) -> train (GRPO on
+Ray Train + DeepSpeed + LoRA; reward = `train.judge_reward`, every term logged as ``reward/<term>``) -> summary.md.
+The adapter (train/run/adapter) can be served as the GRM: `quorum serve configs/grm.yaml judge.adapter=...`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from eval.menlo_data import DIMENSIONS, SPLITS, Protocol, build_items, load_rubrics, read_menlo_jsonl
+from jobs.cli import entry
+from jobs.config import ConfigError, require_file
+from jobs.grpo_stages import file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.ray_env import RayConfig, init_ray
+from jobs.runstore import RunConfig, RunStore
+from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+from train.grpo_trainer import GRPOConfig
+from train.judge_reward import JudgeRewardConfig
+
+log = logging.getLogger("quorum.judge_grpo")
+JOB = "judge_grpo"
+
+
+@dataclass
+class DataConfig:
+    # MENLO-format JSONL (fields: eval/menlo_data.py)
+    path: str = "configs/data/menlo_grpo_train.jsonl"
+    splits: list[str] = field(default_factory=lambda: ["train"])
+    # [] = all four dimensions (the paper trains one multi-task judge)
+    dimensions: list[str] = field(default_factory=list)
+    # keep the first N pairs after filtering (0 = all)
+    limit: int = 0
+    # both A/B orders of every pair, gold grades swapped with them (paper 003 §3.1, after J1)
+    both_orders: bool = True
+
+
+@dataclass
+class PromptConfig:
+    # pairwise judge template with the variables of configs/prompts/menlo_pairwise.yaml
+    template: str = "menlo_pairwise"
+    rubrics: str = "configs/data/menlo_rubrics.yaml"
+    # the dimension's graded rubric (true) or only the five labels (false: a much shorter prompt)
+    rubric: bool = True
+    # picks each pair's one shown order when data.both_orders is false
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    reward: JudgeRewardConfig = field(default_factory=JudgeRewardConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+    def validate(self) -> None:
+        require_file(self.data.path, "data.path")
+        require_file(self.prompt.rubrics, "prompt.rubrics")
+        for split in self.data.splits:
+            if split not in SPLITS:
+                raise ConfigError(f"data.splits: {split!r} is not one of {list(SPLITS)}")
+        for dim in self.data.dimensions:
+            if dim not in DIMENSIONS:
+                raise ConfigError(f"data.dimensions: {dim!r} is not one of {list(DIMENSIONS)}")
+        if self.data.limit < 0:
+            raise ConfigError(f"data.limit: must be >= 0, got {self.data.limit}")
+        try:
+            self.protocol().validate("prompt")
+            self.reward.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc) if str(exc).startswith("prompt.") else f"reward.{exc}") from None
+        self.wandb.validate()
+        if "://" in self.run.root:
+            raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
+                              "or shared-filesystem path")
+        validate_grpo(self.grpo)
+
+    def protocol(self) -> Protocol:
+        return Protocol(name="grpo", mode="pairwise", rubric=self.prompt.rubric, both_orders=self.data.both_orders,
+                        template=self.prompt.template)
+
+
+def judge_rows(cfg: Config) -> pd.DataFrame:
+    """One row per judge prompt: the pair's messages in one shown order and the gold grades of the SHOWN A and B."""
+    pairs = read_menlo_jsonl(cfg.data.path)
+    pairs = pairs[pairs["split"].isin(cfg.data.splits)]
+    if cfg.data.dimensions:
+        pairs = pairs[pairs["dimension"].isin(cfg.data.dimensions)]
+    pairs = pairs.head(cfg.data.limit or None).reset_index(drop=True)
+    if pairs.empty:
+        raise ConfigError(f"data: no pairs left in {cfg.data.path} for splits {cfg.data.splits} and dimensions "
+                          f"{cfg.data.dimensions or 'all'}")
+    items = build_items(pairs, pd.DataFrame(), [cfg.protocol()], load_rubrics(cfg.prompt.rubrics), cfg.prompt.seed)
+    swapped = items["unit"] == "BA"
+    return pd.DataFrame({
+        "id": items["item_id"], "pair_id": items["pair_id"], "order": items["unit"],
+        "dimension": items["dimension"], "locale": items["locale"], "prompt_messages": items["messages_json"],
+        "gold_a": items["gold_b"].where(swapped, items["gold_a"]).astype(float),
+        "gold_b": items["gold_a"].where(swapped, items["gold_b"]).astype(float),
+    })
+
+
+def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
+    store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
+    config_dict = dataclasses.asdict(cfg)
+    redaction = install_redaction(secret_env_names(config_dict))
+    Path(store.path, "logs").mkdir(exist_ok=True)
+    add_file_log(f"{store.path}/logs/driver.log", redaction)
+    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False, allow_unicode=True))
+    tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, store.path)
+    rows_key = {"data": dataclasses.asdict(cfg.data), "prompt": dataclasses.asdict(cfg.prompt),
+                "data_sha": file_sha(cfg.data.path), "rubrics_sha": file_sha(cfg.prompt.rubrics)}
+    results = [stage_rows(store, rows_key, lambda: judge_rows(cfg))]
+    validate_grpo(cfg.grpo, results[0].rows)
+    spec = {"kind": "judge", "config": dataclasses.asdict(cfg.reward)}
+    init_ray(cfg.ray)
+    results.append(stage_train(store, cfg.grpo, cfg.wandb, {"grpo": dataclasses.asdict(cfg.grpo), "reward": spec},
+                               lambda: contextlib.nullcontext((spec, {}))))
+    table = report(store, tracker, results, "Judge GRPO (MENLO reward)")
+    store.finish({"adapter": f"{store.stage_path('train')}/run/adapter"})
+    tracker.finish()
+    return table
+
+
+
+if __name__ == "__main__":
+    entry("jobs.judge_grpo")

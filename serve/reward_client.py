@@ -1,0 +1,170 @@
+"""Client of the GRM Serve app's `POST /reward/group`: retries with back-off, then an explicit failure.
+
+    client = GroupRewardClient(RewardServiceConfig(url="http://127.0.0.1:8000/grm", token_env="QUORUM_SERVE_TOKEN"))
+    outcome = client.score(prompt, responses)     # train.grpo_batch.GroupOutcome
+    outcome.rewards                               # [G floats], or None with outcome.error = "timeout", ...
+    client.close()
+
+Failure semantics (GRPO's contract: a group without rewards is excluded from the loss, never scored 0):
+    * connection errors, timeouts, 429 and 5xx are retried up to `retries` times, sleeping
+      ``backoff_s · 2^k`` (capped at `backoff_max_s`, plus up to 10% jitter so workers do not retry in step);
+      after the last attempt the group fails with the last error kind (``connect``, ``timeout``, ``http_503``);
+    * 401 / 403 raise `RewardServiceAuthError`: a wrong or missing token fails every group, so the run stops
+      and names ``reward.token_env`` instead of training on nothing;
+    * other 4xx (a request the server refuses, e.g. a response over its size limit) fail the group at once;
+    * a 200 whose body lacks G rewards fails with ``bad_response``; a reward of ``null`` (the judge's output for
+      that rollout could not be parsed in any of its pairs) fails the group with ``null_rewards``.
+
+No ray, no torch: usable from a Ray Train worker, a driver or a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from collections.abc import Callable
+
+import httpx
+
+from train.grpo_batch import GroupOutcome, failed
+
+RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
+
+
+class RewardServiceAuthError(RuntimeError):
+    """The reward service rejected our credentials (HTTP 401/403)."""
+
+
+@dataclasses.dataclass
+class RewardServiceConfig:
+    # base URL of the GRM app, route prefix included (http://host:port/prefix); "" = the job starts the app
+    url: str = ""
+    # name of the environment variable holding the bearer token ("" = no Authorization header)
+    token_env: str = ""
+    # all_pairs | vs_reference (rows then need a `reference`)
+    scheme: str = "all_pairs"
+    # judge every pair in both A/B orders (twice the judge calls, no position bias)
+    both_orders: bool = False
+    # client-side deadline of one HTTP attempt (also sent as the request's timeout_s)
+    timeout_s: float = 120.0
+    # extra attempts after the first one
+    retries: int = 3
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    # groups in flight at once per worker (the server batches concurrent judge calls)
+    concurrency: int = 8
+
+    def validate(self, where: str = "reward") -> None:
+        if self.scheme not in ("all_pairs", "vs_reference"):
+            raise ValueError(f"{where}.scheme: {self.scheme!r} is not one of all_pairs, vs_reference")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"{where}.url: expected http(s)://host:port[/prefix], got {self.url!r}")
+        for name in ("timeout_s", "concurrency"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{where}.{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("retries", "backoff_s", "backoff_max_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """Sleep before retry number `attempt` (1-based): base · 2^(attempt-1), capped, plus up to 10% jitter.
+
+    >>> backoff_delay(3, 1.0, 30.0, random.Random(0)) >= 4.0
+    True
+    """
+    delay = min(base_s * 2 ** (attempt - 1), cap_s)
+    return delay * (1.0 + 0.1 * rng.random())
+
+
+class GroupRewardClient:
+    """One keep-alive HTTP client per worker; `score` is thread-safe (httpx.Client is)."""
+
+    def __init__(self, cfg: RewardServiceConfig, sleep: Callable[[float], None] = time.sleep, seed: int = 0):
+        if not cfg.url:
+            raise ValueError("reward.url: the reward service URL is empty (the job sets it when it starts the app)")
+        self.cfg = cfg
+        self._sleep = sleep
+        self._rng = random.Random(seed)
+        headers = {}
+        if cfg.token_env:
+            token = os.environ.get(cfg.token_env, "")
+            if not token:
+                raise RewardServiceAuthError(f"reward.token_env: environment variable {cfg.token_env} is not set")
+            headers["Authorization"] = f"Bearer {token}"
+        limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
+        self._http = httpx.Client(base_url=cfg.url.rstrip("/"), headers=headers, timeout=cfg.timeout_s, limits=limits)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def body(self, prompt: str, responses: list[str], reference: str | None = None) -> dict:
+        body = {"prompt": prompt, "responses": responses, "scheme": self.cfg.scheme,
+                "both_orders": self.cfg.both_orders, "timeout_s": self.cfg.timeout_s}
+        if reference is not None:
+            body["reference"] = reference
+        return body
+
+    def score(self, prompt: str, responses: list[str], reference: str | None = None) -> GroupOutcome:
+        """The group's rewards, after up to `retries` retries; see the module docstring for failures."""
+        started, error = time.perf_counter(), ""
+        for attempt in range(1, self.cfg.retries + 2):
+            if attempt > 1:
+                self._sleep(backoff_delay(attempt - 1, self.cfg.backoff_s, self.cfg.backoff_max_s, self._rng))
+            error, outcome = self._attempt(self.body(prompt, responses, reference), len(responses))
+            if outcome is not None or not error.startswith(("timeout", "connect", "http_retry")):
+                elapsed = time.perf_counter() - started
+                if outcome is not None:
+                    return dataclasses.replace(outcome, attempts=attempt, latency_s=elapsed)
+                return failed(error, attempt, elapsed)
+        return failed(error.replace("http_retry_", "http_"), self.cfg.retries + 1, time.perf_counter() - started)
+
+    def _attempt(self, body: dict, n: int) -> tuple[str, GroupOutcome | None]:
+        """One POST: ("", outcome) on success, else (error kind, None); retryable kinds start with timeout /
+        connect / http_retry."""
+        try:
+            resp = self._http.post("/reward/group", json=body)
+        except httpx.TimeoutException:
+            return "timeout", None
+        except httpx.TransportError as exc:
+            return f"connect: {type(exc).__name__}", None
+        if resp.status_code in (401, 403):
+            raise RewardServiceAuthError(f"reward service answered {resp.status_code} ({_message(resp)}); check "
+                                         f"reward.token_env ({self.cfg.token_env or 'unset'})")
+        if resp.status_code in RETRY_STATUS:
+            return f"http_retry_{resp.status_code}", None
+        if resp.status_code != 200:
+            return f"http_{resp.status_code}: {_message(resp)}", None
+        return "", parse_group_response(resp, n)
+
+
+def parse_group_response(resp: httpx.Response, n: int) -> GroupOutcome:
+    """A 200 body -> outcome; a body without n numeric rewards is a failure (`bad_response` / `null_rewards`)."""
+    try:
+        data = resp.json()
+        rewards = data["rewards"]
+        items = data.get("items", [])
+        failed_judgments = int(data.get("counts", {}).get("n_failed_judgments", 0))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return failed("bad_response")
+    if not isinstance(rewards, list) or len(rewards) != n:
+        return failed("bad_response")
+    if any(r is None for r in rewards):
+        outcome = failed("null_rewards")
+        outcome.failed_judgments = failed_judgments
+        return outcome
+    grades = [item.get("mean_grade") for item in items] if len(items) == n else []
+    components = {"grm_margin": [float(r) for r in rewards]}
+    if grades and all(g is not None for g in grades):
+        components["grm_mean_grade"] = [float(g) for g in grades]
+    return GroupOutcome(rewards=[float(r) for r in rewards], components=components,
+                        failed_judgments=failed_judgments)
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:200]

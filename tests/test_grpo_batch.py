@@ -1,0 +1,158 @@
+"""GRPO rollout bookkeeping: failed groups leave the loss, statistics, trimming (hand-worked numbers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from train.grpo_batch import (GroupOutcome, completion_logps, failed, finish_outcome_metrics, micro_batch_slices,
+                              outcome_advantages, outcome_sums, trim_completion)
+from train.grpo_rewards import JudgeGroupReward, check_reward_spec, check_rows
+from train.grpo_trainer import GRPOConfig
+from train.judge_reward import JudgeRewardConfig
+
+
+def test_failed_groups_get_zero_advantage_and_leave_the_loss():
+    outcomes = [GroupOutcome(rewards=[1.0, 3.0]), failed("timeout", attempts=4), GroupOutcome(rewards=[2.0, 2.0])]
+    adv, valid = outcome_advantages(outcomes, group_size=2, normalize_std=False)
+    # Dr. GRPO: centred only -> [-1, 1]; failed group masked; equal rewards -> 0 but still valid
+    assert adv.tolist() == [-1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert valid.tolist() == [True, True, False, False, True, True]
+    adv_std, _ = outcome_advantages(outcomes, group_size=2, normalize_std=True)
+    # sample std of (1, 3) is sqrt(2): (3 - 2) / sqrt(2)
+    assert adv_std[:2].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-5)
+
+
+def test_a_failed_group_is_never_a_zero_reward_group():
+    # all failed: nothing is valid, so nothing trains (a zero-reward group would still be "valid")
+    _, valid = outcome_advantages([failed("connect"), failed("null_rewards")], group_size=3)
+    assert not valid.any()
+
+
+@pytest.mark.parametrize("rewards", [[1.0], [1.0, math.nan], [1.0, math.inf]])
+def test_a_malformed_reward_list_is_a_bug_not_data(rewards):
+    with pytest.raises(ValueError, match="group 0"):
+        outcome_advantages([GroupOutcome(rewards=rewards)], group_size=2)
+
+
+def test_outcome_sums_and_metrics():
+    outcomes = [
+        GroupOutcome(rewards=[1.0, 3.0], components={"exact_a": [1.0, 0.0]}, attempts=1, latency_s=0.5),
+        GroupOutcome(rewards=[2.0, 2.0], components={"exact_a": [1.0, 1.0]}, attempts=2, latency_s=1.5),
+        failed("timeout", attempts=4, latency_s=9.0),
+        failed("http_400: responses[1]: too long", attempts=1, latency_s=0.1),
+    ]
+    metrics = finish_outcome_metrics(outcome_sums(outcomes))
+    assert metrics["reward/groups"] == 4 and metrics["reward/groups_failed"] == 2
+    assert metrics["reward/groups_failed_fraction"] == 0.5
+    assert metrics["reward/mean"] == pytest.approx(2.0)               # (1 + 3 + 2 + 2) / 4 scored rollouts
+    assert metrics["reward/std_within_group"] == pytest.approx(0.5)   # population std 1 and 0, over 2 groups
+    assert metrics["reward/groups_zero_std"] == 1
+    assert metrics["reward/exact_a"] == pytest.approx(0.75)
+    assert metrics["reward_service/calls"] == 8 and metrics["reward_service/retries"] == 4
+    assert metrics["reward_service/latency_s_mean"] == pytest.approx(11.1 / 4)
+    assert metrics["reward_service/latency_s_max"] == 9.0
+    assert metrics["reward_service/errors/timeout"] == 1 and metrics["reward_service/errors/http_400"] == 1
+
+
+def test_all_failed_step_has_nan_reward_not_zero():
+    metrics = finish_outcome_metrics(outcome_sums([failed("connect", 4, 3.0)]))
+    assert math.isnan(metrics["reward/mean"]) and metrics["reward/groups_failed_fraction"] == 1.0
+
+
+def test_completion_logps_score_only_completion_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 4, 5)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    mask = torch.tensor([[0, 0, 1, 1]])
+    logps, kept = completion_logps(logits, ids, mask)
+    full = torch.log_softmax(logits, -1)
+    assert kept.tolist() == [[False, True, True]]
+    assert logps[0, 0] == 0.0
+    assert logps[0, 1:].tolist() == pytest.approx([full[0, 1, 3].item(), full[0, 2, 4].item()], rel=1e-5)
+
+
+def test_trim_and_micro_batches():
+    assert trim_completion([7, 2, 9, 2], {2}, pad_id=0) == ([7, 2], True)
+    assert trim_completion([7, 8, 0, 0], {2}, pad_id=0) == ([7, 8], False)
+    assert trim_completion([], {2}, pad_id=0) == ([], False)
+    assert micro_batch_slices(4, 4) == [slice(0, 4)]
+
+
+def test_judge_group_reward_logs_every_component():
+    ok = ("<think>x</think><final_grade_A> FINAL GRADE: 4 - GOOD </final_grade_A>"
+          "<final_grade_B> FINAL GRADE: 2 - MINOR FAILURE </final_grade_B>")
+    (outcome,) = JudgeGroupReward(JudgeRewardConfig())([{"gold_a": 4, "gold_b": 2}], [[ok, "garbage"]])
+    assert outcome.rewards == pytest.approx([3.0, -1.2])
+    assert outcome.components["extract_fail"] == [0.0, 1.0] and outcome.components["format_fail"] == [0.0, 1.0]
+    assert outcome.components["pref_bonus"] == [1.0, 0.0] and outcome.components["format_penalty"] == [0.0, -0.2]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"kind": "bandit"}, "reward.kind"),
+    ({"kind": "judge", "config": {"smoothing": 0.5}}, "reward.config"),
+    ({"kind": "judge", "config": {"near_miss": -1.0}}, "near_miss"),
+    ({"kind": "grm", "config": {"url": ""}}, "reward.url"),
+    ({"kind": "grm", "config": {"url": "localhost:8000"}}, "reward.url"),
+    ({"kind": "grm", "config": {"url": "http://h:1", "retries": -1}}, "reward.retries"),
+])
+def test_reward_spec_errors_name_the_key(spec, message):
+    with pytest.raises(ValueError, match=message):
+        check_reward_spec(spec)
+
+
+def test_rows_missing_reward_fields_are_named():
+    with pytest.raises(ValueError, match="row 1 .*'gold_b'"):
+        check_rows({"kind": "judge"}, [{"prompt_messages": "q", "gold_a": 1, "gold_b": 2},
+                                       {"id": "p2", "prompt_messages": "q", "gold_a": 1}])
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"group_size": 1}, "group_size"),
+    ({"prompts_per_step": 3, "num_workers": 2}, "prompts_per_step"),
+    ({"prompts_per_step": 2, "group_size": 3, "micro_batch_size": 4}, "micro_batch_size"),
+    ({"loss_agg": "dr_grpo"}, "loss_agg"),
+    ({"kl_coef": -0.1}, "kl_coef"),
+])
+def test_grpo_config_validation_names_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**changes).validate()
+
+
+def test_grpo_config_grad_accum_follows_the_rollouts():
+    cfg = GRPOConfig(group_size=8, prompts_per_step=32, num_workers=4, micro_batch_size=16)
+    cfg.validate()
+    assert cfg.prompts_per_worker == 8 and cfg.grad_accum == 4
+    assert GRPOConfig.from_dict(dataclasses.asdict(cfg)) == cfg
+
+
+def test_windowed_left_padded_logps_equal_the_full_right_padded_ones(tiny_model_dir):
+    # the loop scores a left-padded batch over its trailing completion window only (logits_to_keep); the
+    # completion log-probs must be those of the plain right-padded full forward
+    from transformers import AutoModelForCausalLM
+
+    from train.grpo_batch import completion_window
+    from train.pairs_data import collate_sequences
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompts, completions = [[1, 50, 60, 70, 80], [1, 90]], [[300, 301], [400, 401, 402]]
+
+    def forward(batch, keep=None):
+        extra = {"logits_to_keep": keep} if keep else {}
+        with torch.no_grad():
+            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"], **extra).logits
+
+    right = collate_sequences(prompts, completions, pad_id=0, padding_side="right")
+    full, full_mask = completion_logps(forward(right), right["input_ids"], right["loss_mask"])
+    left = collate_sequences(prompts, completions, pad_id=0, padding_side="left")
+    keep = completion_window(left["loss_mask"])
+    assert keep == 4
+    windowed, window_mask = completion_logps(forward(left, keep), left["input_ids"][:, -keep:],
+                                             left["loss_mask"][:, -keep:])
+    for row in range(2):
+        torch.testing.assert_close(windowed[row][window_mask[row]], full[row][full_mask[row]], rtol=1e-4, atol=1e-5)
+    assert window_mask.sum(-1).tolist() == [2, 3]

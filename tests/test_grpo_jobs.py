@@ -1,0 +1,74 @@
+"""The GRPO jobs' configs and training rows, without Ray (the Ray runs are in tests/test_grpo_ray.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import jobs.judge_grpo as judge_job
+import jobs.policy_grpo as policy_job
+from jobs.cli import job_module
+from jobs.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+JUDGE_DEMO, POLICY_DEMO = REPO / "configs" / "judge_grpo_demo.yaml", REPO / "configs" / "policy_grpo_demo.yaml"
+
+
+def test_jobs_are_registered():
+    assert job_module(str(JUDGE_DEMO)) is judge_job and job_module(str(POLICY_DEMO)) is policy_job
+
+
+def test_judge_rows_cover_both_orders_with_gold_following_the_shown_order():
+    cfg = load_config(judge_job.Config, JUDGE_DEMO)
+    rows = judge_job.judge_rows(cfg)
+    assert len(rows) == 48 and set(rows["order"]) == {"AB", "BA"}
+    assert rows["dimension"].nunique() == 4 and rows["locale"].nunique() == 8
+    pair = rows[rows["pair_id"] == "flu-02-it_IT"].set_index("order")
+    # fixture: response_a ("Usa molta acqua...") graded 3, response_b graded 5
+    assert (pair.loc["AB", "gold_a"], pair.loc["AB", "gold_b"]) == (3.0, 5.0)
+    assert (pair.loc["BA", "gold_a"], pair.loc["BA", "gold_b"]) == (5.0, 3.0)
+    shown = json.loads(pair.loc["BA", "prompt_messages"])[-1]["content"]
+    assert shown.index("abbondante acqua salata") < shown.index("Usa molta acqua")  # B's text shown as A
+
+
+def test_judge_rows_filters_and_averaged_grades():
+    cfg = load_config(judge_job.Config, JUDGE_DEMO, ["data.dimensions=[tone]", "data.both_orders=false"])
+    rows = judge_job.judge_rows(cfg)
+    assert len(rows) == 6 and set(rows["dimension"]) == {"tone"}
+    assert 3.5 in set(rows["gold_a"]) | set(rows["gold_b"])  # the averaged gold grade survives as is
+
+
+def test_policy_rows_are_unique_prompts_without_localized_factuality():
+    cfg = load_config(policy_job.Config, POLICY_DEMO)
+    rows = policy_job.policy_rows(cfg)
+    assert len(rows) == 18 and "localized_factuality" not in set(rows["dimension"])
+    first = rows.iloc[0]
+    assert json.loads(first["prompt_messages"])[0]["role"] == "user"
+    assert first["judge_prompt"].startswith(f"[Locale]\n{first['locale']}\n\n[Dimension]\n")
+    assert json.loads(first["prompt_messages"])[0]["content"] in first["judge_prompt"]
+
+
+@pytest.mark.parametrize("module, path, override, key", [
+    (judge_job, JUDGE_DEMO, "data.dimensions=[style]", "data.dimensions"),
+    (judge_job, JUDGE_DEMO, "reward.near_miss=-0.5", "reward.near_miss"),
+    (judge_job, JUDGE_DEMO, "prompt.template=jury_score", "prompt.template"),
+    (judge_job, JUDGE_DEMO, "grpo.prompts_per_step=3", "grpo.prompts_per_step"),
+    (policy_job, POLICY_DEMO, "reward.url=localhost:8000", "reward.url"),
+    (policy_job, POLICY_DEMO, "grm.overrides=[batching.max_batch_size=0]", "batching.max_batch_size"),
+    (policy_job, POLICY_DEMO, "grm.config=configs/nope.yaml", "grm.config"),
+    (policy_job, POLICY_DEMO, "data.dimensions=[]", "data.dimensions"),
+])
+def test_config_errors_name_the_key(module, path, override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(module.Config, path, [override])
+
+
+def test_policy_job_refuses_a_missing_token_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.delenv("QUORUM_TEST_ABSENT_TOKEN", raising=False)
+    cfg = load_config(policy_job.Config, POLICY_DEMO, [f"run.root={tmp_path}", "reward.url=http://127.0.0.1:9",
+                                                       "reward.token_env=QUORUM_TEST_ABSENT_TOKEN"])
+    with pytest.raises(ConfigError, match="QUORUM_TEST_ABSENT_TOKEN"):
+        policy_job.main(cfg, "x.yaml")
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,163 @@
+"""GRPO against the served GRM, end to end on CPU: the policy_grpo job deploys the real Serve app, 2 Ray Train
+workers (DeepSpeed ZeRO-2 + LoRA on the tiny random Llama) sample rollouts and POST every group to /reward/group
+over real HTTP with a bearer token.
+
+The judge behind the Serve app is a scripted hosted model (tests/fake_openai_server.py through the app's `openai`
+engine): a random tiny model never writes parseable MENLO grades, so every group would fail and nothing could be
+checked to train. The script grades each response by a hash of its text, in MENLO's exact output format, and
+refuses to grade one prompt (marked UNJUDGEABLE) so that group fails for real inside the service (null rewards).
+A second run points the job at a closed port: every group fails, is counted, and the adapter does not move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from fake_openai_server import FakeOpenAIServer
+from safetensors.torch import load_file
+from wandb_reader import find_run_files, read_run
+
+import jobs.policy_grpo as job
+from eval.judge_parse import MENLO_LABELS
+from jobs.config import load_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN_ENV, TOKEN = "QUORUM_TEST_GRPO_TOKEN", "grpo-token-91c3"
+PROMPTS = [("de_DE", "fluency", "Wie bleibe ich beim Lernen konzentriert?"),
+           ("ja_JP", "tone", "UNJUDGEABLE 最近とても疲れています。"),
+           ("es_MX", "localized_tone", "Escribe un saludo para mi abuela."),
+           ("en_US", "fluency", "How do I keep basil alive indoors?")]
+_RESPONSES = re.compile(r"\[Response A\]\n(.*)\n\n\[Response B\]\n(.*)\Z", re.S)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+closed_port = free_port  # bound, then closed again: nothing listens there
+
+
+def scripted_judge(message: str) -> str:
+    """MENLO-format grades from a hash of each response (arbitrary but deterministic taste)."""
+    if "UNJUDGEABLE" in message:
+        return "I cannot grade these responses."
+    a, b = _RESPONSES.search(message).groups()
+    grade_a, grade_b = (1 + int(hashlib.sha256(r.encode()).hexdigest(), 16) % 5 for r in (a, b))
+    return (f"<think>Comparing both.</think>\n<final_grade_A> FINAL GRADE: {grade_a} - {MENLO_LABELS[grade_a]} "
+            f"</final_grade_A>\n<final_grade_B> FINAL GRADE: {grade_b} - {MENLO_LABELS[grade_b]} </final_grade_B>")
+
+
+def write_prompts(path: Path) -> str:
+    lines = []
+    for i, (locale, dim, prompt) in enumerate(PROMPTS):
+        lines.append(json.dumps({"pair_id": f"p{i}", "dimension": dim, "locale": locale, "split": "train",
+                                 "prompt": prompt, "response_a": "x", "response_b": "y", "gold_a": 3, "gold_b": 3},
+                                ensure_ascii=False))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def job_config(tmp: Path, model_dir: str, overrides: list[str], grm_overrides: list[str]) -> job.Config:
+    cfg = load_config(job.Config, REPO / "configs" / "policy_grpo_demo.yaml", [
+        f"run.root={tmp / 'runs'}", f"data.path={write_prompts(tmp / 'prompts.jsonl')}", f"grpo.model={model_dir}",
+        "grpo.group_size=3", "grpo.prompts_per_step=2", "grpo.micro_batch_size=3", "grpo.max_steps=2",
+        "grpo.max_prompt_length=64", "grpo.max_completion_length=8", "grpo.lr=0.01", "grpo.weight_decay=0.0",
+        "grpo.num_iterations=2", "grpo.kl_coef=0.05", "grpo.lora.r=4", "grpo.lora.alpha=8",
+        "grpo.checkpoint_every=2", "grpo.log_samples_every=1", "reward.backoff_s=0.01", *overrides])
+    cfg.grm.overrides = grm_overrides
+    cfg.validate()
+    return cfg
+
+
+def initial_lora(model_dir: str, cfg: job.Config) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    from train.loop import build_lora_model
+
+    model = build_lora_model(model_dir, cfg.grpo)
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def history(train_dir: Path) -> list[dict]:
+    (run_file,) = find_run_files(train_dir / "run" / "ray")  # rank 0's offline run
+    return [row for row in read_run(run_file)["history"] if "reward/groups" in row]
+
+
+@pytest.fixture(scope="module")
+def serve_cleanup(ray_local):
+    yield
+    from ray import serve
+
+    serve.shutdown()  # later modules start Serve with their own HTTP options
+
+
+def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serve_cleanup, tiny_model_dir, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with FakeOpenAIServer(reply=scripted_judge) as judge:
+        cfg = job_config(tmp_path, tiny_model_dir, ["run.id=served"], [
+            f"serve.port={free_port()}", "serve.app_name=grm-grpo-test", "serve.route_prefix=/grpo",
+            f"serve.auth_token_env={TOKEN_ENV}", "judge.engine.kind=openai", f"judge.engine.base_url={judge.base_url}",
+            "judge.engine.model=scripted-judge", "prompts.pairwise=menlo_grpo_grm",
+            "prompts.pairwise_vars={prompt: task, response_a: response_a, response_b: response_b}",
+            "resources.num_cpus=0", "batching.batch_wait_timeout_s=0.05"])
+        job.main(cfg, "served.yaml")
+        judged = judge.calls
+    from ray import serve
+
+    assert "grm-grpo-test" not in serve.status().applications, "the job must delete the app it deployed"
+    run = Path(cfg.run.root) / "policy_grpo" / "served"
+    steps = history(run / "train")
+    assert [row["step"] for row in steps] == [1, 2]
+    # 4 prompts x 1 epoch: 4 groups of 3 rollouts; the UNJUDGEABLE one fails inside the service (null rewards)
+    assert sum(row["reward/groups"] for row in steps) == 4
+    assert sum(row["reward/groups_failed"] for row in steps) == 1
+    assert sum(row.get("reward_service/errors/null_rewards", 0) for row in steps) == 1
+    assert sum(row["reward_service/judgments_failed"] for row in steps) == 3      # its C(3,2) pairs
+    assert len(judged) >= 3 * 4 - 3  # every pair went to the judge (the app's cache may answer repeats)
+    for row in steps:
+        for key in ("reward/mean", "reward/grm_margin", "reward/grm_mean_grade", "reward/std_within_group",
+                    "reward_service/latency_s_mean", "response_length/mean", "kl", "approx_kl", "clip_fraction",
+                    "entropy", "loss", "tokens_per_s", "generate_tokens_per_s"):
+            assert math.isfinite(row[key]), (key, row)
+        assert row["reward_service/latency_s_mean"] > 0 and row["tokens_per_s"] > 0
+        assert 1 <= row["reward/grm_mean_grade"] <= 5 and row["updates_skipped"] == 0
+    # the rollouts were sent with the bearer token; the app would have answered 401 otherwise
+    trained = load_file(str(run / "train" / "run" / "adapter" / "adapter_model.safetensors"))
+    initial = initial_lora(tiny_model_dir, cfg)
+    assert trained.keys() == initial.keys()
+    for name, before in initial.items():
+        assert not torch.equal(trained[name], before), f"{name} did not change"
+    summary = (run / "summary.md").read_text()
+    assert "reward/groups_failed" in summary and "reward_service/errors/null_rewards" in summary
+
+
+def test_dead_reward_service_fails_every_group_and_leaves_the_adapter_untouched(serve_cleanup, tiny_model_dir,
+                                                                               tmp_path):
+    # one worker and no W&B keep this run short; the loop's cross-worker paths ran in the test above
+    url = f"http://127.0.0.1:{closed_port()}"
+    cfg = job_config(tmp_path, tiny_model_dir, ["run.id=dead", f"reward.url={url}", "reward.retries=2",
+                                                "grpo.num_workers=1", "wandb.enabled=false"], [])
+    table = job.main(cfg, "dead.yaml").set_index("metric")["value"]
+    run = Path(cfg.run.root) / "policy_grpo" / "dead"
+    # the last step: both groups failed to connect, each after 1 call + 2 retries; never a reward of 0 in disguise
+    assert table["step"] == 2 and table["reward/groups"] == 2 and table["reward/groups_failed_fraction"] == 1.0
+    assert table["reward_service/errors/connect"] == 2 and table["reward_service/retries"] == 4
+    assert math.isnan(table["reward/mean"]) and table["updates_skipped"] == 1 and "loss" not in table
+    assert not find_run_files(run), "wandb.enabled=false must leave no W&B files"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["train"]["summary"]["groups_failed"] == 2
+    trained = load_file(str(run / "train" / "run" / "adapter" / "adapter_model.safetensors"))
+    for name, before in initial_lora(tiny_model_dir, cfg).items():
+        assert torch.equal(trained[name], before), f"{name} moved although no group was scored"

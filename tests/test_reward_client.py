@@ -1,0 +1,166 @@
+"""The /reward/group client over real sockets: retries with back-off, then an explicit, counted failure.
+
+The unreachable and silent services are real sockets (a closed port, a listener that never answers). The flaky
+service is a plain HTTP server on loopback answering with bodies built by the GRM's own `serve.protocol`
+response code, so the client reads exactly what the Serve app sends; the Serve app itself is exercised end to
+end in tests/test_grpo_ray.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from actors.engine import Completion
+from serve import protocol as P
+from serve.reward_client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig, backoff_delay
+
+MENLO = ("<think>ok</think><final_grade_A> FINAL GRADE: {a} - X </final_grade_A>"
+         "<final_grade_B> FINAL GRADE: {b} - X </final_grade_B>")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again on exit: connecting is refused
+
+
+def group_body(n: int, grades: dict[tuple[int, int], tuple[int, int]] | None = None) -> dict:
+    """A real GroupRewardResponse for n responses, judged by the protocol's own pairing and parsing."""
+    judgments, completions = [], []
+    for a, b in P.plan_pairs(n, "all_pairs"):
+        ga, gb = (grades or {}).get((a, b), (4, 2))
+        completion = Completion(text="", raw_text=MENLO.format(a=ga, b=gb) if ga else "no grades here")
+        judgments.append(P.read_judgment(a, b, completion))
+        completions.append(completion)
+    return P.group_response("all_pairs", n, judgments, completions, "judge").model_dump()
+
+
+class FlakyServer:
+    """Answers POST /reward/group with the scripted statuses in order, then 200 with `body` forever."""
+
+    def __init__(self, statuses: list[int], body: dict):
+        self.statuses, self.body, self.requests = list(statuses), body, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers["content-length"])
+                outer.requests.append((self.path, json.loads(self.rfile.read(length)), dict(self.headers)))
+                status = outer.statuses.pop(0) if outer.statuses else 200
+                payload = json.dumps(outer.body if status == 200 else {"error": {"message": "busy"}}).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/grm"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def sleeps():
+    return []
+
+
+def client_for(url: str, sleeps: list, **changes) -> GroupRewardClient:
+    settings = {"retries": 3, "backoff_s": 0.5, "backoff_max_s": 1.5, "timeout_s": 2.0} | changes
+    cfg = RewardServiceConfig(url=url, **settings)
+    return GroupRewardClient(cfg, sleep=sleeps.append)
+
+
+def test_unreachable_service_is_retried_with_backoff_then_fails(sleeps):
+    client = client_for(f"http://127.0.0.1:{closed_port()}", sleeps)
+    outcome = client.score("prompt", ["a", "b"])
+    assert not outcome.ok and outcome.rewards is None and outcome.error.startswith("connect")
+    assert outcome.attempts == 4
+    # 0.5, 1.0, then capped at 1.5 (each with at most 10% jitter)
+    assert len(sleeps) == 3 and all(base <= s <= base * 1.1 for s, base in zip(sleeps, (0.5, 1.0, 1.5)))
+
+
+def test_silent_service_times_out(sleeps):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # accepts connections (kernel backlog) but never answers
+        client = client_for(f"http://127.0.0.1:{listener.getsockname()[1]}", sleeps, timeout_s=0.3, retries=1)
+        outcome = client.score("prompt", ["a", "b"])
+    assert outcome.error == "timeout" and outcome.attempts == 2 and outcome.latency_s >= 0.6
+
+
+def test_busy_service_recovers_within_the_retries(sleeps, monkeypatch):
+    monkeypatch.setenv("GRPO_TEST_TOKEN", "tok-123")
+    server = FlakyServer([503, 500], group_body(3))
+    try:
+        client = client_for(server.url, sleeps, token_env="GRPO_TEST_TOKEN")
+        outcome = client.score("prompt", ["a", "b", "c"])
+    finally:
+        server.close()
+    assert outcome.ok and outcome.attempts == 3 and len(sleeps) == 2
+    # pairs (0,1), (2,0), (1,2), each graded A=4 B=2: response 0 is A once, B once -> margin 0
+    assert outcome.rewards == pytest.approx([0.0, 0.0, 0.0])
+    assert outcome.components["grm_mean_grade"] == pytest.approx([3.0, 3.0, 3.0])
+    path, body, headers = server.requests[-1]
+    assert path == "/grm/reward/group" and body["responses"] == ["a", "b", "c"] and body["scheme"] == "all_pairs"
+    assert headers["Authorization"] == "Bearer tok-123"
+
+
+def test_exhausted_retries_report_the_last_status(sleeps):
+    server = FlakyServer([503] * 10, group_body(2))
+    try:
+        outcome = client_for(server.url, sleeps, retries=2).score("p", ["a", "b"])
+    finally:
+        server.close()
+    assert outcome.error == "http_503" and outcome.attempts == 3 and len(server.requests) == 3
+
+
+def test_refused_request_fails_at_once_and_auth_errors_stop_the_run(sleeps):
+    server = FlakyServer([400, 401], group_body(2))
+    try:
+        client = client_for(server.url, sleeps)
+        refused = client.score("p", ["a", "b"])
+        with pytest.raises(RewardServiceAuthError, match="token_env"):
+            client.score("p", ["a", "b"])
+    finally:
+        server.close()
+    assert refused.error.startswith("http_400") and refused.attempts == 1 and not sleeps
+
+
+def test_null_rewards_fail_the_group_instead_of_scoring_zero(sleeps):
+    # response 1's both judgments are unparseable -> its reward is null -> the whole group is failed
+    body = group_body(3, {(0, 1): (0, 0), (1, 2): (0, 0)})
+    assert body["rewards"][1] is None and body["rewards"][0] is not None
+    server = FlakyServer([], body)
+    try:
+        outcome = client_for(server.url, sleeps).score("p", ["a", "b", "c"])
+    finally:
+        server.close()
+    assert outcome.error == "null_rewards" and outcome.rewards is None and outcome.failed_judgments == 2
+    assert outcome.attempts == 1
+
+
+def test_missing_token_variable_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("GRPO_TEST_TOKEN", raising=False)
+    with pytest.raises(RewardServiceAuthError, match="GRPO_TEST_TOKEN"):
+        GroupRewardClient(RewardServiceConfig(url="http://127.0.0.1:1", token_env="GRPO_TEST_TOKEN"))
+
+
+def test_backoff_is_exponential_and_capped():
+    import random
+
+    rng = random.Random(1)
+    delays = [backoff_delay(k, 1.0, 5.0, rng) for k in range(1, 6)]
+    for delay, base in zip(delays, (1, 2, 4, 5, 5)):
+        assert base <= delay <= base * 1.1

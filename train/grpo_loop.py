@@ -1,0 +1,301 @@
+"""The Ray Train worker function of GRPO: sample G rollouts per prompt, reward the groups, clipped-surrogate steps.
+
+`train/grpo_trainer.py::run_grpo` builds the `TorchTrainer`; every worker runs `grpo_loop_per_worker(config)`
+(keys: ``train`` = `dataclasses.asdict(GRPOConfig)`, ``model_dir``, ``rows``, ``reward`` (a reward spec),
+``total_steps``, ``wandb_dir``). Per optimizer step, rank r:
+
+1. takes its `prompts_per_worker` prompts of the step (`pairs_data.step_row_indices`: a function of the step
+   number, so a resumed run reads the same prompts);
+2. samples `group_size` completions per prompt from its *current* policy (`HFRollout`, seeded by step and rank);
+3. asks the reward callable for one `GroupOutcome` per prompt; failed groups (reward service down, timed out,
+   no reward for a rollout) are counted and masked out of the loss, never scored 0;
+4. runs `grad_accum` micro-batches of rollouts through `advantages.grpo_policy_loss` (group advantages, clip,
+   optional KL to the reference = the same model with the LoRA adapter disabled), `num_iterations` times; the
+   loss is aggregated per micro-batch and DeepSpeed averages micro-batches and workers (so "token_mean" is a
+   mean of micro-batch token means, as in TRL's per-device normalisation);
+5. reports the step's metrics reduced over workers (every reward component, failures by kind, service latency,
+   response length, KL, clip fraction, entropy, tokens/s) and, every `checkpoint_every` steps, a checkpoint in
+   the layout of `train/loop.py`, whose engine, checkpoint and W&B helpers are reused here.
+
+Every rank runs the same number of forwards and backwards whatever its groups' fate (a failed group's rollouts
+still go through the model with no loss), so DeepSpeed's gradient reduction and ZeRO-3's parameter gathers stay
+in step across workers. A step in which no group was scored on any worker makes no update at all
+(``updates_skipped``): an optimizer step on zero gradients would still apply weight decay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import ray.train
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from train.advantages import grpo_policy_loss
+from train.grpo_batch import (GroupOutcome, completion_logps, completion_window, finish_outcome_metrics,
+                              micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
+from train.grpo_rewards import build_reward
+from train.grpo_trainer import GRPOConfig
+from train.logprobs import token_entropy
+from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
+from train.pairs_data import collate_sequences, parse_messages, render_prompt, step_row_indices
+
+Metrics = dict[str, float]
+
+
+def grpo_loop_per_worker(config: dict) -> None:
+    """Run GRPO steps on this worker's prompts and report metrics and checkpoints to Ray Train."""
+    cfg = GRPOConfig.from_dict(config["train"])
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    total, rows = config["total_steps"], config["rows"]
+    tokenizer = AutoTokenizer.from_pretrained(config["model_dir"])
+    engine = build_engine(build_lora_model(config["model_dir"], cfg), cfg, world, total)
+    start = restore_checkpoint(engine, rank)
+    tracker = _init_wandb(cfg, config, rank)
+    reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
+    rollout = HFRollout(tokenizer, cfg, sync=cfg.deepspeed.zero_stage == 3 and world > 1)
+    failed_streak = 0
+    try:
+        for step in range(start, total):
+            metrics, samples = grpo_step(engine, tokenizer, cfg, rows, reward_fn, rollout, step, rank, world)
+            done = step + 1
+            metrics |= {"step": done, "start_step": start}
+            failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
+            if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
+                _log_samples(tracker, samples, done)
+            _report(engine, cfg, metrics, done, total, rank, done % cfg.checkpoint_every == 0 or done == total,
+                    tracker)
+            if cfg.max_failed_steps and failed_streak >= cfg.max_failed_steps:
+                raise RuntimeError(f"max_failed_steps: every reward group failed in {failed_streak} consecutive "
+                                   f"steps (last errors: {_error_kinds(metrics)}); is the reward service up?")
+    finally:
+        reward_fn.close()
+    if tracker is not None:
+        tracker.finish()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rollouts
+
+
+class HFRollout:
+    """Sampling from the training policy itself with `generate` (CPU, small GPU runs).
+
+    This is the seam for a faster engine: a vLLM rollout worker would offer the same `generate(model, prompts,
+    group_size)` and receive the LoRA weights after every optimizer step (its weight sync) instead of reading
+    `model` directly. Here the rollouts always come from the latest weights, so GRPO stays on-policy.
+    """
+
+    def __init__(self, tokenizer, cfg: GRPOConfig, sync: bool):
+        self.tokenizer, self.cfg, self.sync = tokenizer, cfg, sync
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def stop_ids(self, model) -> set[int]:
+        eos = model.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        return ids | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
+
+    @torch.no_grad()
+    def generate(self, model, prompts: list[list[int]], group_size: int) -> tuple[list[list[int]], list[bool]]:
+        """G sampled completions per prompt, group-major; each trimmed after its stop token.
+
+        Returns:
+            ``(completion_ids, finished)``, one entry per rollout.
+        """
+        width = max(len(p) for p in prompts)
+        # left padding: every prompt ends where generation starts
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        stops = self.stop_ids(model)
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(
+                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
+                temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, top_k=self.cfg.rollout.top_k,
+                max_new_tokens=self.cfg.max_completion_length, num_return_sequences=group_size,
+                pad_token_id=self.pad_id, eos_token_id=sorted(stops), use_cache=True,
+                # ZeRO-3 gathers parameters collectively in every forward: ranks must decode equally many steps
+                synced_gpus=self.sync)
+        finally:
+            model.train(was_training)
+        trimmed = [trim_completion(row.tolist(), stops, self.pad_id) for row in out[:, width:]]
+        return [t[0] for t in trimmed], [t[1] for t in trimmed]
+
+
+def encode_prompt(tokenizer, row: dict, cfg: GRPOConfig) -> list[int]:
+    """Chat-templated prompt ids, keeping the last `max_prompt_length` (the assistant header must survive)."""
+    text = render_prompt(tokenizer, parse_messages(row["prompt_messages"]), cfg.system_instruction)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])[-cfg.max_prompt_length:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One step
+
+
+def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, rollout: HFRollout, step: int,
+              rank: int, world: int) -> tuple[Metrics, list[dict]]:
+    """Rollouts -> rewards -> `num_iterations` optimizer steps. Returns the reduced metrics and rank-local samples."""
+    began = time.perf_counter()
+    indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
+    batch_rows = [rows[i] for i in indices]
+    prompts = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
+    torch.manual_seed(cfg.seed * 1_000_003 + step * 1_009 + rank)  # resumable, distinct per rank
+    completions, finished = rollout.generate(engine.module, prompts, cfg.group_size)
+    generate_s = time.perf_counter() - began
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    groups = [texts[g * cfg.group_size:(g + 1) * cfg.group_size] for g in range(len(batch_rows))]
+    outcomes: list[GroupOutcome] = reward_fn(batch_rows, groups)
+    advantages, valid = outcome_advantages(outcomes, cfg.group_size, cfg.normalize_std)
+    if _any_worker(bool(valid.any())):
+        repeated = [p for p in prompts for _ in range(cfg.group_size)]
+        # left padding: every completion ends at the last position, so only a trailing window needs logits
+        sums = policy_update(engine, cfg, collate_sequences(repeated, completions, rollout.pad_id, "left"),
+                             advantages, valid)
+    else:
+        # no group scored anywhere: no optimizer step at all (weight decay and Adam state would still move)
+        sums = {"lr": engine.get_lr()[0], "grad_norm_max": math.nan, "train_tokens": 0.0, "updates_skipped": 1.0}
+    sums |= outcome_sums(outcomes) | _length_sums(completions, finished)
+    sums["generated_tokens"] = float(sum(len(c) for c in completions))
+    sums["generate_s_max"], sums["step_s_max"] = generate_s, time.perf_counter() - began
+    metrics = _finish(reduce_sums(sums))
+    samples = [{"prompt_id": str(batch_rows[i // cfg.group_size].get("id", "")), "completion": text,
+                "reward": (outcomes[i // cfg.group_size].rewards or [math.nan] * cfg.group_size)[i % cfg.group_size],
+                "error": outcomes[i // cfg.group_size].error} for i, text in enumerate(texts)]
+    return metrics, samples
+
+
+def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advantages: torch.Tensor,
+                  valid: torch.Tensor) -> Metrics:
+    """`num_iterations` passes of `grad_accum` micro-batches; the engine steps at each accumulation boundary."""
+    engine.train()  # rollouts ran in eval mode; gradient checkpointing only acts in train mode
+    batch = {k: v.to(engine.device) for k, v in batch.items()}
+    slices = micro_batch_slices(batch["input_ids"].shape[0], cfg.micro_batch_size)
+    old = [_logps(engine, batch, s, no_grad=True)[0] for s in slices] if cfg.num_iterations > 1 else None
+    ref = [_logps(engine, batch, s, no_grad=True, reference=True)[0] for s in slices] if cfg.kl_coef else None
+    sums: Metrics = {"lr": engine.get_lr()[0]}
+    for _ in range(cfg.num_iterations):
+        for j, part in enumerate(slices):
+            loss, metrics = micro_loss(engine, cfg, batch, part, advantages[part].to(engine.device),
+                                       valid[part].to(engine.device), old[j] if old else None,
+                                       ref[j] if ref else None)
+            engine.backward(loss)
+            engine.step()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+    norm = engine.get_global_grad_norm()
+    sums["grad_norm_max"] = float(norm) if norm is not None else math.nan
+    sums["train_tokens"] = float(batch["attention_mask"].sum()) * cfg.num_iterations
+    return sums
+
+
+def _logps(engine, batch: dict, part: slice, no_grad: bool = False, reference: bool = False):
+    """(per-token completion log-probs, mask, logits) of one micro-batch of the left-padded batch, over its
+    trailing completion window; `reference` disables the LoRA adapter."""
+    keep = completion_window(batch["loss_mask"])  # the whole batch's window: every micro-batch aligns with `old`
+    context = engine.module.disable_adapter() if reference else contextlib.nullcontext()
+    with torch.set_grad_enabled(not no_grad), context:
+        logits = engine(input_ids=batch["input_ids"][part], attention_mask=batch["attention_mask"][part],
+                        position_ids=batch["position_ids"][part], use_cache=False, logits_to_keep=keep).logits
+        logps, mask = completion_logps(logits, batch["input_ids"][part, -keep:], batch["loss_mask"][part, -keep:])
+    return logps, mask, logits
+
+
+def micro_loss(engine, cfg: GRPOConfig, batch: dict, part: slice, advantages: torch.Tensor, valid: torch.Tensor,
+               old: torch.Tensor | None, ref: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+    """The clipped-surrogate loss over the micro-batch's rollouts of successful groups.
+
+    Every row is forwarded (collectives stay aligned); only valid rows enter the loss, so a failed group neither
+    adds gradient nor dilutes the average. A micro-batch without valid rows gives a zero loss with a graph.
+
+    Returns:
+        The loss and token-weighted metric sums (``*_wsum`` over ``loss_tokens``).
+    """
+    logps, mask, logits = _logps(engine, batch, part)
+    keep = valid.nonzero().squeeze(-1)
+    if keep.numel() == 0:
+        return logps.sum() * 0.0, {"loss_tokens": 0.0}
+    kept_mask = mask[keep]
+    loss, metrics = grpo_policy_loss(
+        logps[keep], (old if old is not None else logps.detach())[keep], advantages[keep], kept_mask,
+        clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+        max_len=cfg.max_completion_length, ref_logps=ref[keep] if ref is not None else None, kl_coef=cfg.kl_coef,
+        kl_kind=cfg.kl_kind)
+    with torch.no_grad():
+        entropy = token_entropy(logits[keep][:, :-1])
+        tokens = float(kept_mask.sum())
+        out = {f"{k}_wsum": float(v) * tokens for k, v in metrics.items()}
+        out["entropy_wsum"] = float((entropy * kept_mask).sum())
+        out["loss_wsum"] = float(loss.detach()) * tokens
+    return loss, out | {"loss_tokens": tokens}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _length_sums(completions: list[list[int]], finished: list[bool]) -> Metrics:
+    lengths = [len(c) for c in completions]
+    return {"rollouts": float(len(lengths)), "length_sum": float(sum(lengths)),
+            "length_max": float(max(lengths, default=0)), "truncated": float(sum(not f for f in finished))}
+
+
+def _any_worker(flag: bool) -> bool:
+    """True when `flag` holds on at least one worker (every rank must take the same update decision)."""
+    tensor = torch.tensor([float(flag)])
+    dist.all_reduce(tensor)
+    return bool(tensor.item() > 0)
+
+
+def reduce_sums(sums: Metrics) -> Metrics:
+    """All-reduce a metric dict over workers: ``*_max`` keys with max, the rest summed. Ranks may hold different
+    keys (failure kinds, reward components), so the union of keys is agreed on first."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sorted(sums))
+    keys = sorted(set().union(*gathered))
+    out = {}
+    for op, selected in ((dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")]),
+                         (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")])):
+        if selected:
+            tensor = torch.tensor([sums.get(k, 0.0) for k in selected], dtype=torch.float64)
+            dist.all_reduce(tensor, op=op)
+            out |= dict(zip(selected, tensor.tolist()))
+    return out
+
+
+def _finish(totals: Metrics) -> Metrics:
+    """Reduced sums -> logged metrics (token-weighted loss metrics, per-rollout means, throughput)."""
+    world = dist.get_world_size()
+    tokens, rollouts = totals.get("loss_tokens", 0.0), totals.get("rollouts", 0.0)
+    metrics = finish_outcome_metrics(totals)
+    for key, value in totals.items():
+        if key.endswith("_wsum"):
+            metrics[key[:-len("_wsum")]] = value / tokens if tokens else math.nan
+    step_s = max(totals["step_s_max"], 1e-9)
+    metrics |= {
+        "lr": totals["lr"] / world, "grad_norm": totals["grad_norm_max"],
+        "updates_skipped": totals.get("updates_skipped", 0.0) / world,
+        "response_length/mean": totals["length_sum"] / rollouts if rollouts else 0.0,
+        "response_length/max": totals["length_max"],
+        "response_length/truncated_fraction": totals["truncated"] / rollouts if rollouts else 0.0,
+        "tokens": totals["train_tokens"], "tokens_per_s": totals["train_tokens"] / step_s,
+        "generate_tokens_per_s": totals["generated_tokens"] / max(totals["generate_s_max"], 1e-9),
+        "time/step_s": step_s, "time/generate_s": totals["generate_s_max"],
+    }
+    return metrics
+
+
+def _error_kinds(metrics: Metrics) -> dict[str, float]:
+    return {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("reward_service/errors/")}
+
+
+def _log_samples(tracker, samples: list[dict], step: int) -> None:
+    import wandb
+
+    columns = ["prompt_id", "completion", "reward", "error"]
+    table = wandb.Table(columns=columns, data=[[s[c] for c in columns] for s in samples[:64]])
+    tracker.log({"samples/rollouts": table}, step=step)

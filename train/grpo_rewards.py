@@ -1,0 +1,105 @@
+"""Group reward callables for GRPO, built on each worker from a plain-data spec.
+
+    reward = build_reward({"kind": "judge", "config": {"near_miss": 0.5}})
+    outcomes = reward(rows, completions)      # completions[i] = the G texts sampled for rows[i]
+    reward.close()
+
+Kinds:
+    judge  MENLO judge training (`train.judge_reward`): each rollout is a judge answer for the row's A/B pair,
+           scored against the row's ``gold_a`` / ``gold_b``. Local and pure; never fails.
+    grm    policy training against the served generative reward model: each row's G rollouts go to the Serve
+           app's ``/reward/group`` in one request (`serve.reward_client`), ``concurrency`` groups at a time so the
+           server can batch their judge calls. The GRM sees ``row["judge_prompt"]`` as the prompt (and
+           ``row["reference"]`` for the vs_reference scheme).
+
+A spec is data, not a function, so it survives the trip to the Ray Train workers and into the run's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+from serve.reward_client import GroupRewardClient, RewardServiceConfig
+from train.grpo_batch import GroupOutcome
+from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward
+
+REWARD_KINDS = ("judge", "grm")
+ROW_KEYS = {"judge": ("gold_a", "gold_b"), "grm": ("judge_prompt",)}
+
+
+class JudgeGroupReward:
+    """MENLO's judge reward for every rollout; components logged as ``reward/<term>``."""
+
+    def __init__(self, cfg: JudgeRewardConfig):
+        self.cfg = cfg
+
+    def __call__(self, rows: list[dict], completions: list[list[str]]) -> list[GroupOutcome]:
+        outcomes = []
+        for row, texts in zip(rows, completions):
+            scored = [judge_reward(text, float(row["gold_a"]), float(row["gold_b"]), self.cfg) for text in texts]
+            components = {name: [getattr(b, name) for b in scored] for name in COMPONENTS if name != "total"}
+            components["extract_fail"] = [float(not b.extracted) for b in scored]
+            components["format_fail"] = [float(not b.format_ok) for b in scored]
+            outcomes.append(GroupOutcome(rewards=[b.total for b in scored], components=components))
+        return outcomes
+
+    def close(self) -> None:
+        return None
+
+
+class GRMGroupReward:
+    """One `/reward/group` request per prompt, `concurrency` in flight; failures come back as failed outcomes."""
+
+    def __init__(self, cfg: RewardServiceConfig, seed: int = 0):
+        self.cfg = cfg
+        self.client = GroupRewardClient(cfg, seed=seed)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="grm-reward")
+
+    def __call__(self, rows: list[dict], completions: list[list[str]]) -> list[GroupOutcome]:
+        calls = [self._pool.submit(self.client.score, row["judge_prompt"], texts, row.get("reference"))
+                 for row, texts in zip(rows, completions)]
+        return [call.result() for call in calls]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.client.close()
+
+
+def check_reward_spec(spec: dict) -> None:
+    """Raise ValueError naming the bad key of a reward spec (run on the driver before any worker starts)."""
+    kind = spec.get("kind")
+    if kind not in REWARD_KINDS:
+        raise ValueError(f"reward.kind: {kind!r} is not one of {list(REWARD_KINDS)}")
+    config = _config(spec)
+    if kind == "judge":
+        config.validate()
+    else:
+        config.validate("reward")
+    if kind == "grm" and not config.url:
+        raise ValueError("reward.url: empty; the job must start the GRM app (or name one) before training")
+
+
+def check_rows(spec: dict, rows: list[dict]) -> None:
+    """Every row carries what the reward reads; raise ValueError naming the first missing key and row."""
+    for i, row in enumerate(rows):
+        for key in ("prompt_messages", *ROW_KEYS[spec["kind"]]):
+            if key not in row or row[key] is None:
+                raise ValueError(f"row {i} (id {row.get('id', '?')!r}): missing {key!r}")
+
+
+def build_reward(spec: dict, seed: int = 0):
+    """The callable for `spec` (see the module docstring)."""
+    check_reward_spec(spec)
+    if spec["kind"] == "judge":
+        return JudgeGroupReward(_config(spec))
+    return GRMGroupReward(_config(spec), seed=seed)
+
+
+def _config(spec: dict):
+    cls = JudgeRewardConfig if spec["kind"] == "judge" else RewardServiceConfig
+    try:
+        return cls(**spec.get("config", {}))
+    except TypeError as exc:
+        known = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise ValueError(f"reward.config: {exc} (known keys: {known})") from None
