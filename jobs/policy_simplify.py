@@ -35,8 +35,8 @@ from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.jury_tables import candidate_scores, system_table
 from jobs.cli import entry
 from jobs.config import ConfigError, require_file
-from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, rejudge_config,
-                                stage_eval_set, stage_pairs, stage_results, stage_train)
+from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, first_sources,
+                                rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
 from jobs.ray_env import RayConfig, init_ray
 from jobs.runstore import RunConfig, RunStore, write_table
 from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
@@ -251,9 +251,19 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
                                          cache), summarize_generation))
     if cfg.evaluate.rejudge and len(systems) > 1:
         jury = rejudge_config(cfg.evaluate, cfg.jury.seed)
+        limit = cfg.evaluate.rejudge_limit
+
+        def rejudged(s: RunStore):
+            outputs = _read(s, "eval_generate")
+            if limit:
+                ids = sorted(store.read_stage("eval_set").column("id").to_pylist())[:limit]
+                outputs = outputs.map_batches(first_sources, batch_format="pandas", num_cpus=LIGHT_CPU,
+                                              fn_kwargs={"ids": ids}).materialize()
+            return build_jury_dataset(outputs, jury, cache)
+
         results.append(stage_ray(
-            cfg, store, "rejudge", {"judges": model_key(jury.judges), "seed": jury.seed},
-            lambda s: build_jury_dataset(_read(s, "eval_generate"), jury, cache), summarize_jury))
+            cfg, store, "rejudge", {"judges": model_key(jury.judges), "seed": jury.seed, "limit": limit},
+            rejudged, summarize_jury))
     results.append(stage_results(store, cfg.evaluate, cfg.jury.seed))
     return results
 

@@ -68,8 +68,12 @@ class EvalConfig:
     n_boot: int = 1000
     # the jury judges trained vs vanilla outputs pairwise (both orders); empty = no re-judge
     rejudge: list[JudgeConfig] = field(default_factory=list)
+    # re-judge only the first N evaluation sources (0 = all): pairwise judging costs two calls per source
+    rejudge_limit: int = 0
 
     def validate(self) -> None:
+        if self.rejudge_limit < 0:
+            raise ConfigError(f"evaluate.rejudge_limit: must be >= 0, got {self.rejudge_limit}")
         if self.format not in ("turkcorpus", "asset", "jsonl"):
             raise ConfigError(f"evaluate.format: {self.format!r} is not one of turkcorpus, asset, jsonl")
         self.pool.validate("evaluate.pool")
@@ -195,6 +199,11 @@ def eval_systems(cfg: EvalConfig, store: RunStore, trained: bool) -> list[ModelC
                         pool=cfg.pool) for name, path in systems]
 
 
+def first_sources(batch: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
+    """The rows of `batch` whose source id is in `ids` (the re-judged subset)."""
+    return batch[batch["id"].isin(ids)]
+
+
 def rejudge_config(cfg: EvalConfig, seed: int) -> JuryConfig:
     return JuryConfig(judges=cfg.rejudge, aggregate="majority", seed=seed, both_orders=True)
 
@@ -207,7 +216,7 @@ def stage_eval_set(store: RunStore, cfg: EvalConfig, policy: str) -> StageResult
         return {"rows_out": len(frame), "data": used, "references_per_source": round(
             float(frame["references"].map(len).mean()), 2) if len(frame) else 0}
 
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("rejudge", "pool", "n_boot")}
+    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("rejudge", "rejudge_limit", "pool", "n_boot")}
     return store.run_stage("eval_set", {**key, "policy": policy,
                                         "found": Path(cfg.path).exists()}, produce)
 

@@ -48,6 +48,7 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
                   "train.trainer.max_prompt_length=48", "train.trainer.max_completion_length=16"]
     overrides += [f"evaluate.path={turk_dir}", "evaluate.limit=4", f"evaluate.engine.model={model_dir}",
                   "evaluate.sampling.max_tokens=8", "evaluate.pool.num_cpus=0.5", "evaluate.n_boot=100",
+                  "evaluate.rejudge_limit=3",
                   "evaluate.rejudge=[{name: judge-api, template: jury_pairwise, format: pairwise, %s}]" % api]
     return overrides
 
@@ -93,7 +94,8 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     for system in results.index:
         row = results.loc[system]
         assert row["sari_lo"] <= row["sari"] <= row["sari_hi"] and row["n"] == 4
-    # the scripted judge grades position A higher: over both orders each system wins once per source
+    # 3 re-judged sources x both orders; the scripted judge grades position A higher, so each system wins once
+    assert len(pd.read_parquet(run_dir / "rejudge")) == 3 * 2
     assert results.loc["trained", "vs_vanilla_win_rate"] == pytest.approx(0.5)
     summary = (run_dir / "summary.md").read_text()
     for title in ("paper 000 Table 3", "vanilla vs trained", "Cost per stage"):
