@@ -15,7 +15,8 @@ Data: a MENLO-format JSONL file (`data.path`), one response pair per line with p
 optionally template_id, question_type, split (train | val | test), prompt_en; the full table is in
 eval/menlo_data.py. Pairs whose split is in `data.eval_splits` are judged; few-shot exemplars come from
 `data.exemplar_splits`. A malformed line stops the run before any model is loaded (exit code 2, naming file, line
-and field). `configs/data/menlo_fixture.jsonl` is a small self-written set (6 locales, all four dimensions).
+and field). `configs/data/menlo_fixture.jsonl` is a small self-written set (32 test pairs in 5 locales x 4 dimensions,
+plus 8 train pairs as few-shot exemplars).
 
 Protocols (`protocols[i]`): pointwise, few-shot pointwise (3 graded exemplars) and pairwise (both A/B orders),
 each with the dimension's rubric or only the five labels; all answer in MENLO's format and are read with the shared
@@ -179,6 +180,22 @@ def run_judges(cfg: Config, store: RunStore, cache: str):
     return stage_frame(cfg, store, "judgments", {"judges": model_key(cfg.judges)}, judge, summarize_judgments)
 
 
+def compute_metrics(cfg: Config, judgments: pd.DataFrame) -> pd.DataFrame:
+    """jm.evaluate with one Ray task per (judge, protocol): the bootstrap is the costly part (on the paper's data,
+    ~50 slices x 7 statistics x 5,000 resamples per group), and the groups are independent."""
+    import ray
+
+    init_ray(cfg.ray)
+    evaluate_group = ray.remote(num_cpus=1)(jm.evaluate_group)
+    boot = Bootstrap(cfg.report.n_boot, cfg.report.seed)
+    groups = list(judgments.groupby(["judge", "protocol"], sort=False))
+    futures = [evaluate_group.remote(group, boot, cfg.report.failures, cfg.report.alpha_level) for _, group in groups]
+    rows = []
+    for ((judge, protocol), _), group_rows in zip(groups, ray.get(futures)):
+        rows += [{"judge": judge, "protocol": protocol, **row} for row in group_rows]
+    return pd.DataFrame(rows, columns=jm.COLUMNS)
+
+
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
     store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
@@ -189,7 +206,6 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         add_file_log(f"{store.path}/logs/driver.log", redaction)
     store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
     cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
-    boot = Bootstrap(cfg.report.n_boot, cfg.report.seed)
     # data and items first: a malformed file or a missing exemplar fails the run before any model is loaded
     data_key = {**dataclasses.asdict(cfg.data), "file": _digest(cfg.data.path)}
     results = [stage_frame(cfg, store, "data", data_key, lambda: load_pairs(cfg.data))]
@@ -199,8 +215,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, None if store.uri_prefix else store.path)
     try:
         results.append(run_judges(cfg, store, cache))
-        results.append(stage_frame(cfg, store, "metrics", dataclasses.asdict(cfg.report), lambda: jm.evaluate(
-            store.read_stage("judgments").to_pandas(), boot, cfg.report.failures, cfg.report.alpha_level)))
+        results.append(stage_frame(cfg, store, "metrics", dataclasses.asdict(cfg.report),
+                                   lambda: compute_metrics(cfg, store.read_stage("judgments").to_pandas())))
         for result in results:
             log.info("stage %-9s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
                      result.rows, result.seconds, result.summary)
