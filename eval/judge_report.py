@@ -17,16 +17,27 @@ from eval.report_html import Figure, Section, _empty, _figure_png, _pyplot, rend
 MAX_CONFUSION_PANELS = 12
 
 
-def parse_health(judgments: pd.DataFrame) -> pd.DataFrame:
+def _groups(judgments: pd.DataFrame, order: list[tuple[str, str]] | None) -> list:
+    """(judge, protocol) groups in `order` (e.g. the metrics table's), else in order of appearance."""
+    groups = dict(list(judgments.groupby(["judge", "protocol"], sort=False)))
+    keys = [k for k in dict.fromkeys(order) if k in groups] if order else list(groups)
+    return [(k, groups[k]) for k in keys]
+
+
+def parse_health(judgments: pd.DataFrame, order: list[tuple[str, str]] | None = None) -> pd.DataFrame:
     """Per judge x protocol: calls, parse failures (kept), format violations, retried calls, the top error code."""
     rows = []
-    for (judge, protocol), group in judgments.groupby(["judge", "protocol"], sort=False):
+    for (judge, protocol), group in _groups(judgments, order):
         errors = group.loc[group["parse_error"] != "", "parse_error"]
         rows.append({"judge": judge, "protocol": protocol, "calls": len(group), "parse failures": len(errors),
                      "format violations": int((~group["format_ok"].astype(bool)).sum()),
                      "retried": int((group["attempts"] > 1).sum()),
                      "most common error": errors.value_counts().index[0] if len(errors) else ""})
     return pd.DataFrame(rows)
+
+
+def group_order(metrics: pd.DataFrame) -> list[tuple[str, str]]:
+    return list(dict.fromkeys(zip(metrics["judge"], metrics["protocol"])))
 
 
 def build_sections(metrics: pd.DataFrame, judgments: pd.DataFrame, failures: str) -> list[Section]:
@@ -37,7 +48,7 @@ def build_sections(metrics: pd.DataFrame, judgments: pd.DataFrame, failures: str
         Section("Headline (all pairs)", jm.headline(metrics),
                 f"value [95% CI], bootstrap over pairs; fractions (the paper prints x100); {wrong}; "
                 "'-' = not applicable (position bias needs pairwise judging in both orders)."),
-        Section("Parse health", parse_health(judgments),
+        Section("Parse health", parse_health(judgments, group_order(metrics)),
                 "Every judge call is kept: parse failures stay in the judgments stage with parse_error set."),
     ]
     for kind in ("dimension", "locale"):
@@ -76,10 +87,10 @@ def plot_headline(metrics: pd.DataFrame, statistics: tuple[str, ...] = ("macro_f
     return _figure_png(fig)
 
 
-def plot_confusions(judgments: pd.DataFrame) -> bytes:
+def plot_confusions(judgments: pd.DataFrame, order: list[tuple[str, str]] | None = None) -> bytes:
     """Gold x predicted grade counts, one panel per judge x protocol (the first MAX_CONFUSION_PANELS)."""
     plt = _pyplot()
-    groups = list(judgments.groupby(["judge", "protocol"], sort=False))[:MAX_CONFUSION_PANELS]
+    groups = _groups(judgments, order)[:MAX_CONFUSION_PANELS]
     cols = min(3, max(len(groups), 1))
     rows = max(1, math.ceil(len(groups) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
@@ -110,8 +121,8 @@ def build_report(title: str, notes: list[str], metrics: pd.DataFrame, judgments:
                    "n_excluded count responses, comparisons, pairs or calls as the statistic requires.")
     figures = [
         Figure("Macro-F1 and preference accuracy", plot_headline(metrics), "Bars: value; whiskers: 95% CI."),
-        Figure("Confusion matrices", plot_confusions(judgments), "Rows: gold grade; columns: predicted (none = "
-               "no grade extracted)."),
+        Figure("Confusion matrices", plot_confusions(judgments, group_order(metrics)),
+               "Rows: gold grade; columns: predicted (none = no grade extracted)."),
     ]
     return (render_markdown(title, notes, sections), render_html(title, notes, sections + [full], figures),
             figures)

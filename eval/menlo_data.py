@@ -264,7 +264,7 @@ def shown_order(protocol: Protocol, pair_id: str, seed: int) -> list[str]:
 
 def build_items(pairs: pd.DataFrame, pool: pd.DataFrame, protocols: list[Protocol], rubrics: dict,
                 seed: int) -> pd.DataFrame:
-    """Every judge call of every protocol, with its rendered messages (JSON), sorted so one batch shares a prompt prefix.
+    """Every judge call of every protocol with its rendered messages (JSON), sorted so a batch shares a prompt prefix.
 
     Columns: item_id, protocol, mode, pair_id, template_id, dimension, locale, question_type, unit (pointwise: the
     judged response "a"/"b"; pairwise: the shown order "AB"/"BA"), gold_a, gold_b (the pair's, original

@@ -188,7 +188,9 @@ def compute_metrics(cfg: Config, judgments: pd.DataFrame) -> pd.DataFrame:
     init_ray(cfg.ray)
     evaluate_group = ray.remote(num_cpus=1)(jm.evaluate_group)
     boot = Bootstrap(cfg.report.n_boot, cfg.report.seed)
-    groups = list(judgments.groupby(["judge", "protocol"], sort=False))
+    # config order (judges, then protocols), so every table reads in the order the config lists them
+    rank = {(j.name, p.name): (a, b) for a, j in enumerate(cfg.judges) for b, p in enumerate(cfg.protocols)}
+    groups = sorted(judgments.groupby(["judge", "protocol"], sort=False), key=lambda kv: rank[kv[0]])
     futures = [evaluate_group.remote(group, boot, cfg.report.failures, cfg.report.alpha_level) for _, group in groups]
     rows = []
     for ((judge, protocol), _), group_rows in zip(groups, ray.get(futures)):
@@ -265,7 +267,7 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
     print("\n" + markdown + "\n")
     tracker.table("report/headline", jm.headline(metrics))
     tracker.table("report/metrics", metrics, max_rows=5000)
-    tracker.table("report/parse_health", rep.parse_health(judgments))
+    tracker.table("report/parse_health", rep.parse_health(judgments, rep.group_order(metrics)))
     sample = judgments[["judge", "protocol", "item_id", "raw_completion", "parse_error"]]
     tracker.table("report/judge_outputs", sample, max_rows=100)
     if tracker.run is not None:

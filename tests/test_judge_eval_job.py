@@ -133,6 +133,8 @@ def test_judge_eval_end_to_end(ray_local, tiny_model_dir, tmp_path):
     assert head["ci_lo"] <= head["value"] <= head["ci_hi"]
 
     markdown = (run / "metrics.md").read_text()
+    headline_rows = re.findall(r"^\|\s*(tiny|api)\s*\|\s*(\S+)\s*\|", markdown.split("## Parse health")[0], re.M)
+    assert headline_rows == [(j, p) for j in ("tiny", "api") for p in ("point+rubric", "fewshot", "pair+rubric")]
     assert re.search(r"\|\s*api\s*\|\s*pair\+rubric\s*\|.*\|\s*0\.286 \[", markdown)  # position bias cell
     assert re.search(r"\|\s*tiny\s*\|\s*fewshot\s*\|\s*16\s*\|\s*16\s*\|", markdown)  # parse health: calls, failures
     page = (run / "report.html").read_text()
