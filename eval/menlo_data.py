@@ -15,7 +15,7 @@ field               required  meaning
                               preference sign(gold_a - gold_b)
 ``template_id``     no        template group (the paper's split unit); default ``pair_id``. Few-shot exemplars
                               never come from the judged pair's group
-``question_type``   no        rubric question type (shown to the judge; one rubric per dimension here)
+``question_type``   no        rubric question type (kept with every judge call; one rubric per dimension here)
 ``split``           no        ``train`` | ``val`` | ``test`` (default ``test``)
 ``prompt_en``       no        the English template the prompt was localized from (kept, not shown)
 ==================  ========  ================================================================================
