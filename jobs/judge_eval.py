@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-import yaml
 
 from actors.menlo import MenloJudgeConfig
 from actors.stage_config import LIGHT_CPU, SamplingConfig, check_unique_names
@@ -50,9 +49,9 @@ from jobs.cli import entry
 from jobs.config import ConfigError, require_file
 from jobs.jury_eval import stage_frame, to_dataset
 from jobs.policy_simplify import model_key
-from jobs.ray_env import RayConfig, init_ray
-from jobs.runstore import RunConfig, RunStore
-from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+from jobs.jobrun import JobSections, open_run
+from jobs.ray_env import init_ray
+from jobs.runstore import RunStore
 
 log = logging.getLogger("quorum.judge_eval")
 JOB = "judge_eval"
@@ -90,10 +89,7 @@ def _default_protocols() -> list[md.Protocol]:
 
 
 @dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
     protocols: list[md.Protocol] = field(default_factory=_default_protocols)
     judges: list[MenloJudgeConfig] = field(default_factory=lambda: [MenloJudgeConfig(
@@ -199,22 +195,15 @@ def compute_metrics(cfg: Config, judgments: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
-    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
-    store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
-    config_dict = dataclasses.asdict(cfg)
-    redaction = install_redaction(secret_env_names(config_dict))
-    if not store.uri_prefix:
-        Path(store.path, "logs").mkdir(exist_ok=True)
-        add_file_log(f"{store.path}/logs/driver.log", redaction)
-    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
-    cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
+    run = open_run(JOB, cfg, config_path)
+    store, cache = run.store, run.cache_dir
     # data and items first: a malformed file or a missing exemplar fails the run before any model is loaded
     data_key = {**dataclasses.asdict(cfg.data), "file": _digest(cfg.data.path)}
     results = [stage_frame(cfg, store, "data", data_key, lambda: load_pairs(cfg.data))]
     results.append(stage_frame(cfg, store, "items", {"protocols": [dataclasses.asdict(p) for p in cfg.protocols],
                                                      "rubrics": _digest(cfg.data.rubrics_path)},
                                lambda: build_items(cfg, store.read_stage("data").to_pandas())))
-    tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, None if store.uri_prefix else store.path)
+    tracker = run.start_tracking(JOB, cfg.wandb)
     try:
         results.append(run_judges(cfg, store, cache))
         results.append(stage_frame(cfg, store, "metrics", dataclasses.asdict(cfg.report),

@@ -22,10 +22,8 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from actors.corpus import read_standard, source_filter
 from actors.features import FeaturesConfig
@@ -37,9 +35,9 @@ from jobs.cli import entry
 from jobs.config import ConfigError, require_file
 from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, first_sources,
                                 rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
-from jobs.ray_env import RayConfig, init_ray
-from jobs.runstore import RunConfig, RunStore, write_table
-from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+from jobs.jobrun import JobSections, open_run
+from jobs.ray_env import init_ray
+from jobs.runstore import RunStore, write_table
 
 log = logging.getLogger("quorum.policy_simplify")
 
@@ -59,10 +57,7 @@ class DataConfig:
 
 
 @dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
     # policy name -> generation prompt template (configs/prompts/<name>.yaml)
     policies: dict[str, str] = field(
@@ -155,17 +150,9 @@ def model_key(models: list) -> list:
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
-    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
-    store = RunStore(cfg.run.root, "policy_simplify", run_id, resume=cfg.run.resume)
-    config_dict = dataclasses.asdict(cfg)
-    redaction = install_redaction(secret_env_names(config_dict))
-    if not store.uri_prefix:
-        Path(store.path, "logs").mkdir(exist_ok=True)
-        add_file_log(f"{store.path}/logs/driver.log", redaction)
-    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
-    tracker = start_tracking(cfg.wandb, "policy_simplify", run_id, config_dict,
-                             None if store.uri_prefix else store.path)
-    cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
+    run = open_run("policy_simplify", cfg, config_path)
+    store, cache = run.store, run.cache_dir
+    tracker = run.start_tracking("policy_simplify", cfg.wandb)
     from actors.generate import build_generate_dataset, summarize_generation
     from actors.jury import build_jury_dataset, summarize_jury
 

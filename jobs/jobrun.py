@@ -1,0 +1,55 @@
+"""What every job does before its first stage: open the run directory, save the resolved config, mask secrets,
+log to a file, and start W&B. Each job's config embeds `JobSections` (run / ray / wandb) first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from jobs.ray_env import RayConfig
+from jobs.runstore import RunConfig, RunStore
+from jobs.tracking import Tracker, WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+
+
+@dataclass
+class JobSections:
+    """The config sections every job has; a job's `Config` subclasses this and adds its own."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class JobRun:
+    store: RunStore
+    run_id: str
+    # the resolved config as a dict (what config.yaml, the manifest and W&B get)
+    config: dict
+    # the shared request cache under run.root ("" when run.request_cache is off)
+    cache_dir: str
+
+    def start_tracking(self, job: str, wandb: WandbConfig) -> Tracker:
+        return start_tracking(wandb, job, self.run_id, self.config, None if self.store.uri_prefix else self.store.path)
+
+
+def open_run(job: str, cfg: JobSections, config_path: str = "") -> JobRun:
+    """The run directory `<run.root>/<job>/<run id>` (id defaults to the config file's stem), started and logged.
+
+    Secrets named by `*_env` keys are masked from every log handler from here on; the driver log is
+    `logs/driver.log` in a local run directory.
+    """
+    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
+    store = RunStore(cfg.run.root, job, run_id, resume=cfg.run.resume)
+    config_dict = dataclasses.asdict(cfg)
+    redaction = install_redaction(secret_env_names(config_dict))
+    if not store.uri_prefix:
+        Path(store.path, "logs").mkdir(exist_ok=True)
+        add_file_log(f"{store.path}/logs/driver.log", redaction)
+    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
+    cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
+    return JobRun(store, run_id, config_dict, cache)
