@@ -24,12 +24,10 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import pandas as pd
 import pyarrow as pa
-import yaml
 
 from actors.ratings import read_asset_ratings, read_simpeval
 from actors.jury import JuryConfig
@@ -40,9 +38,9 @@ from eval import synth_bench as bench
 from jobs.cli import entry
 from jobs.config import ConfigError, require_file
 from jobs.policy_simplify import model_key
-from jobs.ray_env import RayConfig, init_ray
-from jobs.runstore import RunConfig, RunStore, write_table
-from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+from jobs.jobrun import JobSections, open_run
+from jobs.ray_env import init_ray
+from jobs.runstore import RunStore, write_table
 
 log = logging.getLogger("quorum.jury_eval")
 JOB = "jury_eval"
@@ -103,10 +101,7 @@ class ReportConfig:
 
 
 @dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+class Config(JobSections):
     synth: SynthConfig = field(default_factory=SynthConfig)
     simpeval: SimpEvalConfig = field(default_factory=SimpEvalConfig)
     asset: AssetRatingsConfig = field(default_factory=AssetRatingsConfig)
@@ -288,22 +283,15 @@ JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "o
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
-    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
-    store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
-    config_dict = dataclasses.asdict(cfg)
-    redaction = install_redaction(secret_env_names(config_dict))
-    if not store.uri_prefix:
-        Path(store.path, "logs").mkdir(exist_ok=True)
-        add_file_log(f"{store.path}/logs/driver.log", redaction)
-    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
-    cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
+    run = open_run(JOB, cfg, config_path)
+    store, cache = run.store, run.cache_dir
     judges = [j.name for j in cfg.jury.judges]
     metrics = list(cfg.report.metrics)
     boot = meta.Bootstrap(cfg.report.n_boot, cfg.report.seed)
     # the human sets first: a malformed ratings file fails the run before any model is loaded
     results = [stage_frame(cfg, store, "human", {"simpeval": dataclasses.asdict(cfg.simpeval),
                                                  "asset": dataclasses.asdict(cfg.asset)}, lambda: load_human(cfg))]
-    tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, None if store.uri_prefix else store.path)
+    tracker = run.start_tracking(JOB, cfg.wandb)
     try:
         results += run_generation(cfg, store, cache)
         results.append(stage_frame(cfg, store, "pairs", {}, lambda: build_pairs(store)))
