@@ -6,7 +6,8 @@ back-off; a group the service cannot score is counted (``reward/groups_failed``,
 and left out of the loss, never given a zero reward.
 
 Local (local Ray; this job starts the GRM app in its own cluster, as `quorum serve` would, unless `reward.url`
-names a running one; SmolLM2-135M as policy and judge):
+names a running one; SmolLM2-135M as policy and judge; the demo measured 7 min 27 s for 3 steps on 2 cores
+shared with other jobs at load average ~30, ~40 s per step, the rest start-up):
 
     quorum run configs/policy_grpo_demo.yaml
     python -m jobs.policy_grpo configs/policy_grpo_demo.yaml grpo.max_steps=2 run.id=short
@@ -33,18 +34,15 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from eval.menlo_data import DIMENSIONS, SPLITS, load_rubrics, read_menlo_jsonl
 from jobs.cli import entry
 from jobs.config import ConfigError, load_config, require_file
-from jobs.grpo_stages import file_sha, report, stage_rows, stage_train, validate_grpo
-from jobs.ray_env import RayConfig, init_ray
-from jobs.runstore import RunConfig, RunStore
-from jobs.tracking import WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+from jobs.grpo_stages import adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.jobrun import JobSections, open_run
+from jobs.ray_env import init_ray
 from serve.config import ServeConfig
 from serve.reward_client import RewardServiceConfig
 from train.grpo_trainer import GRPOConfig
@@ -78,10 +76,7 @@ class GRMConfig:
 
 
 @dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
     grm: GRMConfig = field(default_factory=GRMConfig)
     reward: RewardServiceConfig = field(default_factory=RewardServiceConfig)
@@ -182,14 +177,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     # checked here, not in validate(): the config is fine, the shell it runs in lacks the secret
     if cfg.reward.token_env and not os.environ.get(cfg.reward.token_env):
         raise ConfigError(f"reward.token_env: environment variable {cfg.reward.token_env} is not set")
-    run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
-    store = RunStore(cfg.run.root, JOB, run_id, resume=cfg.run.resume)
-    config_dict = dataclasses.asdict(cfg)
-    redaction = install_redaction(secret_env_names(config_dict))
-    Path(store.path, "logs").mkdir(exist_ok=True)
-    add_file_log(f"{store.path}/logs/driver.log", redaction)
-    store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False, allow_unicode=True))
-    tracker = start_tracking(cfg.wandb, JOB, run_id, config_dict, store.path)
+    run = open_run(JOB, cfg, config_path)
+    store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path)}
     results = [stage_rows(store, rows_key, lambda: policy_rows(cfg))]
     validate_grpo(cfg.grpo, results[0].rows)
@@ -199,10 +188,9 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
            "grm": dataclasses.asdict(cfg.serve_config()) if not cfg.reward.url else None}
     results.append(stage_train(store, cfg.grpo, cfg.wandb, key, lambda: served_reward(cfg)))
     table = report(store, tracker, results, "Policy GRPO against the served GRM")
-    store.finish({"adapter": f"{store.stage_path('train')}/run/adapter"})
+    store.finish({"adapter": adapter_dir(store)})
     tracker.finish()
     return table
-
 
 
 if __name__ == "__main__":

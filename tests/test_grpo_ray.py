@@ -73,7 +73,7 @@ def job_config(tmp: Path, model_dir: str, overrides: list[str], grm_overrides: l
         f"run.root={tmp / 'runs'}", f"data.path={write_prompts(tmp / 'prompts.jsonl')}", f"grpo.model={model_dir}",
         "grpo.group_size=3", "grpo.prompts_per_step=2", "grpo.micro_batch_size=3", "grpo.max_steps=2",
         "grpo.max_prompt_length=64", "grpo.max_completion_length=8", "grpo.lr=0.01", "grpo.weight_decay=0.0",
-        "grpo.num_iterations=2", "grpo.kl_coef=0.05", "grpo.lora.r=4", "grpo.lora.alpha=8",
+        "grpo.num_iterations=2", "grpo.kl_coef=0.05", "grpo.entropy_coef=0.01", "grpo.lora.r=4", "grpo.lora.alpha=8",
         "grpo.checkpoint_every=2", "grpo.log_samples_every=1", "reward.backoff_s=0.01", *overrides])
     cfg.grm.overrides = grm_overrides
     cfg.validate()
@@ -161,3 +161,26 @@ def test_dead_reward_service_fails_every_group_and_leaves_the_adapter_untouched(
     trained = load_file(str(run / "train" / "run" / "adapter" / "adapter_model.safetensors"))
     for name, before in initial_lora(tiny_model_dir, cfg).items():
         assert torch.equal(trained[name], before), f"{name} moved although no group was scored"
+
+
+def test_judge_grpo_job_scores_rollouts_with_the_menlo_reward(serve_cleanup, tiny_model_dir, tmp_path):
+    import jobs.judge_grpo as judge_job
+
+    # one worker, one step, no W&B: the Ray path is shared with the tests above; this checks the judge wiring
+    cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml", [
+        f"run.root={tmp_path}", "run.id=judge", "wandb.enabled=false", "data.dimensions=[tone]",
+        f"grpo.model={tiny_model_dir}", "grpo.num_workers=1", "grpo.group_size=2", "grpo.prompts_per_step=2",
+        "grpo.micro_batch_size=4", "grpo.max_steps=1", "grpo.max_completion_length=6", "grpo.checkpoint_every=1"])
+    table = judge_job.main(cfg, "judge.yaml").set_index("metric")["value"]
+    # a random tiny judge never writes the tags: every rollout earns exactly the two penalties, so the group's
+    # rewards are equal (zero advantage) and no service is involved (no failures)
+    assert table["reward/mean"] == pytest.approx(-1.2) and table["reward/extract_fail"] == 1.0
+    assert table["reward/format_penalty"] == pytest.approx(-0.2) and table["reward/extract_penalty"] == -1.0
+    for term in ("exact_a", "exact_b", "near_a", "near_b", "pref_bonus"):
+        assert table[f"reward/{term}"] == 0.0
+    assert table["reward/groups"] == 2 and table["reward/groups_failed"] == 0
+    assert table["reward/groups_zero_std"] == 2 and table["updates_skipped"] == 0
+    run = Path(tmp_path) / "judge_grpo" / "judge"
+    assert (run / "train" / "run" / "adapter" / "adapter_config.json").is_file()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["rows"]["rows"] == 12  # 6 tone pairs x both A/B orders

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
-from train.advantages import grpo_policy_loss
+from train.advantages import aggregate_token_losses, grpo_policy_loss
 from train.grpo_batch import (GroupOutcome, completion_logps, completion_window, finish_outcome_metrics,
                               micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
 from train.grpo_rewards import build_reward
@@ -225,8 +225,14 @@ def micro_loss(engine, cfg: GRPOConfig, batch: dict, part: slice, advantages: to
         clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
         max_len=cfg.max_completion_length, ref_logps=ref[keep] if ref is not None else None, kl_coef=cfg.kl_coef,
         kl_kind=cfg.kl_kind)
-    with torch.no_grad():
+    # entropy keeps its graph only when it is part of the loss
+    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef > 0):
         entropy = token_entropy(logits[keep][:, :-1])
+    if cfg.entropy_coef > 0:
+        bonus = aggregate_token_losses(entropy, kept_mask, cfg.loss_agg, cfg.max_completion_length)
+        loss = loss - cfg.entropy_coef * bonus
+    entropy = entropy.detach()
+    with torch.no_grad():
         tokens = float(kept_mask.sum())
         out = {f"{k}_wsum": float(v) * tokens for k, v in metrics.items()}
         out["entropy_wsum"] = float((entropy * kept_mask).sum())

@@ -74,6 +74,8 @@ class GRPOConfig:
     # β of the KL-to-reference term (reference = the base model: LoRA disabled); 0 = no reference forward
     kl_coef: float = 0.0
     kl_kind: str = "k3"
+    # bonus on the policy's token entropy, subtracted from the loss (verl entropy_coeff; the paper leaves it 0)
+    entropy_coef: float = 0.0
     # token_mean (verl token-mean) | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm (Dr. GRPO)
     loss_agg: str = "token_mean"
     # divide advantages by the group std (GRPO); false = Dr. GRPO
@@ -114,8 +116,8 @@ class GRPOConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("max_steps", "max_failures", "weight_decay", "max_grad_norm", "kl_coef", "max_failed_steps",
-                     "log_samples_every", "clip_eps_low", "clip_eps_high"):
+        for name in ("max_steps", "max_failures", "weight_decay", "max_grad_norm", "kl_coef", "entropy_coef",
+                     "max_failed_steps", "log_samples_every", "clip_eps_low", "clip_eps_high"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.group_size < 2:
