@@ -80,8 +80,19 @@ class HFEngine:
             logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
             min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
         )
+        self.warm_up()
         # prompt / prefill token counts of the last `generate` call
         self.last_stats = DecodeStats()
+
+    def warm_up(self) -> None:
+        """Decode two tokens for two short prompts, so oneDNN builds its kernels before the first real batch.
+
+        Otherwise the first batch an actor serves pays that one-off cost (a second or more on CPU), which skews
+        its latency and any throughput measured from the moment the model is loaded.
+        """
+        ids = self.tokenizer("Simplify: the cat sat on the mat.", add_special_tokens=False).input_ids
+        rows = [DecodeRow(prompt_ids=ids, sampling=SamplingParams(max_tokens=2)) for _ in range(2)]
+        run_decode(self.model, rows, self.settings)
 
     def generate(self, requests: list[ChatRequest]) -> list[Completion]:
         """Complete each request; the result list is in request order.
