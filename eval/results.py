@@ -23,25 +23,20 @@ import pandas as pd
 from eval.aggregate import pairwise_winrate
 from eval.agreement import bootstrap_ci
 from eval.sari import compute_corpus_stats, score_stats
-from eval.textmetrics import score_corpus
+from eval.textmetrics import refs_to_streams, score_corpus
 
 POINT_METRICS = ("bleu", "fkgl", "compression_ratio")
 
 
 def sari_counts(sources: Sequence[str], outputs: Sequence[str], references: Sequence[Sequence[str]]) -> np.ndarray:
     """Per-sentence SARI counts, shape (sentences, 4 orders, 9 counts); `references` is one list per sentence."""
-    streams = _to_streams(references)
+    streams = refs_to_streams(references)
     return np.asarray(compute_corpus_stats(list(sources), list(outputs), streams), dtype=np.int64)
 
 
 def sari_of_counts(counts: np.ndarray) -> float:
     """Corpus SARI of the summed counts of some sentences."""
     return score_stats(counts.sum(axis=0).tolist()).sari
-
-
-def _to_streams(references: Sequence[Sequence[str]]) -> list[list[str | None]]:
-    width = max((len(refs) for refs in references), default=0)
-    return [[refs[k] if k < len(refs) else None for refs in references] for k in range(width)]
 
 
 def results_table(outputs: pd.DataFrame, references: dict[str, list[str]], baseline: str, n_boot: int = 1000,
@@ -74,7 +69,7 @@ def results_table(outputs: pd.DataFrame, references: dict[str, list[str]], basel
             gain = bootstrap_ci(lambda a, b: sari_of_counts(a) - sari_of_counts(b), counts, base_counts,
                                 n_boot=n_boot, seed=seed)
             row.update(sari_gain=gain[0], sari_gain_lo=gain[1], sari_gain_hi=gain[2])
-        point = score_corpus(list(POINT_METRICS), list(table["source"]), list(table["output"]), _to_streams(refs))
+        point = score_corpus(list(POINT_METRICS), list(table["source"]), list(table["output"]), refs_to_streams(refs))
         row.update({k: point[k] for k in POINT_METRICS})
         row["empty_outputs"] = int((table["output"].str.strip() == "").sum())
         rows.append(row)

@@ -211,7 +211,7 @@ def check_metrics(metrics: Sequence[str], has_refs: bool) -> list[str]:
 
 def _sentence_values(name: str, orig, sys, refs_per_sent, lowercase, tokenizer, bleu_lowercase) -> dict[str, list]:
     if name == "sari":
-        scores = sentence_sari_scores(orig, sys, _to_streams(refs_per_sent), lowercase, tokenizer)
+        scores = sentence_sari_scores(orig, sys, refs_to_streams(refs_per_sent), lowercase, tokenizer)
         return {"sari": [s.sari for s in scores], "sari_add": [s.add for s in scores],
                 "sari_keep": [s.keep for s in scores], "sari_del": [s.delete for s in scores]}
     if name == "bleu":
@@ -249,7 +249,8 @@ def _pad(refs_per_sent: Sequence[Sequence[str]]) -> list[list[str | None]]:
     return [list(r) + [None] * (width - len(r)) for r in refs_per_sent]
 
 
-def _to_streams(refs_per_sent: Sequence[Sequence[str]]) -> list[list[str | None]]:
+def refs_to_streams(refs_per_sent: Sequence[Sequence[str]]) -> list[list[str | None]]:
+    """References per sentence -> EASSE's reference streams (n_refs x n_sentences), short lists padded with None."""
     if not refs_per_sent:
         return [[]]  # an empty corpus: one empty stream keeps the streams layout valid
     return [list(stream) for stream in zip(*_pad(refs_per_sent))]
@@ -304,14 +305,14 @@ def score_corpus(
     result: dict[str, float] = {}
     for name in names:
         if name == "sari":
-            score = corpus_sari(orig, sys, _to_streams(refs_per_sent), lowercase, tokenizer, return_components=True)
+            score = corpus_sari(orig, sys, refs_to_streams(refs_per_sent), lowercase, tokenizer, return_components=True)
             result.update(sari=score.sari, sari_add=score.add, sari_keep=score.keep, sari_del=score.delete)
         elif name == "bleu":
-            result["bleu"] = corpus_bleu(sys, _to_streams(refs_per_sent), bleu_lowercase, tokenizer)
+            result["bleu"] = corpus_bleu(sys, refs_to_streams(refs_per_sent), bleu_lowercase, tokenizer)
         elif name == "fkgl":
             result["fkgl"] = corpus_fkgl(sys, tokenizer)
         elif name == "dsari":
-            result["dsari"] = corpus_dsari(orig, sys, _to_streams(refs_per_sent))
+            result["dsari"] = corpus_dsari(orig, sys, refs_to_streams(refs_per_sent))
         else:
             values = _sentence_values(name, orig, sys, refs_per_sent, lowercase, tokenizer, bleu_lowercase)
             result.update({k: sum(v) / len(v) if v else 0.0 for k, v in values.items()})
@@ -344,7 +345,7 @@ def score_table(
         data = pd.read_parquet(Path(data))
     orig = _text_column(data, source_col, where)
     sys = _text_column(data, output_col, where)
-    refs = None if refs_col is None else _to_streams(_refs_column(data, refs_col, where))
+    refs = None if refs_col is None else refs_to_streams(_refs_column(data, refs_col, where))
     corpus = score_corpus(metrics, orig, sys, refs, **kwargs)
     sentences = pd.DataFrame(score_sentences(metrics, orig, sys, refs, **kwargs), index=data.index)
     return corpus, sentences
