@@ -219,7 +219,8 @@ def _shared_prefix(model: torch.nn.Module, rows: list[DecodeRow], settings: Deco
     ids = torch.tensor([prompts[0][:length]], device=model.device)
     cache = Cache(layers=[RowKVLayer(length) for _ in range(settings.num_layers)])
     extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
-    model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(length, device=ids.device)[None],
+    positions = torch.arange(length, device=ids.device)[None]
+    model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions,
           past_key_values=cache, use_cache=True, **extra)
     return SharedPrefix(length, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
 

@@ -96,7 +96,8 @@ class Config(JobSections):
                 raise ConfigError(f"pairs.prompts: no training prompt for policy {policy!r}")
         if self.train.enabled:
             if self.train.policy not in self.policies:
-                raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies {list(self.policies)}")
+                raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies "
+                                  f"{list(self.policies)}")
             if "://" in self.run.root:
                 raise ConfigError("run.root: training writes its adapter under the run directory, which must be a "
                                   "local or shared-filesystem path when train.enabled is true")
@@ -105,8 +106,8 @@ class Config(JobSections):
             except ValueError as exc:
                 raise ConfigError(f"train.trainer.{exc}") from None
             if self.train.trainer.model != self.evaluate.engine.model:
-                raise ConfigError(f"evaluate.engine.model: {self.evaluate.engine.model!r} must be the model the adapter "
-                                  f"is trained on (train.trainer.model = {self.train.trainer.model!r})")
+                raise ConfigError(f"evaluate.engine.model: {self.evaluate.engine.model!r} must be the model the "
+                                  f"adapter is trained on (train.trainer.model = {self.train.trainer.model!r})")
         self.evaluate.validate()
 
 
@@ -225,7 +226,8 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
     results = [stage_pairs(store, cfg.pairs, "select" if cfg.selector.kind == "scorer" else "jury")]
     if cfg.train.enabled:
         init_ray(cfg.ray)
-        results.append(stage_train(store, cfg.train, cfg.wandb.project, cfg.wandb.enabled and cfg.wandb.mode != "disabled"))
+        wandb_on = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
+        results.append(stage_train(store, cfg.train, cfg.wandb.project, wandb_on))
     if not cfg.evaluate.enabled:
         return results
     policy = cfg.train.policy
