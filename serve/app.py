@@ -36,6 +36,7 @@ from actors.engine import ChatRequest, Completion
 from actors.stage_config import engine_secret_env
 from jobs.config import ConfigError, build, with_defaults
 from serve import protocol as P
+from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
 from serve.config import ReplicaSettings, ServeConfig, validate_replica_settings
 
@@ -339,18 +340,18 @@ class GRMServer:
         return P.compare_response(completion, self.model_name, cached)
 
     @api.post("/reward/group")
-    async def reward_group(self, body: P.GroupRewardRequest) -> P.GroupRewardResponse:
+    async def reward_group(self, body: P.GroupRewardRequest) -> R.GroupRewardResponse:
         settings = self._ready_settings()
         P.check_group(body, settings.limits)
-        texts = {P.REFERENCE: body.reference}
+        texts = {R.REFERENCE: body.reference}
         texts.update(enumerate(P.clean_response(r, settings.judge.strip_think) for r in body.responses))
-        pairs = P.plan_pairs(len(body.responses), body.scheme, body.both_orders)
+        pairs = R.plan_pairs(len(body.responses), body.scheme, body.both_orders)
         sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
         calls = [self._complete(self.prompts.compare_messages(body.prompt, texts[a], texts[b]), sampling)
                  for a, b in pairs]
         results = await self._with_deadline(asyncio.gather(*calls), body.timeout_s)
-        judgments = [P.read_judgment(a, b, c, cached) for (a, b), (c, cached) in zip(pairs, results)]
-        return P.group_response(body.scheme, len(body.responses), judgments, [c for c, _ in results],
+        judgments = [R.read_judgment(a, b, c, cached) for (a, b), (c, cached) in zip(pairs, results)]
+        return R.group_response(body.scheme, len(body.responses), judgments, [c for c, _ in results],
                                 self.model_name)
 
 

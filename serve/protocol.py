@@ -4,24 +4,12 @@ Requests are pydantic models (FastAPI answers a malformed body with 422 naming t
 below raise `RequestError` (-> 400 naming the field). Judge messages are rendered from `configs/prompts` templates
 with `eval.prompts`, judge text is read with `eval.judge_parse`: the offline jury and the online reward share both.
 
-Group rewards (`/reward/group`, MENLO paper 003 §5: a pairwise GRM scores GRPO rollouts):
-
-- `all_pairs`: every pair of the G responses is judged once (both orders with `both_orders`). Response i's reward
-  is its **mean grade margin**, the mean over its judgments of ``grade_i - grade_opponent``, in [-4, 4]. Unlike
-  MENLO's mean own grade (also returned, as `mean_grade`) the margin cancels a judge's overall leniency per pair,
-  and with every judgment parsed the rewards of a group sum to 0.
-- `vs_reference`: each response is judged against the reference; reward = mean of ``grade_i - grade_reference``,
-  on the same scale.
-
-Positions alternate so each response is shown as A about as often as B (round-robin parity: pair (i, j), i < j,
-puts i first when i + j is odd). A judgment whose grades cannot be parsed is left out of the means and listed in
-the item's `errors`; an item with no parsed judgment gets ``reward = None``, never a silent 0.
+Group rewards (`/reward/group`) are computed in `serve.rewards`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -32,12 +20,6 @@ from actors.engine import Completion, SamplingParams, split_thinking
 from eval.judge_parse import MENLO_LABELS, parse_menlo_grades, parse_score
 from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
 
-REFERENCE = -1
-SCHEMES = ("all_pairs", "vs_reference")
-REWARD_DEFINITIONS = {
-    "all_pairs": "mean over judgments of grade_i - grade_opponent (range -4..4)",
-    "vs_reference": "mean over judgments of grade_i - grade_reference (range -4..4)",
-}
 _RATIONALE_CHARS = 2000
 _GRADE_MARK_RE = re.compile(r"<\s*final[\s_.\\-]*grade|answer[\s*_]*:[\s*_]*\[", re.IGNORECASE)
 
@@ -282,44 +264,6 @@ class CompareResponse(BaseModel):
     usage: Usage
 
 
-class JudgmentOut(BaseModel):
-    # response indices shown as A and B; -1 is the reference
-    a: int
-    b: int
-    grade_a: int | None
-    grade_b: int | None
-    parse_status: str
-    rationale: str
-    cached: bool = False
-
-
-class ItemReward(BaseModel):
-    index: int
-    reward: float | None
-    mean_grade: float | None
-    n_judgments: int
-    n_failed: int
-    errors: list[str]
-
-
-class GroupCounts(BaseModel):
-    n_responses: int
-    n_judgments: int
-    n_failed_judgments: int
-    n_null_rewards: int
-
-
-class GroupRewardResponse(BaseModel):
-    scheme: str
-    reward_definition: str
-    rewards: list[float | None]
-    items: list[ItemReward]
-    judgments: list[JudgmentOut]
-    counts: GroupCounts
-    model: str
-    usage: Usage
-
-
 def usage_of(completions: list[Completion]) -> Usage:
     prompt = sum(c.prompt_tokens for c in completions)
     completion = sum(c.completion_tokens for c in completions)
@@ -372,75 +316,3 @@ def compare_response(completion: Completion, model: str, cached: bool) -> Compar
         rationale=extract_rationale(raw), parse_status=status_of(completion, grades.error), raw=raw, model=model,
         cached=cached, usage=usage_of([completion]),
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Group rewards
-
-
-def plan_pairs(n: int, scheme: str, both_orders: bool = False) -> list[tuple[int, int]]:
-    """(A, B) index pairs to judge; `REFERENCE` (-1) stands for the reference.
-
-    >>> plan_pairs(3, "all_pairs")
-    [(0, 1), (2, 0), (1, 2)]
-    >>> plan_pairs(2, "vs_reference")
-    [(0, -1), (-1, 1)]
-    """
-    if scheme == "all_pairs":
-        pairs = [(i, j) if (i + j) % 2 else (j, i) for i, j in itertools.combinations(range(n), 2)]
-    elif scheme == "vs_reference":
-        pairs = [(i, REFERENCE) if i % 2 == 0 else (REFERENCE, i) for i in range(n)]
-    else:
-        raise ValueError(f"scheme: {scheme!r} is not one of {SCHEMES}")
-    if both_orders:
-        return [pair for a, b in pairs for pair in ((a, b), (b, a))]
-    return pairs
-
-
-def read_judgment(a: int, b: int, completion: Completion, cached: bool = False) -> JudgmentOut:
-    raw = judge_text(completion)
-    grades = parse_menlo_grades(raw)
-    return JudgmentOut(a=a, b=b, grade_a=grades.grade_a, grade_b=grades.grade_b,
-                       parse_status=status_of(completion, grades.error), rationale=extract_rationale(raw),
-                       cached=cached)
-
-
-def compute_rewards(n: int, judgments: list[JudgmentOut]) -> list[ItemReward]:
-    """Per-response reward = mean grade margin over its parsed judgments (see module docstring).
-
-    A judgment counts only when both grades parsed (`parse_status == "ok"`); the reference side earns nothing.
-    """
-    margins: list[list[int]] = [[] for _ in range(n)]
-    grades: list[list[int]] = [[] for _ in range(n)]
-    errors: list[list[str]] = [[] for _ in range(n)]
-    for j in judgments:
-        for idx, own, other in ((j.a, j.grade_a, j.grade_b), (j.b, j.grade_b, j.grade_a)):
-            if idx == REFERENCE:
-                continue
-            if j.parse_status != "ok":
-                errors[idx].append(f"({j.a},{j.b}): {j.parse_status}")
-            else:
-                margins[idx].append(own - other)
-                grades[idx].append(own)
-    return [
-        ItemReward(index=i, reward=_mean(margins[i]), mean_grade=_mean(grades[i]),
-                   n_judgments=len(margins[i]) + len(errors[i]), n_failed=len(errors[i]), errors=errors[i])
-        for i in range(n)
-    ]
-
-
-def group_response(scheme: str, n: int, judgments: list[JudgmentOut], completions: list[Completion],
-                   model: str) -> GroupRewardResponse:
-    items = compute_rewards(n, judgments)
-    counts = GroupCounts(
-        n_responses=n, n_judgments=len(judgments),
-        n_failed_judgments=sum(j.parse_status != "ok" for j in judgments),
-        n_null_rewards=sum(item.reward is None for item in items),
-    )
-    return GroupRewardResponse(scheme=scheme, reward_definition=REWARD_DEFINITIONS[scheme],
-                               rewards=[item.reward for item in items], items=items, judgments=judgments,
-                               counts=counts, model=model, usage=usage_of(completions))
-
-
-def _mean(values: list[int]) -> float | None:
-    return sum(values) / len(values) if values else None

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from actors.engine import Completion
-from serve import protocol as P
+from serve import rewards as R
 from serve.reward_client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig, backoff_delay
 
 MENLO = ("<think>ok</think><final_grade_A> FINAL GRADE: {a} - X </final_grade_A>"
@@ -32,12 +32,12 @@ def closed_port() -> int:
 def group_body(n: int, grades: dict[tuple[int, int], tuple[int, int]] | None = None) -> dict:
     """A real GroupRewardResponse for n responses, judged by the protocol's own pairing and parsing."""
     judgments, completions = [], []
-    for a, b in P.plan_pairs(n, "all_pairs"):
+    for a, b in R.plan_pairs(n, "all_pairs"):
         ga, gb = (grades or {}).get((a, b), (4, 2))
         completion = Completion(text="", raw_text=MENLO.format(a=ga, b=gb) if ga else "no grades here")
-        judgments.append(P.read_judgment(a, b, completion))
+        judgments.append(R.read_judgment(a, b, completion))
         completions.append(completion)
-    return P.group_response("all_pairs", n, judgments, completions, "judge").model_dump()
+    return R.group_response("all_pairs", n, judgments, completions, "judge").model_dump()
 
 
 class FlakyServer:

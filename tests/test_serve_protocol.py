@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from actors.engine import Completion, SamplingParams
 from jobs.config import ConfigError, load_config
 from serve import protocol as P
+from serve import rewards as R
 from serve.config import ServeConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,9 +18,9 @@ MENLO_OK = ("<think>{why}</think>\n<final_grade_A> FINAL GRADE: {a} - {la} </fin
             "<final_grade_B> FINAL GRADE: {b} - {lb} </final_grade_B>")
 
 
-def judgment(a: int, b: int, grade_a: int | None, grade_b: int | None) -> P.JudgmentOut:
+def judgment(a: int, b: int, grade_a: int | None, grade_b: int | None) -> R.JudgmentOut:
     ok = grade_a is not None and grade_b is not None
-    return P.JudgmentOut(a=a, b=b, grade_a=grade_a, grade_b=grade_b, parse_status="ok" if ok else "missing_grade_b",
+    return R.JudgmentOut(a=a, b=b, grade_a=grade_a, grade_b=grade_b, parse_status="ok" if ok else "missing_grade_b",
                          rationale="")
 
 
@@ -36,24 +37,24 @@ def menlo(a: int, b: int, why: str = "because") -> Completion:
 
 
 def test_all_pairs_plan_covers_every_pair_once_with_balanced_positions():
-    pairs = P.plan_pairs(4, "all_pairs")
+    pairs = R.plan_pairs(4, "all_pairs")
     assert sorted(tuple(sorted(p)) for p in pairs) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
     # each response appears 3 times; round-robin parity shows it first at least once and at most twice
     for i in range(4):
         firsts = sum(a == i for a, _ in pairs)
         assert 1 <= firsts <= 2
-    assert P.plan_pairs(3, "all_pairs") == [(0, 1), (2, 0), (1, 2)]
+    assert R.plan_pairs(3, "all_pairs") == [(0, 1), (2, 0), (1, 2)]
 
 
 def test_both_orders_doubles_the_plan_with_swapped_copies():
-    assert P.plan_pairs(2, "all_pairs", both_orders=True) == [(0, 1), (1, 0)]
-    assert P.plan_pairs(3, "vs_reference", both_orders=True) == [(0, -1), (-1, 0), (-1, 1), (1, -1), (2, -1),
+    assert R.plan_pairs(2, "all_pairs", both_orders=True) == [(0, 1), (1, 0)]
+    assert R.plan_pairs(3, "vs_reference", both_orders=True) == [(0, -1), (-1, 0), (-1, 1), (1, -1), (2, -1),
                                                                  (-1, 2)]
 
 
 def test_unknown_scheme_is_rejected():
     with pytest.raises(ValueError, match="scheme"):
-        P.plan_pairs(3, "round_robin")
+        R.plan_pairs(3, "round_robin")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def test_unknown_scheme_is_rejected():
 def test_all_pairs_reward_is_mean_grade_margin():
     # (0 as A, 1 as B): 4 vs 2   (2 as A, 0 as B): 3 vs 5   (1 as A, 2 as B): 2 vs 2
     table = [judgment(0, 1, 4, 2), judgment(2, 0, 3, 5), judgment(1, 2, 2, 2)]
-    items = P.compute_rewards(3, table)
+    items = R.compute_rewards(3, table)
     # r0 = mean(4-2, 5-3) = 2.0 ; r1 = mean(2-4, 2-2) = -1.0 ; r2 = mean(3-5, 2-2) = -1.0
     assert [i.reward for i in items] == [2.0, -1.0, -1.0]
     # MENLO's mean own grade: g0 = (4+5)/2, g1 = (2+2)/2, g2 = (3+2)/2
@@ -75,7 +76,7 @@ def test_all_pairs_reward_is_mean_grade_margin():
 def test_failed_judgment_is_dropped_from_means_and_counted():
     # (1,2) unparseable: r1 = 2-4 = -2, r2 = 3-5 = -2 from their one good judgment each; r0 unchanged
     table = [judgment(0, 1, 4, 2), judgment(2, 0, 3, 5), judgment(1, 2, None, 2)]
-    items = P.compute_rewards(3, table)
+    items = R.compute_rewards(3, table)
     assert [i.reward for i in items] == [2.0, -2.0, -2.0]
     assert [i.n_failed for i in items] == [0, 1, 1]
     assert items[1].errors == ["(1,2): missing_grade_b"]
@@ -83,7 +84,7 @@ def test_failed_judgment_is_dropped_from_means_and_counted():
 
 def test_item_without_any_parsed_judgment_gets_null_not_zero():
     table = [judgment(0, 1, None, None), judgment(2, 0, 3, 5), judgment(1, 2, 1, None)]
-    items = P.compute_rewards(3, table)
+    items = R.compute_rewards(3, table)
     assert items[1].reward is None and items[1].mean_grade is None and items[1].n_failed == 2
     # r0 = 5-3 = 2 ; r2 = 3-5 = -2
     assert items[0].reward == 2.0 and items[2].reward == -2.0
@@ -92,7 +93,7 @@ def test_item_without_any_parsed_judgment_gets_null_not_zero():
 def test_vs_reference_reward_is_margin_over_the_reference():
     # (0 vs ref): 4 vs 3 -> +1 ; (ref vs 1): 5 vs 2 -> 2-5 = -3 ; (2 vs ref): 3 vs 3 -> 0
     table = [judgment(0, -1, 4, 3), judgment(-1, 1, 5, 2), judgment(2, -1, 3, 3)]
-    items = P.compute_rewards(3, table)
+    items = R.compute_rewards(3, table)
     assert [i.reward for i in items] == [1.0, -3.0, 0.0]
     assert [i.mean_grade for i in items] == [4.0, 2.0, 3.0]
 
@@ -100,14 +101,14 @@ def test_vs_reference_reward_is_margin_over_the_reference():
 def test_vs_reference_both_orders_averages_the_two_positions():
     # position bias: 0 gets +2 when shown first, 0 when shown second -> mean +1
     table = [judgment(0, -1, 4, 2), judgment(-1, 0, 3, 3)]
-    assert P.compute_rewards(1, table)[0].reward == 1.0
+    assert R.compute_rewards(1, table)[0].reward == 1.0
 
 
 def test_group_response_counts_failures():
     completions = [menlo(4, 2), Completion(text="no grades here", raw_text="no grades here", prompt_tokens=7)]
     pairs = [(0, 1), (1, 0)]
-    judgments = [P.read_judgment(a, b, c) for (a, b), c in zip(pairs, completions)]
-    out = P.group_response("all_pairs", 2, judgments, completions, "judge")
+    judgments = [R.read_judgment(a, b, c) for (a, b), c in zip(pairs, completions)]
+    out = R.group_response("all_pairs", 2, judgments, completions, "judge")
     # only (0,1) parsed: r0 = 4-2 = 2, r1 = 2-4 = -2
     assert out.rewards == [2.0, -2.0]
     assert out.counts.model_dump() == {"n_responses": 2, "n_judgments": 2, "n_failed_judgments": 1,
@@ -118,7 +119,7 @@ def test_group_response_counts_failures():
 
 def test_engine_error_is_reported_as_the_status():
     broken = Completion(text="", finish_reason="error", error="prompt has 9000 tokens")
-    assert P.read_judgment(0, 1, broken).parse_status == "engine_error: prompt has 9000 tokens"
+    assert R.read_judgment(0, 1, broken).parse_status == "engine_error: prompt has 9000 tokens"
     assert P.score_response(broken, "m", False).grade is None
 
 
