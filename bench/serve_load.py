@@ -64,6 +64,9 @@ def bench_config(model: str, port: int, batch_size: int, args: argparse.Namespac
         f"serve.port={port}", f"serve.app_name={APP}", f"serve.route_prefix={PREFIX}", "serve.auth_token_env=",
         f"batching.max_batch_size={batch_size}", f"batching.batch_wait_timeout_s={args.batch_wait_s}",
         "cache_size=0", f"sampling.max_tokens={args.max_tokens}", "resources.num_cpus=1",
+        # paper 001's short pointwise prompt (the README's figures): MENLO's rubric prompt is ~4x longer
+        "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
+        "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
     ])
 
 

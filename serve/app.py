@@ -38,7 +38,7 @@ from jobs.config import ConfigError, build, with_defaults
 from serve import protocol as P
 from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
-from serve.config import ReplicaSettings, ServeConfig, validate_replica_settings
+from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
 
 log = logging.getLogger("ray.serve")
 DEPLOYMENT_NAME = "GRMServer"
@@ -161,8 +161,7 @@ class GRMServer:
             validate_replica_settings(settings)
         except (ConfigError, ValueError) as exc:
             raise ValueError(f"user_config: {exc}") from exc
-        pr = settings.prompts
-        prompts = P.load_judge_prompts(pr.pointwise, pr.pointwise_vars, pr.pairwise, pr.pairwise_vars)
+        prompts = load_prompts(settings.prompts)
         identity = await asyncio.to_thread(judge_identity, settings.judge)
         if identity != self.identity:
             await self._load_engine(settings.judge, identity)
@@ -322,10 +321,10 @@ class GRMServer:
         P.check_texts([("prompt", body.prompt), ("response", body.response), ("reference", body.reference)],
                       settings.limits)
         response = P.clean_response(body.response, settings.judge.strip_think)
-        messages = self.prompts.score_messages(body.prompt, response, body.reference)
+        messages = self.prompts.score_messages(body.prompt, response, body.reference, body.dimension, body.locale)
         sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
         completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
-        return P.score_response(completion, self.model_name, cached)
+        return P.score_response(completion, self.model_name, cached, self.prompts.pointwise_format)
 
     @api.post("/compare")
     async def compare(self, body: P.CompareRequest) -> P.CompareResponse:
@@ -334,7 +333,8 @@ class GRMServer:
                        ("response_b", body.response_b)], settings.limits)
         strip = settings.judge.strip_think
         messages = self.prompts.compare_messages(body.prompt, P.clean_response(body.response_a, strip),
-                                                 P.clean_response(body.response_b, strip))
+                                                 P.clean_response(body.response_b, strip), body.dimension,
+                                                 body.locale)
         sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
         completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
         return P.compare_response(completion, self.model_name, cached)
@@ -347,8 +347,9 @@ class GRMServer:
         texts.update(enumerate(P.clean_response(r, settings.judge.strip_think) for r in body.responses))
         pairs = R.plan_pairs(len(body.responses), body.scheme, body.both_orders)
         sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
-        calls = [self._complete(self.prompts.compare_messages(body.prompt, texts[a], texts[b]), sampling)
-                 for a, b in pairs]
+        messages = [self.prompts.compare_messages(body.prompt, texts[a], texts[b], body.dimension, body.locale)
+                    for a, b in pairs]
+        calls = [self._complete(m, sampling) for m in messages]
         results = await self._with_deadline(asyncio.gather(*calls), body.timeout_s)
         judgments = [R.read_judgment(a, b, c, cached) for (a, b), (c, cached) in zip(pairs, results)]
         return R.group_response(body.scheme, len(body.responses), judgments, [c for c, _ in results],

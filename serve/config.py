@@ -53,8 +53,11 @@ class JudgeConfig:
 
 @dataclass
 class PromptsConfig:
-    # pointwise template (configs/prompts/<name>.yaml or a path), parsed with eval.judge_parse.parse_score
+    # pointwise template (configs/prompts/<name>.yaml or a path)
     pointwise: str = "jury_score"
+    # how /score reads the pointwise judge: "answer" (paper 001's "Answer: [k]", parse_score) or "menlo"
+    # (paper 003's <final_grade> FINAL GRADE: k - LABEL </final_grade>, parse_menlo_grade)
+    pointwise_format: str = "answer"
     # request field -> template variable; fields: prompt, response and optionally reference
     pointwise_vars: dict[str, str] = field(
         default_factory=lambda: {"prompt": "base_sentence", "response": "new_sentence"})
@@ -63,6 +66,11 @@ class PromptsConfig:
     # request field -> template variable; fields: prompt, response_a, response_b
     pairwise_vars: dict[str, str] = field(
         default_factory=lambda: {"prompt": "source", "response_a": "candidate_a", "response_b": "candidate_b"})
+    # MENLO rubrics (configs/data/menlo_rubrics.yaml); needed when a template declares dimension/question/criteria,
+    # which are then filled from the request's `dimension`; `locale` comes from the request
+    rubrics: str = ""
+    # render the dimension's graded criteria (true) or only the five labels (false), as judge_eval's `rubric`
+    with_rubric: bool = True
 
 
 @dataclass
@@ -161,6 +169,7 @@ class ServeConfig:
         data["judge"]["engine"]["model"] = absolute_if_path(settings.judge.engine.model)
         for key in ("pointwise", "pairwise"):
             data["prompts"][key] = absolute_if_path(getattr(settings.prompts, key))
+        data["prompts"]["rubrics"] = absolute(settings.prompts.rubrics)
         return data
 
 
@@ -173,8 +182,7 @@ def validate_replica_settings(settings: ReplicaSettings) -> None:
         if judge.engine.kind == "openai":
             raise ValueError("judge.adapter: a LoRA adapter needs a local engine (hf or vllm), not openai")
         check_adapter_dir(judge.adapter)
-    protocol.load_judge_prompts(settings.prompts.pointwise, settings.prompts.pointwise_vars,
-                                settings.prompts.pairwise, settings.prompts.pairwise_vars)
+    load_prompts(settings.prompts)
     if settings.batching.max_batch_size < 1:
         raise ValueError(f"batching.max_batch_size: must be >= 1, got {settings.batching.max_batch_size}")
     if settings.batching.batch_wait_timeout_s < 0:
@@ -185,6 +193,12 @@ def validate_replica_settings(settings: ReplicaSettings) -> None:
                          f"got {settings.sampling.max_tokens}")
     if settings.cache_size < 0:
         raise ValueError(f"cache_size: must be >= 0, got {settings.cache_size}")
+
+
+def load_prompts(prompts: PromptsConfig) -> protocol.JudgePrompts:
+    return protocol.load_judge_prompts(prompts.pointwise, prompts.pointwise_vars, prompts.pairwise,
+                                       prompts.pairwise_vars, prompts.pointwise_format, prompts.rubrics,
+                                       prompts.with_rubric)
 
 
 def check_adapter_dir(path: str) -> None:

@@ -4,6 +4,12 @@ Requests are pydantic models (FastAPI answers a malformed body with 422 naming t
 below raise `RequestError` (-> 400 naming the field). Judge messages are rendered from `configs/prompts` templates
 with `eval.prompts`, judge text is read with `eval.judge_parse`: the offline jury and the online reward share both.
 
+Judge templates are filled from request fields through the config's field -> variable maps, plus MENLO's context
+variables: `locale` from the request, and `dimension` / `question` / `criteria` from the request's `dimension` key
+looked up in the rubrics file (`prompts.rubrics`, as in `jobs/judge_eval.py`). `/score` reads either paper 001's
+``Answer: [k]`` or MENLO's pointwise ``<final_grade> FINAL GRADE: k - LABEL </final_grade>``
+(`prompts.pointwise_format`); `/compare` always reads MENLO's A/B grade blocks.
+
 Group rewards (`/reward/group`) are computed in `serve.rewards`.
 """
 
@@ -17,9 +23,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import Completion, SamplingParams, split_thinking
-from eval.judge_parse import MENLO_LABELS, parse_menlo_grades, parse_score
+from eval.judge_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades, parse_score
+from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
 from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
 
+POINTWISE_FORMATS = ("answer", "menlo")
+# template variables filled from the rubric of the request's `dimension`, and from its `locale`
+RUBRIC_VARS = ("dimension", "question", "criteria")
+CONTEXT_VARS = (*RUBRIC_VARS, "locale")
 _RATIONALE_CHARS = 2000
 _GRADE_MARK_RE = re.compile(r"<\s*final[\s_.\\-]*grade|answer[\s*_]*:[\s*_]*\[", re.IGNORECASE)
 
@@ -68,6 +79,9 @@ class JudgeRequest(BaseModel):
     sampling: SamplingOverride | None = None
     # a deadline shorter than the server's (seconds)
     timeout_s: float | None = Field(None, gt=0)
+    # MENLO context for templates that declare it: a key of the rubrics file (e.g. "fluency") and a locale
+    dimension: str | None = Field(None, min_length=1)
+    locale: str | None = Field(None, min_length=1)
 
 
 class ScoreRequest(JudgeRequest):
@@ -165,37 +179,77 @@ def judge_sampling(default: SamplingParams, limits: Limits, override: SamplingOv
 
 @dataclass(frozen=True)
 class JudgePrompts:
-    """The two judge templates plus which request field fills which template variable."""
+    """The two judge templates, which request field fills which template variable, and the MENLO context."""
 
     pointwise: PromptTemplate
     pointwise_vars: dict
     pairwise: PromptTemplate
     pairwise_vars: dict
+    # "answer" (paper 001, parse_score) or "menlo" (<final_grade> block, parse_menlo_grade)
+    pointwise_format: str = "answer"
+    # dimension key -> rubric (eval.menlo_data.load_rubrics); empty when no template declares rubric variables
+    rubrics: dict = dataclasses.field(default_factory=dict)
+    with_rubric: bool = True
 
     @property
     def accepts_reference(self) -> bool:
         return "reference" in self.pointwise_vars
 
-    def score_messages(self, prompt: str, response: str, reference: str | None = None) -> list[dict]:
+    def score_messages(self, prompt: str, response: str, reference: str | None = None,
+                       dimension: str | None = None, locale: str | None = None) -> list[dict]:
         if reference is not None and not self.accepts_reference:
             raise RequestError("reference", f"the pointwise template {self.pointwise.name!r} has no reference slot "
                                             "(prompts.pointwise_vars maps no 'reference')")
         if reference is None and self.accepts_reference:
             raise RequestError("reference", f"the pointwise template {self.pointwise.name!r} needs a reference")
         fields = {"prompt": prompt, "response": response, "reference": reference}
-        return self.pointwise.render(**{var: fields[name] for name, var in self.pointwise_vars.items()})
+        values = {var: fields[name] for name, var in self.pointwise_vars.items()}
+        return self.pointwise.render(**values, **self.context(self.pointwise, dimension, locale))
 
-    def compare_messages(self, prompt: str, response_a: str, response_b: str) -> list[dict]:
+    def compare_messages(self, prompt: str, response_a: str, response_b: str,
+                         dimension: str | None = None, locale: str | None = None) -> list[dict]:
         fields = {"prompt": prompt, "response_a": response_a, "response_b": response_b}
-        return self.pairwise.render(**{var: fields[name] for name, var in self.pairwise_vars.items()})
+        values = {var: fields[name] for name, var in self.pairwise_vars.items()}
+        return self.pairwise.render(**values, **self.context(self.pairwise, dimension, locale))
+
+    def context(self, template: PromptTemplate, dimension: str | None, locale: str | None) -> dict:
+        """The MENLO context variables `template` declares, from the request's `dimension` and `locale`.
+
+        Raises:
+            RequestError: a needed field is missing, unknown, or given to a template without its slot.
+        """
+        declared = set(template.variables)
+        values = {}
+        if declared & set(RUBRIC_VARS):
+            if dimension is None:
+                raise RequestError("dimension", f"the template {template.name!r} needs a dimension "
+                                                f"(one of {sorted(self.rubrics)})")
+            rubric = self.rubrics.get(dimension)
+            if rubric is None:
+                raise RequestError("dimension", f"unknown dimension {dimension!r} (known: {sorted(self.rubrics)})")
+            rubric_values = {"dimension": rubric["name"], "question": rubric["question"],
+                             "criteria": render_criteria(rubric, self.with_rubric)}
+            values.update({k: v for k, v in rubric_values.items() if k in declared})
+        elif dimension is not None:
+            raise RequestError("dimension", f"the template {template.name!r} has no dimension slot")
+        if "locale" in declared:
+            if locale is None:
+                raise RequestError("locale", f"the template {template.name!r} needs a locale (e.g. en_US)")
+            values["locale"] = locale
+        elif locale is not None:
+            raise RequestError("locale", f"the template {template.name!r} has no locale slot")
+        return values
 
 
-def load_judge_prompts(pointwise: str, pointwise_vars: dict, pairwise: str, pairwise_vars: dict) -> JudgePrompts:
-    """Load both templates and check the field -> variable maps cover each template exactly.
+def load_judge_prompts(pointwise: str, pointwise_vars: dict, pairwise: str, pairwise_vars: dict,
+                       pointwise_format: str = "answer", rubrics: str = "", with_rubric: bool = True) -> JudgePrompts:
+    """Load both templates (and the rubrics when a template needs them) and check the maps cover each template.
 
     Raises:
         ValueError: naming the `prompts.*` key at fault.
     """
+    if pointwise_format not in POINTWISE_FORMATS:
+        raise ValueError(f"prompts.pointwise_format: {pointwise_format!r} is not one of {POINTWISE_FORMATS}")
     templates = {}
     for key, name in (("pointwise", pointwise), ("pairwise", pairwise)):
         try:
@@ -206,7 +260,20 @@ def load_judge_prompts(pointwise: str, pointwise_vars: dict, pairwise: str, pair
                 required={"prompt", "response"}, optional={"reference"})
     _check_vars("prompts.pairwise_vars", templates["pairwise"], pairwise_vars,
                 required={"prompt", "response_a", "response_b"}, optional=set())
-    return JudgePrompts(templates["pointwise"], dict(pointwise_vars), templates["pairwise"], dict(pairwise_vars))
+    needs_rubrics = any(set(t.variables) & set(RUBRIC_VARS) for t in templates.values())
+    loaded = _load_rubrics(rubrics) if rubrics else {}
+    if needs_rubrics and not rubrics:
+        raise ValueError("prompts.rubrics: the templates declare dimension/question/criteria; give the rubrics "
+                         "file (e.g. configs/data/menlo_rubrics.yaml)")
+    return JudgePrompts(templates["pointwise"], dict(pointwise_vars), templates["pairwise"], dict(pairwise_vars),
+                        pointwise_format, loaded, with_rubric)
+
+
+def _load_rubrics(path: str) -> dict:
+    try:
+        return load_rubrics(path)
+    except (OSError, MenloDataError) as exc:
+        raise ValueError(f"prompts.rubrics: {exc}") from exc
 
 
 def _check_vars(where: str, template: PromptTemplate, var_map: dict, required: set, optional: set) -> None:
@@ -216,11 +283,12 @@ def _check_vars(where: str, template: PromptTemplate, var_map: dict, required: s
     missing = sorted(required - set(var_map))
     if missing:
         raise ValueError(f"{where}: request field {missing[0]!r} is not mapped to a template variable")
-    mapped, declared = set(var_map.values()), set(template.variables)
+    mapped, declared = set(var_map.values()), set(template.variables) - set(CONTEXT_VARS)
     if mapped != declared:
         extra = sorted(mapped - declared) or sorted(declared - mapped)
-        raise ValueError(f"{where}: template {template.name!r} declares {sorted(declared)}, the map fills "
-                         f"{sorted(mapped)} (first mismatch: {extra[0]!r})")
+        raise ValueError(f"{where}: template {template.name!r} declares {sorted(declared)} besides the MENLO "
+                         f"context {list(CONTEXT_VARS)}, the map fills {sorted(mapped)} (first mismatch: "
+                         f"{extra[0]!r})")
 
 
 def clean_response(text: str, strip_think: bool) -> str:
@@ -241,6 +309,8 @@ class Usage(BaseModel):
 class ScoreResponse(BaseModel):
     grade: int | None
     label: str | None
+    # the strict format check of the template's output format (MENLO: tags once, in order, label matches grade)
+    format_ok: bool
     rationale: str
     parse_status: str
     raw: str
@@ -294,12 +364,18 @@ def status_of(completion: Completion, parse_error: str) -> str:
     return parse_error or "ok"
 
 
-def score_response(completion: Completion, model: str, cached: bool) -> ScoreResponse:
+def score_response(completion: Completion, model: str, cached: bool, fmt: str = "answer") -> ScoreResponse:
+    """`fmt` "answer": paper 001's ``Answer: [k]``; "menlo": MENLO's pointwise block, format checked strictly."""
     raw = judge_text(completion)
-    parsed = parse_score(raw)
+    if fmt == "menlo":
+        grades = parse_menlo_grade(raw)
+        grade, error, format_ok = grades.grade_a, grades.error, grades.format_ok
+    else:
+        parsed = parse_score(raw)
+        grade, error, format_ok = parsed.value, parsed.error, not parsed.error
     return ScoreResponse(
-        grade=parsed.value, label=MENLO_LABELS.get(parsed.value), rationale=extract_rationale(raw),
-        parse_status=status_of(completion, parsed.error), raw=raw, model=model, cached=cached,
+        grade=grade, label=MENLO_LABELS.get(grade), format_ok=format_ok, rationale=extract_rationale(raw),
+        parse_status=status_of(completion, error), raw=raw, model=model, cached=cached,
         usage=usage_of([completion]),
     )
 

@@ -54,6 +54,11 @@ def tiny_config(model_dir: str, adapter: str, port: int) -> ServeConfig:
         f"judge.adapter={adapter}", f"serve.port={port}", f"serve.app_name={APP}", f"serve.route_prefix={PREFIX}",
         f"serve.auth_token_env={TOKEN_ENV}", "resources.num_cpus=0.5", "sampling.max_tokens=8",
         "batching.max_batch_size=8", "batching.batch_wait_timeout_s=0.2",
+        # the HTTP machinery is tested with paper 001's short templates; MENLO's run in the SmolLM2 test below
+        "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
+        "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
+        "prompts.pairwise=jury_pairwise",
+        "prompts.pairwise_vars={prompt: source, response_a: candidate_a, response_b: candidate_b}",
     ])
 
 
@@ -166,6 +171,7 @@ def test_group_reward_counts_every_judgment(grm, scheme, n, extra, n_judgments):
     ({"prompt": PROMPT, "responses": ["a", "b"], "scheme": "vs_reference"}, 400, "reference"),
     ({"prompt": PROMPT, "responses": ["a", "b" * 20_001]}, 400, "responses[1]"),
     ({"prompt": PROMPT, "responses": ["a", "b"], "sampling": {"max_tokens": 99_999}}, 400, "sampling.max_tokens"),
+    ({"prompt": PROMPT, "responses": ["a", "b"], "dimension": "tone"}, 400, "dimension"),
 ])
 def test_invalid_requests_get_4xx_naming_the_field(grm, body, status, field):
     resp = grm["client"].post("/reward/group", json=body, headers=AUTH)
@@ -241,7 +247,8 @@ def test_rerun_with_new_adapter_swaps_the_model_without_downtime(grm):
     assert first not in client.get("/ready").json()["model_identity"]
 
 
-def test_smollm2_judge_built_from_args_returns_a_parse_status(grm, smollm2_dir):
+def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
+    """configs/grm.yaml as shipped: MENLO pointwise /score with the request's dimension rubric and locale."""
     from ray import serve
 
     from serve.app import build_app
@@ -251,13 +258,24 @@ def test_smollm2_judge_built_from_args_returns_a_parse_status(grm, smollm2_dir):
         f"judge.engine.model={smollm2_dir}", "judge.engine.num_threads=1", "serve.auth_token_env=",
         "resources.num_cpus=0.5", "sampling.max_tokens=24", "serve.app_name=grm-smol"])
     deploy(build_app(app_args(cfg)), "grm-smol", "/smol")
+    url = f"http://127.0.0.1:{grm['port']}/smol/score"
+    body = {"prompt": "Write a short thank-you note to a colleague.", "response": "Thanks a lot for your help!",
+            "dimension": "tone", "locale": "en_US"}
     try:
-        resp = httpx.post(f"http://127.0.0.1:{grm['port']}/smol/score", timeout=120,
-                          json={"prompt": PROMPT, "response": "The decision was delayed because members were away."})
+        resp = httpx.post(url, timeout=120, json=body)
         assert resp.status_code == 200, resp.text
         out = resp.json()
         assert isinstance(out["parse_status"], str) and out["parse_status"]
         assert (out["grade"] is not None) == (out["parse_status"] == "ok")
-        assert out["usage"]["completion_tokens"] >= 1
+        # MENLO's pointwise parser: a reply without the <final_grade> block says so (not paper 001's Answer: [k])
+        assert out["parse_status"] in ("ok", "missing_grade", "grade_unparsable", "grade_out_of_range",
+                                       "unterminated_think", "empty"), out["parse_status"]
+        assert isinstance(out["format_ok"], bool) and out["usage"]["completion_tokens"] >= 1
+        assert out["usage"]["prompt_tokens"] > 200  # the tone rubric was rendered into the prompt
+        for change, field in (({"dimension": None}, "dimension"), ({"dimension": "humour"}, "dimension"),
+                              ({"locale": None}, "locale")):
+            bad = httpx.post(url, timeout=30, json={k: v for k, v in {**body, **change}.items() if v is not None})
+            assert bad.status_code == 400, bad.text
+            assert bad.json()["error"]["param"] == field
     finally:
         serve.delete("grm-smol")

@@ -128,8 +128,8 @@ def test_engine_error_is_reported_as_the_status():
 
 
 def test_score_and_compare_responses_parse_grades_labels_and_rationale():
-    scored = P.score_response(Completion(text="Fluent but lossy. Answer: [3]", raw_text="Fluent but lossy. Answer: [3]"),
-                              "judge", cached=True)
+    text = "Fluent but lossy. Answer: [3]"
+    scored = P.score_response(Completion(text=text, raw_text=text), "judge", cached=True)
     assert (scored.grade, scored.label, scored.parse_status, scored.rationale) == (3, "PASS", "ok", "Fluent but lossy.")
     compared = P.compare_response(menlo(2, 5, why="B keeps the meaning."), "judge", cached=False)
     assert (compared.grade_a, compared.grade_b, compared.preference) == (2, 5, "B")
@@ -226,6 +226,71 @@ def test_template_variable_maps_are_checked():
     with pytest.raises(ValueError, match="prompts.pairwise: .*not found"):
         P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
                              "no_such_template", {})
+
+
+MENLO_VARS = ({"prompt": "prompt", "response": "response"},
+              {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b"})
+RUBRICS = str(REPO / "configs" / "data" / "menlo_rubrics.yaml")
+
+
+def test_menlo_templates_take_dimension_rubric_and_locale_from_the_request():
+    prompts = P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo",
+                                   RUBRICS)
+    score = prompts.score_messages("Say thanks.", "Thanks!", dimension="tone", locale="fr_FR")
+    system, user = score[0]["content"], score[-1]["content"]
+    assert "Evaluate the Tone of the response" in system
+    assert "Tone: Is the response helpful, insightful, engaging, and fair?" in system
+    assert "Definition: Overall writing style" in system and "* Provides no insights whatsoever" in system
+    assert "[Locale]\nfr_FR" in user and "[Response]\nThanks!" in user
+    labels_only = P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo",
+                                       RUBRICS, with_rubric=False)
+    system = labels_only.score_messages("p", "r", dimension="tone", locale="fr_FR")[0]["content"]
+    assert "3 - PASS" in system and "Definition:" not in system and "* Provides" not in system
+    pair = prompts.compare_messages("p", "first", "second", dimension="fluency", locale="en_US")
+    assert "Fluency" in pair[0]["content"] and "first" in pair[-1]["content"]
+    for kwargs, field in (({"locale": "fr_FR"}, "dimension"), ({"dimension": "humour", "locale": "fr_FR"},
+                                                                 "dimension"), ({"dimension": "tone"}, "locale")):
+        with pytest.raises(P.RequestError) as err:
+            prompts.score_messages("p", "r", **kwargs)
+        assert err.value.field == field
+
+
+def test_context_fields_for_a_template_without_the_slot_are_refused():
+    prompts = P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
+                                   "jury_pairwise", {"prompt": "source", "response_a": "candidate_a",
+                                                     "response_b": "candidate_b"})
+    with pytest.raises(P.RequestError, match="dimension: .*no dimension slot"):
+        prompts.score_messages("p", "r", dimension="tone")
+    with pytest.raises(P.RequestError, match="locale: .*no locale slot"):
+        prompts.compare_messages("p", "a", "b", locale="en_US")
+
+
+def test_menlo_templates_need_the_rubrics_file_and_a_known_format(tmp_path):
+    with pytest.raises(ValueError, match="prompts.rubrics: the templates declare"):
+        P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo")
+    broken = tmp_path / "rubrics.yaml"
+    broken.write_text("fluency: {name: Fluency}\n")
+    with pytest.raises(ValueError, match="prompts.rubrics: .*rubrics.yaml"):
+        P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo", str(broken))
+    with pytest.raises(ValueError, match="prompts.pointwise_format: 'stars'"):
+        P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "stars", RUBRICS)
+
+
+@pytest.mark.parametrize("raw, fmt, grade, status, format_ok", [
+    ("<think>Warm.</think>\n<final_grade> FINAL GRADE: 4 - GOOD </final_grade>", "menlo", 4, "ok", True),
+    ("<think>Warm.</think><final_grade> FINAL GRADE: 4 - PASS </final_grade>", "menlo", 4, "ok", False),
+    ("<final_grade> FINAL GRADE: 2 - MINOR FAILURE </final_grade>", "menlo", 2, "ok", False),
+    ("<think>Warm.</think> Answer: [4]", "menlo", None, "missing_grade", False),
+    ("<think>Warm.</think><final_grade_A> FINAL GRADE: 4 - GOOD </final_grade_A>", "menlo", None, "missing_grade",
+     False),
+    ("<think>unfinished", "menlo", None, "unterminated_think", False),
+    ("Fluent. Answer: [4]", "answer", 4, "ok", True),
+    ("<final_grade> FINAL GRADE: 4 - GOOD </final_grade>", "answer", None, "no_score", False),
+])
+def test_score_response_reads_the_configured_pointwise_format(raw, fmt, grade, status, format_ok):
+    out = P.score_response(Completion(text=raw, raw_text=raw), "judge", False, fmt)
+    assert (out.grade, out.parse_status, out.format_ok) == (grade, status, format_ok)
+    assert out.label == (None if grade is None else {2: "MINOR FAILURE", 4: "GOOD"}[grade])
 
 
 def test_think_is_stripped_from_policy_responses():
