@@ -6,7 +6,8 @@
 
 1. takes its `prompts_per_worker` prompts of the step (`pairs_data.step_row_indices`: a function of the step
    number, so a resumed run reads the same prompts);
-2. samples `group_size` completions per prompt from its *current* policy (`HFRollout`, seeded by step and rank);
+2. samples `group_size` completions per prompt from its *current* policy (`HFRollout` on the model itself, or
+   `train.vllm_rollout.VLLMRollout` with the adapter synced after every step; seeded by step and rank);
 3. asks the reward callable for one `GroupOutcome` per prompt; failed groups (reward service down, timed out,
    no reward for a rollout) are counted and masked out of the loss, never scored 0;
 4. runs `grad_accum` micro-batches of rollouts through `advantages.grpo_policy_loss` (group advantages, clip,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 import time
 
 import ray.train
@@ -57,7 +59,7 @@ def grpo_loop_per_worker(config: dict) -> None:
     start = restore_checkpoint(engine, rank)
     tracker = _init_wandb(cfg, config, rank)
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
-    rollout = HFRollout(tokenizer, cfg, sync=cfg.deepspeed.zero_stage == 3 and world > 1)
+    rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
     failed_streak = 0
     try:
         for step in range(start, total):
@@ -82,17 +84,28 @@ def grpo_loop_per_worker(config: dict) -> None:
 # Rollouts
 
 
+def make_rollout(tokenizer, cfg: GRPOConfig, model_dir: str, rank: int, world: int):
+    """The rollout engine of `rollout.kind`: both offer `sync(engine)` and `generate(model, prompts, G, seed)`."""
+    if cfg.rollout.kind == "vllm":
+        from train.vllm_rollout import VLLMRollout
+
+        return VLLMRollout(tokenizer, cfg, model_dir, tempfile.mkdtemp(prefix="quorum-rollout-"), rank)
+    return HFRollout(tokenizer, cfg, sync=cfg.deepspeed.zero_stage == 3 and world > 1)
+
+
 class HFRollout:
     """Sampling from the training policy itself with `generate` (CPU, small GPU runs).
 
-    This is the seam for a faster engine: a vLLM rollout worker would offer the same `generate(model, prompts,
-    group_size)` and receive the LoRA weights after every optimizer step (its weight sync) instead of reading
-    `model` directly. Here the rollouts always come from the latest weights, so GRPO stays on-policy.
+    The rollouts always come from the latest weights, so GRPO stays on-policy with no weight sync (`sync` is a
+    no-op); `train.vllm_rollout.VLLMRollout` is the fast engine for GPUs, synced after every optimizer step.
     """
 
     def __init__(self, tokenizer, cfg: GRPOConfig, sync: bool):
         self.tokenizer, self.cfg, self.sync = tokenizer, cfg, sync
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def sync(self, engine) -> None:
+        """Nothing to sync: `generate` reads the training model itself."""
 
     def stop_ids(self, model) -> set[int]:
         eos = model.generation_config.eos_token_id
@@ -100,8 +113,10 @@ class HFRollout:
         return ids | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
 
     @torch.no_grad()
-    def generate(self, model, prompts: list[list[int]], group_size: int) -> tuple[list[list[int]], list[bool]]:
-        """G sampled completions per prompt, group-major; each trimmed after its stop token.
+    def generate(self, model, prompts: list[list[int]], group_size: int,
+                 seed: int = 0) -> tuple[list[list[int]], list[bool]]:
+        """G sampled completions per prompt, group-major; each trimmed after its stop token (torch's global RNG,
+        seeded by the caller, drives the sampling; `seed` is for engines with their own generator).
 
         Returns:
             ``(completion_ids, finished)``, one entry per rollout.
@@ -137,15 +152,17 @@ def encode_prompt(tokenizer, row: dict, cfg: GRPOConfig) -> list[int]:
 # One step
 
 
-def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, rollout: HFRollout, step: int,
+def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, rollout, step: int,
               rank: int, world: int) -> tuple[Metrics, list[dict]]:
     """Rollouts -> rewards -> `num_iterations` optimizer steps. Returns the reduced metrics and rank-local samples."""
     began = time.perf_counter()
     indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
     batch_rows = [rows[i] for i in indices]
     prompts = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
-    torch.manual_seed(cfg.seed * 1_000_003 + step * 1_009 + rank)  # resumable, distinct per rank
-    completions, finished = rollout.generate(engine.module, prompts, cfg.group_size)
+    seed = cfg.seed * 1_000_003 + step * 1_009 + rank  # resumable, distinct per rank
+    torch.manual_seed(seed)
+    rollout.sync(engine)
+    completions, finished = rollout.generate(engine.module, prompts, cfg.group_size, seed)
     generate_s = time.perf_counter() - began
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     groups = [texts[g * cfg.group_size:(g + 1) * cfg.group_size] for g in range(len(batch_rows))]

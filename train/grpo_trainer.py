@@ -27,20 +27,22 @@ from train.trainer import DeepSpeedSection, LoraSection, TrainResult
 
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3")
-ROLLOUT_KINDS = ("hf",)
+ROLLOUT_KINDS = ("hf", "vllm")
 
 
 @dataclasses.dataclass
 class RolloutSection:
     """How each worker samples its rollouts from its current policy."""
 
-    # hf: `generate` on the worker's own (LoRA) policy, so rollouts always use the latest weights. A GPU setup
-    # would put vLLM here with a weight sync after every optimizer step; see `train.grpo_loop.HFRollout`.
+    # hf: `generate` on the worker's own (LoRA) policy (train.grpo_loop.HFRollout); vllm: a vLLM engine colocated
+    # on each worker's GPU that receives the LoRA adapter after every optimizer step (train.vllm_rollout)
     kind: str = "hf"
     temperature: float = 1.0
     top_p: float = 1.0
     # 0 = no top-k cut
     top_k: int = 0
+    # vllm: share of the worker's GPU memory for the rollout engine (weights + KV cache); DeepSpeed gets the rest
+    gpu_memory_utilization: float = 0.3
 
 
 @dataclasses.dataclass
@@ -137,8 +139,12 @@ class GRPOConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {list(allowed)}")
         if self.rollout.kind not in ROLLOUT_KINDS:
-            raise ValueError(f"rollout.kind: {self.rollout.kind!r} is not one of {list(ROLLOUT_KINDS)} (vLLM rollouts "
-                             "with weight sync are not implemented; hf samples from the training policy itself)")
+            raise ValueError(f"rollout.kind: {self.rollout.kind!r} is not one of {list(ROLLOUT_KINDS)}")
+        if self.rollout.kind == "vllm" and not self.use_gpu:
+            raise ValueError("rollout.kind: vllm rollouts run on each worker's GPU; set use_gpu: true (or kind: hf)")
+        if not 0 < self.rollout.gpu_memory_utilization < 1:
+            raise ValueError(f"rollout.gpu_memory_utilization: must be in (0, 1), got "
+                             f"{self.rollout.gpu_memory_utilization}")
         if self.rollout.temperature <= 0 or not 0 < self.rollout.top_p <= 1 or self.rollout.top_k < 0:
             raise ValueError("rollout: need temperature > 0 (GRPO samples), 0 < top_p <= 1 and top_k >= 0")
         if self.deepspeed.zero_stage not in ZERO_STAGES:
