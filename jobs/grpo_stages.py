@@ -47,12 +47,26 @@ def validate_grpo(grpo: GRPOConfig, n_rows: int | None = None) -> None:
         raise ConfigError(f"grpo.{exc}") from None
 
 
+def check_splits(splits: list[str], val_splits: list[str], known: tuple[str, ...]) -> None:
+    """data.splits must be non-empty, data.val_splits disjoint from it, both made of known split names."""
+    for name, chosen in (("splits", splits), ("val_splits", val_splits)):
+        for split in chosen:
+            if split not in known:
+                raise ConfigError(f"data.{name}: {split!r} is not one of {list(known)}")
+    if not splits:
+        raise ConfigError("data.splits: need at least one training split")
+    shared = sorted(set(splits) & set(val_splits))
+    if shared:
+        raise ConfigError(f"data.val_splits: {shared} are training splits too; validation prompts must be held out")
+
+
 def stage_rows(store: RunStore, key: object, build: Callable[[], pd.DataFrame]) -> StageResult:
-    """The training prompts, as built by `build` (a frame with at least id and prompt_messages)."""
+    """The prompts, as built by `build` (a frame with at least id, prompt_messages and role: train | val)."""
     def produce(out_dir: str) -> dict:
         frame = build()
         write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir)
-        summary = {"rows": len(frame)}
+        summary = {"rows": len(frame), "train_rows": int((frame["role"] == "train").sum()),
+                   "val_rows": int((frame["role"] == "val").sum())}
         for column in ("dimension", "locale"):
             if column in frame:
                 summary[f"{column}s"] = int(frame[column].nunique())
@@ -69,23 +83,33 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
         from train.grpo_trainer import run_grpo
 
         rows = store.read_stage("rows").to_pylist()
+        train_rows = [r for r in rows if r["role"] == "train"]
+        val_rows = [r for r in rows if r["role"] == "val"]
         trainer = dataclasses.replace(grpo, run_name=f"grpo-{store.job}", wandb_project=wandb_cfg.project,
                                       wandb=wandb_cfg.enabled and wandb_cfg.mode != "disabled")
         started = time.time()
         with reward() as (spec, secret_env):
-            result = run_grpo(trainer, rows, spec, run_dir=f"{out_dir}/run", secret_env=secret_env)
+            result = run_grpo(trainer, train_rows, spec, run_dir=f"{out_dir}/run", secret_env=secret_env,
+                              val_rows=val_rows)
         seconds = time.time() - started
         metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
         write_table(pa.Table.from_pylist([metrics]), out_dir)
         return {"steps": metrics.get("step"), "reward_mean": _finite(metrics.get("reward/mean")),
                 "groups_failed": metrics.get("reward/groups_failed"), "seconds": round(seconds, 3),
-                "actor_seconds": round(seconds * trainer.num_workers, 3)}
+                "actor_seconds": round(seconds * trainer.num_workers, 3),
+                "val_reward_mean": _finite(metrics.get("val/reward/mean")),
+                "best_step": result.best.get("step"), "best_val_reward_mean": result.best.get("score"),
+                "best_adapter": result.best_adapter_dir}
 
     return store.run_stage("train", key, produce)
 
 
 def adapter_dir(store: RunStore) -> str:
     return f"{store.stage_path('train')}/run/adapter"
+
+
+def best_adapter_dir(store: RunStore) -> str:
+    return f"{store.stage_path('train')}/run/best_adapter"
 
 
 def report(store: RunStore, tracker: Tracker, results: list[StageResult], title: str) -> pd.DataFrame:
@@ -98,10 +122,14 @@ def report(store: RunStore, tracker: Tracker, results: list[StageResult], title:
     final = pq.read_table(f"{store.stage_path('train')}/part-00000.parquet", filesystem=store.fs).to_pylist()[0]
     table = pd.DataFrame([{"metric": k, "value": final[k]} for k in SUMMARY_KEYS if k in final]
                          + [{"metric": k, "value": v} for k, v in sorted(final.items())
-                            if k.startswith(("reward/", "reward_service/errors/")) and k not in SUMMARY_KEYS])
+                            if k.startswith(("reward/", "reward_service/errors/", "val/")) and k not in SUMMARY_KEYS])
     stages = pd.DataFrame([{"stage": r.name, "skipped": r.skipped, "rows": r.rows, "seconds": round(r.seconds, 1)}
                            for r in results])
-    markdown = (f"# {title}\n\nAdapter: `{adapter_dir(store)}`\n\n## Final step (reduced over workers)\n\n"
+    train = next((r.summary for r in results if r.name == "train"), {})
+    best = (f"Best adapter by val/reward/mean: `{best_adapter_dir(store)}` (step {train['best_step']}, "
+            f"{train['best_val_reward_mean']:.4g})\n\n" if train.get("best_step") is not None else "")
+    markdown = (f"# {title}\n\nAdapter (last step): `{adapter_dir(store)}`\n\n{best}"
+                "## Final step (reduced over workers)\n\n"
                 f"{table.to_markdown(index=False, floatfmt='.4g')}\n\n"
                 f"## Stages\n\n{stages.to_markdown(index=False)}\n")
     store.write_text("summary.md", markdown)

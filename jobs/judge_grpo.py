@@ -31,7 +31,8 @@ import pandas as pd
 from eval.menlo_data import DIMENSIONS, SPLITS, Protocol, build_items, load_rubrics, read_menlo_jsonl
 from jobs.cli import entry
 from jobs.config import ConfigError, require_file
-from jobs.grpo_stages import adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
+                              validate_grpo)
 from jobs.jobrun import JobSections, open_run
 from jobs.ray_env import init_ray
 from train.grpo_trainer import GRPOConfig
@@ -46,6 +47,10 @@ class DataConfig:
     # MENLO-format JSONL (fields: eval/menlo_data.py)
     path: str = "configs/data/menlo_grpo_train.jsonl"
     splits: list[str] = field(default_factory=lambda: ["train"])
+    # held-out pairs validated every grpo.eval_every steps (best adapter kept); [] = no validation
+    val_splits: list[str] = field(default_factory=list)
+    # keep the first N validation pairs (0 = all)
+    val_limit: int = 0
     # [] = all four dimensions (the paper trains one multi-task judge)
     dimensions: list[str] = field(default_factory=list)
     # keep the first N pairs after filtering (0 = all)
@@ -75,14 +80,13 @@ class Config(JobSections):
     def validate(self) -> None:
         require_file(self.data.path, "data.path")
         require_file(self.prompt.rubrics, "prompt.rubrics")
-        for split in self.data.splits:
-            if split not in SPLITS:
-                raise ConfigError(f"data.splits: {split!r} is not one of {list(SPLITS)}")
+        check_splits(self.data.splits, self.data.val_splits, SPLITS)
         for dim in self.data.dimensions:
             if dim not in DIMENSIONS:
                 raise ConfigError(f"data.dimensions: {dim!r} is not one of {list(DIMENSIONS)}")
-        if self.data.limit < 0:
-            raise ConfigError(f"data.limit: must be >= 0, got {self.data.limit}")
+        for key in ("limit", "val_limit"):
+            if getattr(self.data, key) < 0:
+                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self.data, key)}")
         try:
             self.protocol().validate("prompt")
             self.reward.validate()
@@ -100,14 +104,22 @@ class Config(JobSections):
 
 
 def judge_rows(cfg: Config) -> pd.DataFrame:
+    """Training rows (`role` train) and, with data.val_splits, validation rows (`role` val)."""
+    frames = [judge_rows_of(cfg, cfg.data.splits, cfg.data.limit).assign(role="train")]
+    if cfg.data.val_splits:
+        frames.append(judge_rows_of(cfg, cfg.data.val_splits, cfg.data.val_limit).assign(role="val"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def judge_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
     """One row per judge prompt: the pair's messages in one shown order and the gold grades of the SHOWN A and B."""
     pairs = read_menlo_jsonl(cfg.data.path)
-    pairs = pairs[pairs["split"].isin(cfg.data.splits)]
+    pairs = pairs[pairs["split"].isin(splits)]
     if cfg.data.dimensions:
         pairs = pairs[pairs["dimension"].isin(cfg.data.dimensions)]
-    pairs = pairs.head(cfg.data.limit or None).reset_index(drop=True)
+    pairs = pairs.head(limit or None).reset_index(drop=True)
     if pairs.empty:
-        raise ConfigError(f"data: no pairs left in {cfg.data.path} for splits {cfg.data.splits} and dimensions "
+        raise ConfigError(f"data: no pairs left in {cfg.data.path} for splits {splits} and dimensions "
                           f"{cfg.data.dimensions or 'all'}")
     items = build_items(pairs, pd.DataFrame(), [cfg.protocol()], load_rubrics(cfg.prompt.rubrics), cfg.prompt.seed)
     swapped = items["unit"] == "BA"
@@ -125,13 +137,14 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     rows_key = {"data": dataclasses.asdict(cfg.data), "prompt": dataclasses.asdict(cfg.prompt),
                 "data_sha": file_sha(cfg.data.path), "rubrics_sha": file_sha(cfg.prompt.rubrics)}
     results = [stage_rows(store, rows_key, lambda: judge_rows(cfg))]
-    validate_grpo(cfg.grpo, results[0].rows)
+    validate_grpo(cfg.grpo, results[0].summary["train_rows"])
     spec = {"kind": "judge", "config": dataclasses.asdict(cfg.reward)}
     init_ray(cfg.ray)
     results.append(stage_train(store, cfg.grpo, cfg.wandb, {"grpo": dataclasses.asdict(cfg.grpo), "reward": spec},
                                lambda: contextlib.nullcontext((spec, {}))))
     table = report(store, tracker, results, "Judge GRPO (MENLO reward)")
-    store.finish({"adapter": adapter_dir(store)})
+    best = results[-1].summary.get("best_adapter")
+    store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {})})
     tracker.finish()
     return table
 

@@ -40,7 +40,8 @@ import pandas as pd
 from eval.menlo_data import DIMENSIONS, SPLITS, load_rubrics, read_menlo_jsonl
 from jobs.cli import entry
 from jobs.config import ConfigError, load_config, require_file
-from jobs.grpo_stages import adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
+                              validate_grpo)
 from jobs.jobrun import JobSections, open_run
 from jobs.ray_env import init_ray
 from serve.config import ServeConfig
@@ -56,6 +57,10 @@ class DataConfig:
     # MENLO-format JSONL; the policy trains on the pairs' prompts (paper: 3,000 prompts sampled from MENLO)
     path: str = "configs/data/menlo_grpo_train.jsonl"
     splits: list[str] = field(default_factory=lambda: ["train"])
+    # held-out prompts validated every grpo.eval_every steps (best adapter kept); [] = no validation
+    val_splits: list[str] = field(default_factory=list)
+    # keep the first N validation prompts (0 = all)
+    val_limit: int = 0
     # paper §5 trains on Fluency, Tone and Localized Tone (localized factuality excluded)
     dimensions: list[str] = field(default_factory=lambda: ["fluency", "tone", "localized_tone"])
     # keep the first N prompts (0 = all)
@@ -86,9 +91,10 @@ class Config(JobSections):
     def validate(self) -> None:
         require_file(self.data.path, "data.path")
         require_file(self.data.rubrics, "data.rubrics")
-        for split in self.data.splits:
-            if split not in SPLITS:
-                raise ConfigError(f"data.splits: {split!r} is not one of {list(SPLITS)}")
+        check_splits(self.data.splits, self.data.val_splits, SPLITS)
+        for key in ("limit", "val_limit"):
+            if getattr(self.data, key) < 0:
+                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self.data, key)}")
         if not self.data.dimensions or any(d not in DIMENSIONS for d in self.data.dimensions):
             raise ConfigError(f"data.dimensions: need a non-empty subset of {list(DIMENSIONS)}, "
                               f"got {self.data.dimensions}")
@@ -120,12 +126,20 @@ def judge_task(locale: str, rubric: dict, prompt: str) -> str:
 
 
 def policy_rows(cfg: Config) -> pd.DataFrame:
+    """Training prompts (`role` train) and, with data.val_splits, validation prompts (`role` val)."""
+    frames = [policy_rows_of(cfg, cfg.data.splits, cfg.data.limit).assign(role="train")]
+    if cfg.data.val_splits:
+        frames.append(policy_rows_of(cfg, cfg.data.val_splits, cfg.data.val_limit).assign(role="val"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
     """One row per distinct (dimension, locale, prompt) of the selected pairs."""
     pairs = read_menlo_jsonl(cfg.data.path)
-    pairs = pairs[pairs["split"].isin(cfg.data.splits) & pairs["dimension"].isin(cfg.data.dimensions)]
-    pairs = pairs.drop_duplicates(["dimension", "locale", "prompt"]).head(cfg.data.limit or None)
+    pairs = pairs[pairs["split"].isin(splits) & pairs["dimension"].isin(cfg.data.dimensions)]
+    pairs = pairs.drop_duplicates(["dimension", "locale", "prompt"]).head(limit or None)
     if pairs.empty:
-        raise ConfigError(f"data: no prompts left in {cfg.data.path} for splits {cfg.data.splits} and dimensions "
+        raise ConfigError(f"data: no prompts left in {cfg.data.path} for splits {splits} and dimensions "
                           f"{cfg.data.dimensions}")
     rubrics = load_rubrics(cfg.data.rubrics)
     return pd.DataFrame([{
@@ -181,14 +195,15 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path)}
     results = [stage_rows(store, rows_key, lambda: policy_rows(cfg))]
-    validate_grpo(cfg.grpo, results[0].rows)
+    validate_grpo(cfg.grpo, results[0].summary["train_rows"])
     init_ray(cfg.ray)
     # the judge (config + overrides) or the external URL decides the rewards, so both are part of the stage hash
     key = {"grpo": dataclasses.asdict(cfg.grpo), "reward": dataclasses.asdict(cfg.reward),
            "grm": dataclasses.asdict(cfg.serve_config()) if not cfg.reward.url else None}
     results.append(stage_train(store, cfg.grpo, cfg.wandb, key, lambda: served_reward(cfg)))
     table = report(store, tracker, results, "Policy GRPO against the served GRM")
-    store.finish({"adapter": adapter_dir(store)})
+    best = results[-1].summary.get("best_adapter")
+    store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {})})
     tracker.finish()
     return table
 

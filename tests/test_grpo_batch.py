@@ -156,3 +156,39 @@ def test_windowed_left_padded_logps_equal_the_full_right_padded_ones(tiny_model_
     for row in range(2):
         torch.testing.assert_close(windowed[row][window_mask[row]], full[row][full_mask[row]], rtol=1e-4, atol=1e-5)
     assert window_mask.sum(-1).tolist() == [2, 3]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation (train.grpo_batch / train.grpo_validate pure parts)
+
+
+def test_validation_metrics_are_the_reward_means_under_val():
+    from train.grpo_batch import VAL_SCORE, validation_metrics
+
+    # two groups of 2 rollouts scored (rewards 1, 0 and 0.5, 0.5), one group failed: mean over scored rollouts
+    totals = {"groups": 3.0, "groups_failed": 1.0, "rollouts_scored": 4.0, "reward_sum": 2.0,
+              "component/exact_a_sum": 1.0, "groups_failed/timeout": 1.0}
+    metrics = validation_metrics(totals)
+    assert metrics[VAL_SCORE] == 0.5 and metrics["val/reward/exact_a"] == 0.25
+    assert metrics["val/reward/groups_failed_fraction"] == pytest.approx(1 / 3)
+    assert metrics["val/reward_service/errors/timeout"] == 1.0
+    assert all(key.startswith("val/") for key in metrics)
+    assert math.isnan(validation_metrics({"groups": 1.0, "groups_failed": 1.0})[VAL_SCORE])
+
+
+def test_only_a_strictly_better_finite_score_is_a_new_best():
+    from train.grpo_batch import improved
+
+    assert improved(-1.2, None) and improved(0.1, -0.5)
+    assert not improved(0.1, 0.1)  # a tie keeps the earlier adapter
+    assert not improved(-0.6, -0.5) and not improved(math.nan, None) and not improved(math.nan, -1.0)
+
+
+def test_validation_shards_cover_every_row_once_with_equal_lengths():
+    from train.grpo_validate import validation_shard
+
+    for n, world in ((5, 2), (4, 2), (1, 3), (7, 1)):
+        shards = [validation_shard(n, rank, world) for rank in range(world)]
+        assert len({len(s) for s in shards}) == 1  # same number of generate calls on every rank
+        counted = sorted(i for s in shards for i, keep in s if keep)
+        assert counted == list(range(n))

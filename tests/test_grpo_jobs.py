@@ -22,8 +22,11 @@ def test_jobs_are_registered():
 
 def test_judge_rows_cover_both_orders_with_gold_following_the_shown_order():
     cfg = load_config(judge_job.Config, JUDGE_DEMO)
-    rows = judge_job.judge_rows(cfg)
-    assert len(rows) == 48 and set(rows["order"]) == {"AB", "BA"}
+    frame = judge_job.judge_rows(cfg)
+    assert frame["role"].value_counts().to_dict() == {"train": 48, "val": 8}  # held-out val pairs, both orders
+    assert not set(frame[frame["role"] == "val"]["pair_id"]) & set(frame[frame["role"] == "train"]["pair_id"])
+    rows = frame[frame["role"] == "train"]
+    assert set(rows["order"]) == {"AB", "BA"}
     assert rows["dimension"].nunique() == 4 and rows["locale"].nunique() == 8
     pair = rows[rows["pair_id"] == "flu-02-it_IT"].set_index("order")
     # fixture: response_a ("Usa molta acqua...") graded 3, response_b graded 5
@@ -36,14 +39,16 @@ def test_judge_rows_cover_both_orders_with_gold_following_the_shown_order():
 def test_judge_rows_filters_and_averaged_grades():
     cfg = load_config(judge_job.Config, JUDGE_DEMO, ["data.dimensions=[tone]", "data.both_orders=false"])
     rows = judge_job.judge_rows(cfg)
-    assert len(rows) == 6 and set(rows["dimension"]) == {"tone"}
+    assert len(rows) == 7 and set(rows["dimension"]) == {"tone"}  # 6 train pairs, 1 val pair, one order each
     assert 3.5 in set(rows["gold_a"]) | set(rows["gold_b"])  # the averaged gold grade survives as is
 
 
 def test_policy_rows_are_unique_prompts_without_localized_factuality():
     cfg = load_config(policy_job.Config, POLICY_DEMO)
     rows = policy_job.policy_rows(cfg)
-    assert len(rows) == 18 and "localized_factuality" not in set(rows["dimension"])
+    assert len(rows) == 18 and "localized_factuality" not in set(rows["dimension"]) and set(rows["role"]) == {"train"}
+    with_val = policy_job.policy_rows(load_config(policy_job.Config, POLICY_DEMO, ["data.val_splits=[val]"]))
+    assert with_val["role"].value_counts().to_dict() == {"train": 18, "val": 3}
     first = rows.iloc[0]
     assert json.loads(first["prompt_messages"])[0]["role"] == "user"
     assert first["judge_prompt"].startswith(f"[Locale]\n{first['locale']}\n\n[Dimension]\n")
@@ -55,6 +60,10 @@ def test_policy_rows_are_unique_prompts_without_localized_factuality():
     (judge_job, JUDGE_DEMO, "reward.near_miss=-0.5", "reward.near_miss"),
     (judge_job, JUDGE_DEMO, "prompt.template=jury_score", "prompt.template"),
     (judge_job, JUDGE_DEMO, "grpo.prompts_per_step=3", "grpo.prompts_per_step"),
+    (judge_job, JUDGE_DEMO, "data.val_splits=[train]", "data.val_splits"),
+    (judge_job, JUDGE_DEMO, "data.val_splits=[dev]", "data.val_splits"),
+    (judge_job, JUDGE_DEMO, "grpo.eval_every=-1", "grpo.eval_every"),
+    (policy_job, POLICY_DEMO, "data.val_limit=-1", "data.val_limit"),
     (policy_job, POLICY_DEMO, "reward.url=localhost:8000", "reward.url"),
     (policy_job, POLICY_DEMO, "grm.overrides=[batching.max_batch_size=0]", "batching.max_batch_size"),
     (policy_job, POLICY_DEMO, "grm.config=configs/nope.yaml", "grm.config"),

@@ -206,3 +206,32 @@ def _std(values: list[float]) -> float:
     """Population std of one group's rewards (a spread diagnostic, not the advantage normaliser)."""
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+VAL_SCORE = "val/reward/mean"
+
+
+def validation_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """Reduced `outcome_sums` of a validation pass -> ``val/``-prefixed reward metrics (mean, components, failures).
+
+    >>> validation_metrics({"groups": 2.0, "rollouts_scored": 4.0, "reward_sum": 2.0})[VAL_SCORE]
+    0.5
+    """
+    metrics = finish_outcome_metrics(totals)
+    return {f"val/{k}": v for k, v in metrics.items() if k.startswith(("reward/", "reward_service/errors/"))}
+
+
+def improved(value: float, best: float | None) -> bool:
+    """Whether a validation score beats the best so far; NaN (no group scored) never does, and ties keep the
+    earlier adapter.
+
+    >>> improved(0.2, None), improved(0.2, 0.2), improved(float("nan"), None), improved(0.3, float("-inf"))
+    (True, False, False, True)
+    """
+    if not math.isfinite(value):
+        return False
+    return best is None or value > best

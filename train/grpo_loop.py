@@ -2,7 +2,8 @@
 
 `train/grpo_trainer.py::run_grpo` builds the `TorchTrainer`; every worker runs `grpo_loop_per_worker(config)`
 (keys: ``train`` = `dataclasses.asdict(GRPOConfig)`, ``model_dir``, ``rows``, ``reward`` (a reward spec),
-``total_steps``, ``wandb_dir``). Per optimizer step, rank r:
+``total_steps``, ``wandb_dir``, and optionally ``val_rows`` + ``best_dir`` for `train.grpo_validate`). Per
+optimizer step, rank r:
 
 1. takes its `prompts_per_worker` prompts of the step (`pairs_data.step_row_indices`: a function of the step
    number, so a resumed run reads the same prompts);
@@ -41,6 +42,7 @@ from train.grpo_batch import (GroupOutcome, completion_logps, completion_window,
                               micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
 from train.grpo_rewards import build_reward
 from train.grpo_trainer import GRPOConfig
+from train.grpo_validate import BestAdapter, validate
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
 from train.pairs_data import collate_sequences, parse_messages, render_prompt, step_row_indices
@@ -60,12 +62,17 @@ def grpo_loop_per_worker(config: dict) -> None:
     tracker = _init_wandb(cfg, config, rank)
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
+    val_rows = config.get("val_rows") or []
+    best = BestAdapter(config["best_dir"], rank) if val_rows else None
     failed_streak = 0
     try:
         for step in range(start, total):
             metrics, samples = grpo_step(engine, tokenizer, cfg, rows, reward_fn, rollout, step, rank, world)
             done = step + 1
             metrics |= {"step": done, "start_step": start}
+            if best is not None and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
+                metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums)
+                metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done))
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
                 _log_samples(tracker, samples, done)
@@ -90,7 +97,7 @@ def make_rollout(tokenizer, cfg: GRPOConfig, model_dir: str, rank: int, world: i
         from train.vllm_rollout import VLLMRollout
 
         return VLLMRollout(tokenizer, cfg, model_dir, tempfile.mkdtemp(prefix="quorum-rollout-"), rank)
-    return HFRollout(tokenizer, cfg, sync=cfg.deepspeed.zero_stage == 3 and world > 1)
+    return HFRollout(tokenizer, cfg, synced_gpus=cfg.deepspeed.zero_stage == 3 and world > 1)
 
 
 class HFRollout:
@@ -100,8 +107,8 @@ class HFRollout:
     no-op); `train.vllm_rollout.VLLMRollout` is the fast engine for GPUs, synced after every optimizer step.
     """
 
-    def __init__(self, tokenizer, cfg: GRPOConfig, sync: bool):
-        self.tokenizer, self.cfg, self.sync = tokenizer, cfg, sync
+    def __init__(self, tokenizer, cfg: GRPOConfig, synced_gpus: bool):
+        self.tokenizer, self.cfg, self.synced_gpus = tokenizer, cfg, synced_gpus
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def sync(self, engine) -> None:
@@ -135,7 +142,7 @@ class HFRollout:
                 max_new_tokens=self.cfg.max_completion_length, num_return_sequences=group_size,
                 pad_token_id=self.pad_id, eos_token_id=sorted(stops), use_cache=True,
                 # ZeRO-3 gathers parameters collectively in every forward: ranks must decode equally many steps
-                synced_gpus=self.sync)
+                synced_gpus=self.synced_gpus)
         finally:
             model.train(was_training)
         trimmed = [trim_completion(row.tolist(), stops, self.pad_id) for row in out[:, width:]]

@@ -97,6 +97,9 @@ class GRPOConfig:
     run_name: str = "grpo"
     # rollout samples (prompt, completion, reward) logged to W&B every this many steps; 0 = never
     log_samples_every: int = 0
+    # with validation prompts: mean reward of G rollouts each (val/reward/mean) every this many steps and after the
+    # last; the best adapter so far is kept in <run_dir>/best_adapter. 0 = only after the last step
+    eval_every: int = 0
     wandb: bool = False
     wandb_project: str = "quorum"
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -119,7 +122,7 @@ class GRPOConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
         for name in ("max_steps", "max_failures", "weight_decay", "max_grad_norm", "kl_coef", "entropy_coef",
-                     "max_failed_steps", "log_samples_every", "clip_eps_low", "clip_eps_high"):
+                     "max_failed_steps", "log_samples_every", "eval_every", "clip_eps_low", "clip_eps_high"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.group_size < 2:
@@ -195,12 +198,14 @@ def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str, se
 
 
 def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
-             secret_env: dict[str, str] | None = None) -> TrainResult:
+             secret_env: dict[str, str] | None = None, val_rows: list[dict] | None = None) -> TrainResult:
     """Train a LoRA adapter with GRPO on Ray Train workers; the final adapter lands in ``<run_dir>/adapter``.
 
     Args:
         cfg: The run config (validated here).
         rows: Prompt rows (see the module docstring).
+        val_rows: Held-out prompt rows of the same shape: validated every ``eval_every`` steps and after the last;
+            the best adapter by ``val/reward/mean`` lands in ``<run_dir>/best_adapter`` (with ``best.json``).
         reward: Reward spec for `train.grpo_rewards.build_reward` (``{"kind": "judge" | "grm", ...}``).
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
@@ -219,6 +224,8 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
     cfg.validate()
     check_reward_spec(reward)
     check_rows(reward, rows)
+    if val_rows:
+        check_rows(reward, val_rows)
     total_steps = plan_steps(cfg, len(rows))
     out = Path(run_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -227,8 +234,13 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
     loop_config = {
         "train": dataclasses.asdict(cfg), "model_dir": resolve_model_dir(cfg.model), "rows": rows,
         "reward": reward, "total_steps": total_steps, "wandb_dir": str(Path(storage_path) / cfg.run_name),
+        "val_rows": list(val_rows or []), "best_dir": str(out / "best_adapter"),
     }
     result = build_grpo_trainer(cfg, loop_config, storage_path, secret_env or {}).fit()
     if result.error is not None:
         raise result.error
-    return _collect(result, out, str(Path(storage_path) / cfg.run_name))
+    collected = _collect(result, out, str(Path(storage_path) / cfg.run_name))
+    record = out / "best_adapter" / "best.json"
+    if record.is_file():
+        collected.best_adapter_dir, collected.best = str(record.parent), json.loads(record.read_text())
+    return collected

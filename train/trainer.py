@@ -181,6 +181,9 @@ class TrainResult:
     storage_dir: str
     # metrics of every kept checkpoint, by step (Ray Train V2 keeps no driver-side history of other reports)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # GRPO with validation prompts: the adapter with the best val/reward/mean and its best.json (step, score, ...)
+    best_adapter_dir: str | None = None
+    best: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -73,17 +73,11 @@ class VLLMRollout:
 
     def sync(self, engine) -> None:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
-        model = engine.module
+        from train.loop import _lora_state_dict
+
         self.version += 1
         target = adapter_version_dir(self.scratch, self.version)
-        lora = [p for name, p in model.named_parameters() if "lora_" in name]
-        if self.cfg.deepspeed.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(lora, modifier_rank=None):
-                model.save_pretrained(target)
-        else:
-            model.save_pretrained(target)
+        engine.module.save_pretrained(target, state_dict=_lora_state_dict(engine, self.cfg.deepspeed.zero_stage))
         stale = adapter_version_dir(self.scratch, self.version - 1)
         if stale.exists():
             shutil.rmtree(stale, ignore_errors=True)
