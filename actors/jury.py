@@ -27,7 +27,8 @@ import ray.data
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.aggregate import shuffle_order, to_original_index
-from eval.judge_parse import parse_best_worst, parse_pairwise, parse_score
+from eval.judge_parse import parse_best_worst, parse_score
+from eval.menlo_parse import parse_pairwise
 from eval.prompts import (load_template, prompt_path, render_alignments_section, render_candidates_block,
                           render_parses_section)
 

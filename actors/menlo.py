@@ -1,7 +1,7 @@
 """MENLO judge stage: protocol items x judges -> ChatWorker actor pools -> grades parsed with the shared parser.
 
 Items arrive rendered (`messages_json`, from eval.menlo_data.build_items); this module adds each judge's sampling,
-runs one `ChatWorker` pool per judge (Ray Data), and parses every answer with eval.judge_parse: pointwise calls with
+runs one `ChatWorker` pool per judge (Ray Data), and parses every answer with eval.menlo_parse: pointwise calls with
 `parse_menlo_grade`, pairwise calls with `parse_menlo_grades` (the parser of the GRM service and the RL reward).
 Grades are mapped back to the pair's original A/B identity. An answer without extractable grades is retried (new
 seed) up to `max_parse_retries` times, then kept with `parse_error` set: no row is ever dropped.
@@ -17,7 +17,7 @@ import ray.data
 
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig
-from eval.judge_parse import parse_menlo_grade, parse_menlo_grades
+from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 from eval.menlo_data import to_original
 
 

@@ -37,7 +37,7 @@ from typing import Literal
 import pandas as pd
 import yaml
 
-from eval.judge_parse import MENLO_LABELS
+from eval.menlo_parse import MENLO_LABELS
 from eval.prompts import load_template, prompt_path
 
 DIMENSIONS = ("fluency", "tone", "localized_tone", "localized_factuality")

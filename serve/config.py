@@ -61,7 +61,7 @@ class PromptsConfig:
     # request field -> template variable; fields: prompt, response and optionally reference
     pointwise_vars: dict[str, str] = field(
         default_factory=lambda: {"prompt": "base_sentence", "response": "new_sentence"})
-    # pairwise template, parsed with eval.judge_parse.parse_menlo_grades
+    # pairwise template, parsed with eval.menlo_parse.parse_menlo_grades
     pairwise: str = "jury_pairwise"
     # request field -> template variable; fields: prompt, response_a, response_b
     pairwise_vars: dict[str, str] = field(

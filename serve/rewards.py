@@ -21,7 +21,7 @@ import itertools
 from pydantic import BaseModel
 
 from actors.engine import Completion
-from eval.judge_parse import parse_menlo_grades
+from eval.menlo_parse import parse_menlo_grades
 from serve.protocol import Usage, extract_rationale, judge_text, status_of, usage_of
 
 REFERENCE = -1

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from wandb_reader import find_run_files, read_run
 
 import jobs.policy_grpo as job
-from eval.judge_parse import MENLO_LABELS
+from eval.menlo_parse import MENLO_LABELS
 from jobs.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

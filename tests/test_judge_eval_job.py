@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from eval.judge_parse import MENLO_LABELS
+from eval.menlo_parse import MENLO_LABELS
 from eval.menlo_data import read_menlo_jsonl
 from jobs.cli import main as cli_main
 from tests.fake_openai_server import FakeOpenAIServer

@@ -7,16 +7,8 @@ import doctest
 import pytest
 
 import eval.judge_parse as judge_parse
-from eval.judge_parse import (
-    MENLO_LABELS,
-    Parsed,
-    check_menlo_tags,
-    parse_best_worst,
-    parse_menlo_grades,
-    parse_pairwise,
-    parse_score,
-    split_think,
-)
+from eval.judge_parse import Parsed, parse_best_worst, parse_score, split_think
+from eval.menlo_parse import MENLO_LABELS, check_menlo_tags, parse_menlo_grades, parse_pairwise
 
 
 def test_doctests_pass():
@@ -299,7 +291,7 @@ POINT_CASES = [
 
 @pytest.mark.parametrize("text, grade, tags_ok, format_ok, error", POINT_CASES)
 def test_menlo_pointwise_table(text, grade, tags_ok, format_ok, error):
-    from eval.judge_parse import parse_menlo_grade
+    from eval.menlo_parse import parse_menlo_grade
 
     g = parse_menlo_grade(text)
     assert (g.grade_a, g.grade_b, g.tags_ok, g.format_ok, g.error) == (grade, None, tags_ok, format_ok, error)
@@ -307,7 +299,7 @@ def test_menlo_pointwise_table(text, grade, tags_ok, format_ok, error):
 
 
 def test_menlo_pointwise_tag_messages():
-    from eval.judge_parse import MENLO_POINTWISE_TAGS
+    from eval.menlo_parse import MENLO_POINTWISE_TAGS
 
     pairwise_answer = GOOD_MENLO
     errors = check_menlo_tags(pairwise_answer, MENLO_POINTWISE_TAGS)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from eval import menlo_data as md
-from eval.judge_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
+from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
 from eval.prompts import load_template, prompt_path
 
 REPO = Path(__file__).resolve().parents[1]

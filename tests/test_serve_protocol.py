@@ -25,7 +25,7 @@ def judgment(a: int, b: int, grade_a: int | None, grade_b: int | None) -> R.Judg
 
 
 def menlo(a: int, b: int, why: str = "because") -> Completion:
-    from eval.judge_parse import MENLO_LABELS
+    from eval.menlo_parse import MENLO_LABELS
 
     text = MENLO_OK.format(why=why, a=a, b=b, la=MENLO_LABELS[a], lb=MENLO_LABELS[b])
     return Completion(text=text.split("</think>")[1].strip(), raw_text=text, reasoning=why, prompt_tokens=10,

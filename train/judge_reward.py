@@ -8,7 +8,7 @@
         − format_penalty·1(format violated)
 
 Every term is a weight; 0 switches it off (Table 6's ablations: binary only = ``near_miss=0, pref_bonus=0``).
-Grades and the format verdict come from the one shared parser, `eval.judge_parse.parse_menlo_grades`, the same
+Grades and the format verdict come from the one shared parser, `eval.menlo_parse.parse_menlo_grades`, the same
 code that scores judges in evaluation and reads the served GRM's output.
 
 Choices where the paper is silent (its §3.3 open points), made explicit:
@@ -31,7 +31,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from eval.judge_parse import MenloGrades, parse_menlo_grades
+from eval.menlo_parse import MenloGrades, parse_menlo_grades
 
 FORMAT_RULES = ("tags", "strict")
 # components logged per step, in this order (the paper's RewardBreakdown record)
