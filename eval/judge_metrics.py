@@ -214,6 +214,70 @@ def evaluate(judgments: pd.DataFrame, boot: Bootstrap, policy: str = "count_wron
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Paired differences between protocols / judges
+
+DIFF_STATISTICS = ("macro_f1", "accuracy", "preference_accuracy")
+DIFF_COLUMNS = ["judge", "protocol", "versus", "statistic", "difference", "ci_lo", "ci_hi", "n_pairs"]
+
+
+def _paired(fn):
+    """fn on group 0 minus fn on group 1 of the stacked arrays (the third array is the 0/1 group)."""
+    def difference(gold, pred, group) -> AgreementStat:
+        a, b = fn(gold[group == 0], pred[group == 0]), fn(gold[group == 1], pred[group == 1])
+        return AgreementStat(a.value - b.value, min(a.n_used, b.n_used), a.n_excluded + b.n_excluded)
+
+    return difference
+
+
+def _diff_arrays(frames: list[pd.DataFrame], gold: str, pred: str, policy: str, failed: float):
+    gold_v = np.concatenate([f[gold].to_numpy(float) for f in frames])
+    pred_v = np.concatenate([_apply_policy(f[pred].to_numpy(float), policy, failed) for f in frames])
+    group = np.concatenate([np.full(len(f), i) for i, f in enumerate(frames)])
+    clusters = np.concatenate([f["pair_id"].to_numpy() for f in frames])
+    return gold_v, pred_v, group, clusters
+
+
+def differences(judgments: pd.DataFrame, boot: Bootstrap, policy: str = "count_wrong") -> pd.DataFrame:
+    """Each (judge, protocol) minus the first one, for DIFF_STATISTICS, with a *paired* cluster-bootstrap 95% CI.
+
+    Both sides are restricted to the pairs both judged and every resample draws the same pair ids for both, so the
+    CI reflects the protocol difference, not which pairs happened to be drawn (a CI that excludes 0 is a
+    difference at the 5% level). Rows: DIFF_COLUMNS; empty with fewer than two groups.
+    """
+    groups = list(judgments.groupby(["judge", "protocol"], sort=False))
+    if len(groups) < 2:
+        return pd.DataFrame(columns=DIFF_COLUMNS)
+    (base_judge, base_protocol), base = groups[0]
+    rows = []
+    for (judge, protocol), group in groups[1:]:
+        shared = set(base["pair_id"]) & set(group["pair_id"])
+        sides = [g[g["pair_id"].isin(shared)] for g in (group, base)]
+        responses = [response_rows(side) for side in sides]
+        comparisons = [comparison_rows(side) for side in sides]
+        plans = {"macro_f1": (f1_over_grades, responses, "gold", "pred", NO_GRADE),
+                 "accuracy": (grade_accuracy, responses, "gold", "pred", NO_GRADE),
+                 "preference_accuracy": (grade_accuracy, comparisons, "gold_pref", "pred_pref", NO_PREFERENCE)}
+        for statistic in DIFF_STATISTICS:
+            fn, frames, gold, pred, failed = plans[statistic]
+            gold_v, pred_v, flag, clusters = _diff_arrays(frames, gold, pred, policy, failed)
+            result = estimate(_paired(fn), gold_v, pred_v, flag, clusters=clusters, boot=boot)
+            rows.append({"judge": judge, "protocol": protocol, "versus": f"{base_judge} / {base_protocol}",
+                         "statistic": statistic, "difference": result["value"], "ci_lo": result["ci_lo"],
+                         "ci_hi": result["ci_hi"], "n_pairs": len(shared)})
+    return pd.DataFrame(rows, columns=DIFF_COLUMNS)
+
+
+def difference_table(diffs: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """One row per compared group, one ``difference [CI]`` column per statistic."""
+    if diffs.empty:
+        return pd.DataFrame()
+    cells = diffs.assign(cell=[_cell(r.difference, r.ci_lo, r.ci_hi, digits) for r in diffs.itertuples()])
+    table = cells.pivot_table(index=["judge", "protocol", "versus", "n_pairs"], columns="statistic", values="cell",
+                              aggfunc="first", sort=False)
+    return table[[s for s in DIFF_STATISTICS if s in table.columns]].reset_index()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Views for the report
 
 

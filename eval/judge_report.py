@@ -40,14 +40,22 @@ def group_order(metrics: pd.DataFrame) -> list[tuple[str, str]]:
     return list(dict.fromkeys(zip(metrics["judge"], metrics["protocol"])))
 
 
-def build_sections(metrics: pd.DataFrame, judgments: pd.DataFrame, failures: str) -> list[Section]:
-    """Headline, parse health, per-dimension and per-locale slices, and the full table."""
+def build_sections(metrics: pd.DataFrame, judgments: pd.DataFrame, failures: str,
+                   diffs: pd.DataFrame | None = None) -> list[Section]:
+    """Headline, paired differences, parse health, per-dimension and per-locale slices."""
     wrong = ("an unparseable grade counts as a wrong answer" if failures == "count_wrong"
              else "unparseable grades are left out (n_excluded)")
     sections = [
         Section("Headline (all pairs)", jm.headline(metrics),
                 f"value [95% CI], bootstrap over pairs; fractions (the paper prints x100); {wrong}; "
                 "'-' = not applicable (position bias needs pairwise judging in both orders)."),
+    ]
+    if diffs is not None and len(diffs):
+        sections.append(Section(
+            f"Paired differences vs {diffs['versus'].iloc[0]}", jm.difference_table(diffs),
+            "difference [95% CI] of each judge x protocol minus the first, over the pairs both judged; every "
+            "bootstrap resample draws the same pairs for both sides, so a CI excluding 0 is a real difference."))
+    sections += [
         Section("Parse health", parse_health(judgments, group_order(metrics)),
                 "Every judge call is kept: parse failures stay in the judgments stage with parse_error set."),
     ]
@@ -114,9 +122,9 @@ def plot_confusions(judgments: pd.DataFrame, order: list[tuple[str, str]] | None
 
 
 def build_report(title: str, notes: list[str], metrics: pd.DataFrame, judgments: pd.DataFrame,
-                 failures: str) -> tuple[str, str, list[Figure]]:
+                 failures: str, diffs: pd.DataFrame | None = None) -> tuple[str, str, list[Figure]]:
     """(markdown, html, figures). The markdown has the summary tables; the HTML adds the full table and plots."""
-    sections = build_sections(metrics, judgments, failures)
+    sections = build_sections(metrics, judgments, failures, diffs)
     full = Section("All statistics", metrics, "One row per judge x protocol x slice x statistic; n_used / "
                    "n_excluded count responses, comparisons, pairs or calls as the statistic requires.")
     figures = [

@@ -194,6 +194,14 @@ def compute_metrics(cfg: Config, judgments: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=jm.COLUMNS)
 
 
+def compute_differences(cfg: Config, judgments: pd.DataFrame) -> pd.DataFrame:
+    """Every (judge, protocol) minus the config's first, paired over pairs (jm.differences), in config order."""
+    rank = {(j.name, p.name): (a, b) for a, j in enumerate(cfg.judges) for b, p in enumerate(cfg.protocols)}
+    ordered = judgments.assign(_rank=[rank[k] for k in zip(judgments["judge"], judgments["protocol"])])
+    ordered = ordered.sort_values("_rank", kind="stable").drop(columns="_rank")
+    return jm.differences(ordered, Bootstrap(cfg.report.n_boot, cfg.report.seed), cfg.report.failures)
+
+
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     run = open_run(JOB, cfg, config_path)
     store, cache = run.store, run.cache_dir
@@ -208,6 +216,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         results.append(run_judges(cfg, store, cache))
         results.append(stage_frame(cfg, store, "metrics", dataclasses.asdict(cfg.report),
                                    lambda: compute_metrics(cfg, store.read_stage("judgments").to_pandas())))
+        results.append(stage_frame(cfg, store, "differences", dataclasses.asdict(cfg.report),
+                                   lambda: compute_differences(cfg, store.read_stage("judgments").to_pandas())))
         for result in results:
             log.info("stage %-9s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
                      result.rows, result.seconds, result.summary)
@@ -248,13 +258,15 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
     """metrics.md and report.html in the run directory; tables, plots and headline numbers to W&B."""
     metrics = store.read_stage("metrics").to_pandas()
     judgments = store.read_stage("judgments").to_pandas()
+    diffs = store.read_stage("differences").to_pandas()
     notes = report_notes(cfg, store.read_stage("data").to_pandas())
     markdown, html, figures = rep.build_report("Judge evaluation (MENLO protocols)", notes, metrics, judgments,
-                                               cfg.report.failures)
+                                               cfg.report.failures, diffs)
     store.write_text("metrics.md", markdown)
     store.write_text("report.html", html)
     print("\n" + markdown + "\n")
     tracker.table("report/headline", jm.headline(metrics))
+    tracker.table("report/differences", diffs)
     tracker.table("report/metrics", metrics, max_rows=5000)
     tracker.table("report/parse_health", rep.parse_health(judgments, rep.group_order(metrics)))
     sample = judgments[["judge", "protocol", "item_id", "raw_completion", "parse_error"]]

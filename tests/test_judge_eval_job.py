@@ -102,8 +102,8 @@ def test_judge_eval_end_to_end(ray_local, tiny_model_dir, tmp_path):
         assert len(server.calls_matching("ja_JP")) == 12
     run = root / "judge_eval" / "t"
     manifest = json.loads((run / "manifest.json").read_text())
-    stages = ["data", "items", "judgments", "metrics"]
-    assert [manifest["stages"][s]["status"] for s in stages] == ["complete"] * 4
+    stages = ["data", "items", "judgments", "metrics", "differences"]
+    assert [manifest["stages"][s]["status"] for s in stages] == ["complete"] * 5
 
     judgments = pd.read_parquet(run / "judgments")
     # 8 pairs x (2 pointwise + 2 few-shot + 2 orders) = 48 calls per judge; nothing dropped
@@ -132,8 +132,17 @@ def test_judge_eval_end_to_end(ray_local, tiny_model_dir, tmp_path):
     head = value(metrics, "api", "point+rubric", "macro_f1")
     assert head["ci_lo"] <= head["value"] <= head["ci_hi"]
 
+    diffs = pd.read_parquet(run / "differences").set_index(["judge", "protocol", "statistic"])
+    # every group minus the config's first (tiny / point+rubric: every call unparsed, all scored wrong)
+    assert len(diffs) == 5 * 3 and set(diffs["versus"]) == {"tiny / point+rubric"}
+    row = diffs.loc[("api", "point+rubric", "accuracy")]
+    assert row["difference"] == pytest.approx(14 / 16) and row["n_pairs"] == 8
+    assert row["ci_lo"] <= row["difference"] <= row["ci_hi"]
+
     markdown = (run / "metrics.md").read_text()
-    headline_rows = re.findall(r"^\|\s*(tiny|api)\s*\|\s*(\S+)\s*\|", markdown.split("## Parse health")[0], re.M)
+    assert "## Paired differences vs tiny / point+rubric" in markdown
+    headline_rows = re.findall(r"^\|\s*(tiny|api)\s*\|\s*(\S+)\s*\|", markdown.split("## Paired differences")[0],
+                               re.M)
     assert headline_rows == [(j, p) for j in ("tiny", "api") for p in ("point+rubric", "fewshot", "pair+rubric")]
     assert re.search(r"\|\s*api\s*\|\s*pair\+rubric\s*\|.*\|\s*0\.286 \[", markdown)  # position bias cell
     assert re.search(r"\|\s*tiny\s*\|\s*fewshot\s*\|\s*16\s*\|\s*16\s*\|", markdown)  # parse health: calls, failures

@@ -165,3 +165,36 @@ def test_numeric_twins_agree_with_the_generic_statistics():
         pred = rng.choice([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, NAN], 30)
         assert jm.grade_accuracy(gold, pred) == pytest.approx(accuracy(list(gold), list(pred)), nan_ok=True)
         assert jm.f1_over_grades(gold, pred) == pytest.approx(macro_f1(gold, pred, labels=jm.GRADES), nan_ok=True)
+
+
+# Paired protocol differences. Baseline "p" = PAIRWISE above (preference accuracy 3/6, grade accuracy 6/12).
+# "q" judges the same three pairs perfectly in both orders: preference 6/6, grades 12/12.
+PERFECT = judgments([(pid, dim, loc, unit, ga, gb, ga, gb, "", True)
+                     for pid, dim, loc, unit, ga, gb, *_ in PAIRWISE.drop(columns=["judge", "protocol", "mode"])
+                     .itertuples(index=False)], mode="pairwise", protocol="q")
+
+
+def test_protocol_differences_are_paired_over_shared_pairs():
+    diffs = jm.differences(pd.concat([PAIRWISE, PERFECT], ignore_index=True), Bootstrap(n_boot=200, seed=1))
+    got = diffs.set_index("statistic")
+    assert list(got["protocol"].unique()) == ["q"] and got["versus"].iloc[0] == "j / p"
+    assert got.loc["preference_accuracy", "difference"] == pytest.approx(1 - 3 / 6)
+    assert got.loc["accuracy", "difference"] == pytest.approx(1 - 6 / 12)
+    assert (got["n_pairs"] == 3).all()
+    # paired resampling: p1 is right under both protocols, so a resample of only p1 gives a difference of 0, one of
+    # only p2 gives 1 (2 wrong comparisons fixed); every resample lies in [0, 1], and so does the CI
+    pref = got.loc["preference_accuracy"]
+    assert 0 <= pref["ci_lo"] <= pref["difference"] <= pref["ci_hi"] <= 1
+
+
+def test_protocol_differences_use_only_the_pairs_both_judged():
+    only_p1 = PERFECT[PERFECT["pair_id"] == "p1"]
+    diffs = jm.differences(pd.concat([PAIRWISE, only_p1], ignore_index=True), NO_BOOT).set_index("statistic")
+    # on p1 alone the baseline is right too: no difference, and no CI without resamples
+    assert diffs.loc["preference_accuracy", "difference"] == 0.0 and (diffs["n_pairs"] == 1).all()
+    assert math.isnan(diffs.loc["accuracy", "ci_lo"])
+    assert jm.differences(PAIRWISE, NO_BOOT).empty
+    table = jm.difference_table(jm.differences(pd.concat([PAIRWISE, PERFECT]), NO_BOOT))
+    assert list(table.columns) == ["judge", "protocol", "versus", "n_pairs", "macro_f1", "accuracy",
+                                   "preference_accuracy"]
+    assert table.loc[0, "preference_accuracy"] == "0.500"
