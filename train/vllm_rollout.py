@@ -51,6 +51,18 @@ def read_group_outputs(outputs: list, group_size: int) -> tuple[list[list[int]],
     return ids, finished
 
 
+def lora_rank_slot(r: int) -> int:
+    """The smallest of vLLM's LoRA rank slots (8, 16, 32, ...) that holds rank `r`.
+
+    >>> [lora_rank_slot(r) for r in (4, 8, 12, 64)]
+    [8, 8, 16, 64]
+    """
+    slot = 8
+    while slot < r:
+        slot *= 2
+    return slot
+
+
 def adapter_version_dir(root: str | Path, version: int) -> Path:
     """Where adapter version `version` is written; LoRA ids start at 1 (vLLM reserves 0)."""
     return Path(root) / f"policy-v{version}"
@@ -67,7 +79,7 @@ class VLLMRollout:
         self.scratch = Path(scratch_dir) / f"vllm-rank{rank}"
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.version = 0
-        self.llm = LLM(model=model_dir, enable_lora=True, max_lora_rank=max(cfg.lora.r, 8), max_loras=1,
+        self.llm = LLM(model=model_dir, enable_lora=True, max_lora_rank=lora_rank_slot(cfg.lora.r), max_loras=1,
                        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.seed + rank,
                        max_model_len=cfg.max_prompt_length + cfg.max_completion_length, enable_prefix_caching=True)
 
