@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import Completion, SamplingParams, split_thinking
 from eval.judge_parse import parse_score
-from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
 from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
+from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
 from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
 
 POINTWISE_FORMATS = ("answer", "menlo")
