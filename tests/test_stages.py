@@ -130,3 +130,20 @@ def test_best_worst_order_is_shuffled_reproducibly(ray_local, tiny_model_dir):
         assert json.loads(row["models_json"]) == ["m0", "m1", "m2", "m3"]
     orders = {tuple(json.loads(o)) for o in first["order_json"]}
     assert orders != {(0, 1, 2, 3)}  # at least one set is actually shuffled
+
+
+def test_best_worst_verdicts_with_made_up_indices_are_kept_as_errors_not_crashes():
+    """The results run's SmolLM2 judge answered "Best: 4" for four candidates (indices 0-3): counted, never mapped."""
+    from actors.jury import parse_judgments
+
+    rows = pd.DataFrame({
+        "completion": ["Aspect: Lexical, Best: 4, Worst: 0\nAspect: Overall, Best: 2, Worst: 1",
+                       "Aspect: Lexical, Best: 1, Worst: 3"],
+        "order_json": [json.dumps([3, 2, 1, 0]), json.dumps([1, 0, 3, 2])], "n_candidates": 4,
+        "engine_error": "", "check_error": "", "messages_json": "[]"})
+    out = parse_judgments(rows, "best_worst")
+    first, second = (json.loads(v) for v in out["verdict_json"])
+    assert first["Lexical"] == {"best": None, "worst": None, "error": "out_of_range"}
+    assert first["Overall"] == {"best": 1, "worst": 2, "error": ""}  # shown 2 -> original 1, shown 1 -> 2
+    assert "Lexical: out_of_range (best 4, worst 0 of 4)" in out["parse_error"].iloc[0]
+    assert second["Lexical"] == {"best": 0, "worst": 2, "error": ""}
