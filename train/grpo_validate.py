@@ -82,12 +82,12 @@ class BestAdapter:
 
     def offer(self, engine, zero_stage: int, metrics: Metrics, step: int) -> bool:
         """Keep the adapter if `metrics[VAL_SCORE]` is a new best. Every rank calls it (ZeRO-3 gathers)."""
-        from train.loop import _lora_state_dict
+        from train.loop import lora_state_dict
 
         value = metrics[VAL_SCORE]
         if not improved(value, self.score):
             return False
-        lora = _lora_state_dict(engine, zero_stage)
+        lora = lora_state_dict(engine, zero_stage)
         if self.rank == 0:
             tmp = self.dir.with_name(self.dir.name + f".tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)

@@ -275,7 +275,8 @@ def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, w
     return {f"eval/{k}": v for k, v in _reduce_means(sums).items()}
 
 
-def _lora_state_dict(engine, zero_stage: int) -> dict[str, torch.Tensor]:
+def lora_state_dict(engine, zero_stage: int) -> dict[str, torch.Tensor]:
+    """The trainable (LoRA) weights as full CPU tensors; under ZeRO-3 a collective, so every rank must call it."""
     named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
     gathered = deepspeed.zero.GatheredParameters([p for _, p in named]) if zero_stage == 3 else contextlib.nullcontext()
     with gathered:
@@ -290,7 +291,7 @@ def save_checkpoint(engine, cfg: TrainConfig, directory: str, step: int, total: 
     rng.mkdir(exist_ok=True)
     torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if cfg.use_gpu else []},
                rng / f"rank{rank}.pt")
-    lora = _lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
+    lora = lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
     if rank == 0:
         engine.module.save_pretrained(os.path.join(directory, "adapter"), state_dict=lora)
         state = {"step": step, "total_steps": total}

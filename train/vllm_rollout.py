@@ -85,11 +85,11 @@ class VLLMRollout:
 
     def sync(self, engine) -> None:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
-        from train.loop import _lora_state_dict
+        from train.loop import lora_state_dict
 
         self.version += 1
         target = adapter_version_dir(self.scratch, self.version)
-        engine.module.save_pretrained(target, state_dict=_lora_state_dict(engine, self.cfg.deepspeed.zero_stage))
+        engine.module.save_pretrained(target, state_dict=lora_state_dict(engine, self.cfg.deepspeed.zero_stage))
         stale = adapter_version_dir(self.scratch, self.version - 1)
         if stale.exists():
             shutil.rmtree(stale, ignore_errors=True)
