@@ -107,8 +107,9 @@ class VLLMRollout:
         request = LoRARequest(f"policy-v{self.version}", self.version,
                               str(adapter_version_dir(self.scratch, self.version)))
         rollout = self.cfg.rollout
+        max_tokens = self.cfg.max_completion_length
         params = [SamplingParams(**rollout_sampling_kwargs(rollout.temperature, rollout.top_p, rollout.top_k,
-                                                           self.cfg.max_completion_length, group_size, seed * 1_000 + i))
+                                                           max_tokens, group_size, seed * 1_000 + i))
                   for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=request,
                                     use_tqdm=False)
