@@ -190,21 +190,18 @@ def parse_judgments(batch: pd.DataFrame, fmt: str) -> pd.DataFrame:
     return out
 
 
-def _original_or_none(shown: int | None, order: list[int]) -> int | None:
-    return to_original_index(shown, order) if shown is not None and 0 <= shown < len(order) else None
-
-
 def _best_worst_in_original_order(row: dict) -> tuple[str, str]:
     order = json.loads(row["order_json"])
     parsed = parse_best_worst(row["completion"], int(row["n_candidates"]))
     mapped, errors = {}, []
     for aspect, v in parsed.items():
-        # an index the judge made up (out_of_range) has no original candidate: kept in the error, never mapped
-        best, worst = (_original_or_none(v[key], order) for key in ("best", "worst"))
         detail = v["error"]
         if v["error"] == "out_of_range":
+            # an index the judge made up has no original candidate: kept in the error, never mapped
             best = worst = None
             detail = f"out_of_range (best {v['best']}, worst {v['worst']} of {len(order)})"
+        else:
+            best, worst = (to_original_index(v[k], order) if v[k] is not None else None for k in ("best", "worst"))
         mapped[aspect] = {"best": best, "worst": worst, "error": v["error"]}
         if detail:
             errors.append(f"{aspect}: {detail}")

@@ -1,8 +1,7 @@
 """Judge training with GRPO (paper 003 §4): a pairwise MENLO judge learns to grade A/B responses like the gold.
 
-Local (local Ray, SmolLM2-135M as the judge being trained, 2 Ray Train workers on CPU; the demo measured 8 min 46 s
-with 4 steps on 2 cores shared with other jobs at load average ~9, ~115 s per step, half of it sampling; it now
-runs 3 steps):
+Local (local Ray, SmolLM2-135M as the judge being trained, 2 Ray Train workers on CPU; the demo measured 9 min 2 s
+for 3 steps and 2 validations on 2 cores shared with a training job, about half of each step sampling):
 
     quorum run configs/judge_grpo_demo.yaml
     python -m jobs.judge_grpo configs/judge_grpo_demo.yaml grpo.max_steps=2 run.id=short
