@@ -216,18 +216,33 @@ def _has_candidate(row: dict) -> bool:
     return not row["generation_error"]
 
 
-def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir: str) -> ray.data.Dataset:
+def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir: str,
+                       expected_candidates: int = 0) -> ray.data.Dataset:
     """For each judge: items -> rendered requests -> ChatWorker pool -> parsed judgments; unioned.
 
     Items are built (grouping included) and materialized in blocks of about one batch before any judge pool
     exists, for the same reasons as in the generate stage.
+
+    Best/worst sets with fewer usable candidates than `expected_candidates` (the K generators; at least 2) are not
+    shown to the judge: its guideline names K candidates, and one candidate has no best and worst. They are kept
+    as rows whose `parse_error` starts with `too_few_candidates` and counted, never dropped.
     """
     usable = candidates.filter(_has_candidate, num_cpus=LIGHT_CPU)
     fmt = jury.judges[0].format
     block_rows = min(j.pool.batch_size for j in jury.judges)
     items = _items_for(usable, fmt, jury.both_orders).repartition(target_num_rows_per_block=block_rows).materialize()
+    short = None
+    if fmt == "best_worst":
+        needed = max(2, expected_candidates)
+        short = items.filter(functools.partial(_too_few, needed=needed), num_cpus=LIGHT_CPU).materialize()
+        items = items.filter(functools.partial(_enough, needed=needed), num_cpus=LIGHT_CPU).materialize()
     per_judge = []
     for judge in jury.judges:
+        if short is not None and short.count():
+            per_judge.append(short.map_batches(unjudged_rows, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
+                "judge": judge.name, "needed": max(2, expected_candidates)}))
+        if not items.count():
+            continue
         rendered = items.map_batches(render_judge_requests, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
             "judge": judge.name, "template": judge.template, "fmt": judge.format,
             "sampling_json": judge.sampling.to_json(), "seed": jury.seed})
@@ -239,7 +254,31 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
             **judge.pool.map_batches_kwargs(judge.engine))
         per_judge.append(judged.map_batches(parse_judgments, batch_format="pandas", num_cpus=LIGHT_CPU,
                                             fn_kwargs={"fmt": judge.format}))
+    if not per_judge:
+        raise ValueError("jury: no candidate to judge (every generation failed or the input is empty)")
     return per_judge[0].union(*per_judge[1:]) if len(per_judge) > 1 else per_judge[0]
+
+
+def _too_few(row: dict, needed: int) -> bool:
+    return int(row["n_candidates"]) < needed
+
+
+def _enough(row: dict, needed: int) -> bool:
+    return int(row["n_candidates"]) >= needed
+
+
+def unjudged_rows(batch: pd.DataFrame, judge: str, needed: int) -> pd.DataFrame:
+    """Rows for candidate sets no judge saw, shaped like parsed judgments (zero tokens, no verdict)."""
+    out = batch.copy()
+    out["judge"], out["order_json"], out["format"] = judge, "[]", "best_worst"
+    for column in ("completion", "raw_completion", "reasoning", "finish_reason", "engine_error", "check_error",
+                   "winner", "verdict_json", "sampling_json"):
+        out[column] = ""
+    for column in ("prompt_tokens", "completion_tokens", "attempts"):
+        out[column] = 0
+    out["cached"], out["worker_seconds"], out["worker_ready_at"], out["score"] = False, 0.0, 0.0, None
+    out["parse_error"] = [f"too_few_candidates: {n} usable of {needed} needed" for n in batch["n_candidates"]]
+    return out
 
 
 def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> ray.data.Dataset:
@@ -255,8 +294,10 @@ def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> ray
 def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
     """Per-stage numbers: judgments, parse failures (kept, counted), retries, tokens, throughput."""
     tokens = int(df["completion_tokens"].sum())
+    too_few = df["parse_error"].str.startswith("too_few_candidates")
     return {
-        "rows_out": len(df), "parse_failures": int((df["parse_error"] != "").sum()),
+        "rows_out": len(df), "parse_failures": int(((df["parse_error"] != "") & ~too_few).sum()),
+        "sources_too_few_candidates": int(too_few.sum()),
         "retried": int((df["attempts"] > 1).sum()), "engine_errors": int((df["engine_error"] != "").sum()),
         "cached": int(df["cached"].sum()), "prompt_tokens": int(df["prompt_tokens"].sum()),
         "completion_tokens": tokens, "actor_seconds": round(float(df["worker_seconds"].sum()), 3),

@@ -30,7 +30,8 @@ ASPECTS = ("Lexical", "Structural", "Overall")
 
 @dataclass
 class SelectorConfig:
-    # jury: best/worst from the LLM jury (paper 000); scorer: from a scalar scorer below
+    # jury: best/worst from the LLM jury (paper 000); scorer: from a scalar scorer below; reference: the oracle
+    # positive control, sentence SARI against the sources' references (eval/oracle.py; needs a corpus with them)
     kind: str = "jury"
     # meaning_simplicity | lens_salsa
     scorer: str = "meaning_simplicity"
@@ -41,8 +42,8 @@ class SelectorConfig:
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(num_cpus=0.5, batch_size=64))
 
     def validate(self) -> None:
-        if self.kind not in ("jury", "scorer"):
-            raise ValueError(f"selector.kind: {self.kind!r} is not 'jury' or 'scorer'")
+        if self.kind not in ("jury", "scorer", "reference"):
+            raise ValueError(f"selector.kind: {self.kind!r} is not 'jury', 'scorer' or 'reference'")
         if self.scorer not in ("meaning_simplicity", "lens_salsa"):
             raise ValueError(f"selector.scorer: {self.scorer!r} is not meaning_simplicity or lens_salsa")
         if self.fkgl_weight < 0:

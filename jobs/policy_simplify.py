@@ -36,6 +36,8 @@ from jobs.config import ConfigError, require_file
 from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, first_sources,
                                 rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
 from jobs.jobrun import JobSections, open_run
+from jobs.policy_references import (SIGNAL_BOOT, corpus_has_references, references_json, stage_judge_signal,
+                                    stage_oracle_select, stage_sft_data)
 from jobs.ray_env import init_ray
 from jobs.runstore import RunStore, write_table
 
@@ -54,6 +56,9 @@ class DataConfig:
     limit: int = 0
     # paper 000's heuristic filter: drop sources shorter than this many words (0 = keep all)
     min_words: int = 0
+    # human references of jsonl/csv/parquet sources (JSONL {id, references, policies}); TurkCorpus and ASSET carry
+    # their own. They feed the oracle selector, the Parallel baseline and the judge-signal figure, never the jury.
+    references_path: str = ""
 
 
 @dataclass
@@ -82,13 +87,28 @@ class Config(JobSections):
         self.features.validate()
         self.jury.validate()
         self.selector.validate()
+        self.train.validate()
+        if self.data.references_path:
+            require_file(self.data.references_path, "data.references_path")
+        needs_refs = {"selector.kind=reference": self.selector.kind == "reference",
+                      "train.targets=references": self.train.enabled and self.train.targets == "references"}
+        for what, needed in needs_refs.items():
+            if needed and not corpus_has_references(self.data):
+                raise ConfigError(f"{what}: needs human references, but data.format={self.data.format!r} has none; "
+                                  f"use turkcorpus/asset or set data.references_path")
         if self.preference_run:
             self.validate_preference_stages()
 
     @property
     def preference_run(self) -> bool:
         """Best/worst verdicts make pairs, so the run goes on to training and evaluation."""
-        return self.selector.kind == "scorer" or self.jury.judges[0].format == "best_worst"
+        return (self.selector.kind in ("scorer", "reference") or self.jury.judges[0].format == "best_worst"
+                or self.references_only)
+
+    @property
+    def references_only(self) -> bool:
+        """The Parallel baseline: SFT on references, so no candidates are generated or judged."""
+        return self.train.enabled and self.train.targets == "references"
 
     def validate_preference_stages(self) -> None:
         for policy in self.policies:
@@ -128,7 +148,8 @@ def stage_sources(cfg: Config, store: RunStore):
         kept, dropped = load_sources(cfg)
         import pyarrow as pa
 
-        write_table(pa.Table.from_pandas(kept[["id", "source"]], preserve_index=False), out_dir)
+        kept = kept.assign(references_json=references_json(cfg.data, list(cfg.policies), kept))
+        write_table(pa.Table.from_pandas(kept[["id", "source", "references_json"]], preserve_index=False), out_dir)
         return {"rows_in": len(kept) + len(dropped), "rows_out": len(kept), "filtered_short": len(dropped)}
 
     return store.run_stage("sources", dataclasses.asdict(cfg.data), produce)
@@ -154,29 +175,9 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     run = open_run("policy_simplify", cfg, config_path)
     store, cache = run.store, run.cache_dir
     tracker = run.start_tracking("policy_simplify", cfg.wandb)
-    from actors.generate import build_generate_dataset, summarize_generation
-    from actors.jury import build_jury_dataset, summarize_jury
-
     results = [stage_sources(cfg, store)]
-    results.append(stage_ray(
-        cfg, store, "generate", {"policies": cfg.policies, "models": model_key(cfg.generate)},
-        lambda s: build_generate_dataset(_read(s, "sources"), cfg.generate, cfg.policies, cache),
-        summarize_generation))
-    judged_input = "generate"
-    if cfg.features.align.enabled or cfg.features.parse.enabled:
-        results.append(stage_features(cfg, store, cache))
-        judged_input = "features"
-    if cfg.selector.kind == "scorer":
-        from actors.selector import build_selector_dataset, summarize_selection
-
-        results.append(stage_ray(
-            cfg, store, "select", dataclasses.asdict(cfg.selector),
-            lambda s: build_selector_dataset(_read(s, judged_input), cfg.selector), summarize_selection))
-    else:
-        results.append(stage_ray(
-            cfg, store, "jury", {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed,
-                                 "both_orders": cfg.jury.both_orders},
-            lambda s: build_jury_dataset(_read(s, judged_input), cfg.jury, cache), summarize_jury))
+    if not cfg.references_only:
+        results += judged_stages(cfg, store, cache)
     if cfg.preference_run:
         results += preference_stages(cfg, store, cache)
     for result in results:
@@ -187,6 +188,39 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     store.finish({"summary_rows": len(table)})
     tracker.finish()
     return table
+
+
+def judged_stages(cfg: Config, store: RunStore, cache: str) -> list:
+    """generate -> features -> jury (+ judge signal where references exist) or select."""
+    from actors.generate import build_generate_dataset, summarize_generation
+    from actors.jury import build_jury_dataset, summarize_jury
+
+    results = [stage_ray(
+        cfg, store, "generate", {"policies": cfg.policies, "models": model_key(cfg.generate)},
+        lambda s: build_generate_dataset(_read(s, "sources").select_columns(["id", "source"]), cfg.generate,
+                                         cfg.policies, cache),
+        summarize_generation)]
+    judged_input = "generate"
+    if cfg.features.align.enabled or cfg.features.parse.enabled:
+        results.append(stage_features(cfg, store, cache))
+        judged_input = "features"
+    if cfg.selector.kind == "reference":
+        results.append(stage_oracle_select(store))
+    elif cfg.selector.kind == "scorer":
+        from actors.selector import build_selector_dataset, summarize_selection
+
+        results.append(stage_ray(
+            cfg, store, "select", dataclasses.asdict(cfg.selector),
+            lambda s: build_selector_dataset(_read(s, judged_input), cfg.selector), summarize_selection))
+    else:
+        results.append(stage_ray(
+            cfg, store, "jury", {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed,
+                                 "both_orders": cfg.jury.both_orders},
+            lambda s: build_jury_dataset(_read(s, judged_input), cfg.jury, cache, len(cfg.generate)),
+            summarize_jury))
+        if cfg.jury.judges[0].format == "best_worst" and corpus_has_references(cfg.data):
+            results.append(stage_judge_signal(store, cfg.jury.seed))
+    return results
 
 
 def stage_features(cfg: Config, store: RunStore, cache: str):
@@ -223,7 +257,10 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
     from actors.generate import build_generate_dataset, summarize_generation
     from actors.jury import build_jury_dataset, summarize_jury
 
-    results = [stage_pairs(store, cfg.pairs, "select" if cfg.selector.kind == "scorer" else "jury")]
+    verdicts = "jury" if cfg.selector.kind == "jury" else "select"
+    results = [] if cfg.references_only else [stage_pairs(store, cfg.pairs, verdicts)]
+    if cfg.train.enabled and cfg.train.trainer.loss == "sft":
+        results.append(stage_sft_data(store, cfg.train, cfg.pairs, verdicts))
     if cfg.train.enabled:
         init_ray(cfg.ray)
         wandb_on = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
@@ -265,22 +302,52 @@ def _read(store: RunStore, name: str):
     return ray.data.read_parquet(store.uri(name), num_cpus=LIGHT_CPU).materialize()
 
 
+def training_data_label(cfg: Config) -> str:
+    """What the trained adapter learned from, as every table names it (oracle pairs are a control, not a judge)."""
+    if not cfg.train.enabled:
+        return "none"
+    if cfg.references_only:
+        n = cfg.train.references_per_source or "all"
+        return f"Parallel: SFT on references ({n} per source)"
+    source = {"jury": "jury", "scorer": cfg.selector.name, "reference": "ORACLE (reference SARI)"}[cfg.selector.kind]
+    if cfg.train.trainer.loss == "sft":
+        return f"SFT_Think: SFT on chosen candidates, {source} selector"
+    return f"{cfg.train.trainer.loss} pairs, {source} selector"
+
+
 def report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
-    """summary.md: jury scores per model (score juries) or pairs, results and costs (preference runs)."""
-    candidates = store.read_stage("generate").to_pandas()
-    tracker.table("samples", candidates[["id", "policy", "model", "source", "candidate"]])
+    """summary.md: jury scores per model (score juries) or pairs, judge signal, results and costs."""
+    stages = store.manifest["stages"]
+    if "generate" in stages:
+        candidates = store.read_stage("generate").to_pandas()
+        tracker.table("samples", candidates[["id", "policy", "model", "source", "candidate"]])
+    table = pd.DataFrame()
     if not cfg.preference_run:
         judgments = store.read_stage("jury").to_pandas()
         table = system_table(candidates, candidate_scores(judgments, cfg.jury.aggregate), seed=cfg.jury.seed)
         sections = [("Jury scores per policy and model", table)]
     else:
-        pairs = store.read_stage("pairs").to_pandas()
         from train.pairs import preference_distribution
 
-        sections = [("Preferred / dispreferred per model (paper 000 Table 3)", preference_distribution(pairs))]
-        table = pd.DataFrame()
-        if "results" in store.manifest["stages"]:
+        sections = []
+        if "pairs" in stages:
+            pairs = store.read_stage("pairs").to_pandas()
+            oracle = " - ORACLE pairs (reference SARI), a control" if cfg.selector.kind == "reference" else ""
+            sections.append((f"Preferred / dispreferred per model (paper 000 Table 3){oracle}",
+                             preference_distribution(pairs)))
+        if "judge_signal" in stages:
+            from eval.oracle import judge_signal, oracle_distribution
+
+            rows = store.read_stage("judge_signal").to_pandas()
+            signal = judge_signal(rows, n_boot=SIGNAL_BOOT, seed=cfg.jury.seed)
+            sections.append(("Judge signal: panel Best / Worst = the reference oracle's (95% bootstrap CIs; chance "
+                             "= a uniform pick among the shown candidates)", signal))
+            sections.append(("Oracle Table 3: how often each model is the reference oracle's Best / Worst",
+                             oracle_distribution(rows)))
+        if "results" in stages:
             table = store.read_stage("results").to_pandas()
+            labels = {"vanilla": "-", "trained": training_data_label(cfg)}
+            table.insert(1, "training_data", [labels.get(s, "extra adapter") for s in table["system"]])
             sections.append((f"Evaluation ({cfg.train.policy} policy): vanilla vs trained, 95% bootstrap CIs", table))
         sections.append(("Cost per stage", cost_table(store.manifest)))
     markdown = "\n\n".join(f"## {title}\n\n{frame.to_markdown(index=False, floatfmt='.3f')}"
@@ -288,7 +355,7 @@ def report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
     store.write_text("summary.md", markdown + "\n")
     print("\n" + markdown + "\n")
     for title, frame in sections:
-        tracker.table(title.split(" (")[0].lower().replace(" ", "_").replace("/", ""), frame)
+        tracker.table(title.split(" (")[0].split(":")[0].lower().replace(" ", "_").replace("/", ""), frame)
     return table
 
 

@@ -45,6 +45,20 @@ class TrainStageConfig:
     policy: str = "lexical"
     # the trainer's own config (model, loss, LoRA, DeepSpeed, workers, steps, ...); see train/trainer.py
     trainer: TrainConfig = field(default_factory=TrainConfig)
+    # what trainer.loss=sft learns: "pairs" = the chosen candidates (paper 000's SFT_Think), "references" = the
+    # sources' human references (its Parallel baseline; no generation or judging then). Preference losses: pairs.
+    targets: str = "pairs"
+    # Parallel: references per source (paper 000: 1, which one unstated; we take the first); 0 = all
+    references_per_source: int = 1
+
+    def validate(self) -> None:
+        if self.targets not in ("pairs", "references"):
+            raise ConfigError(f"train.targets: {self.targets!r} is not 'pairs' or 'references'")
+        if self.targets == "references" and self.trainer.loss != "sft":
+            raise ConfigError(f"train.targets: 'references' trains on references alone, which needs "
+                              f"train.trainer.loss=sft (got {self.trainer.loss!r})")
+        if self.references_per_source < 0:
+            raise ConfigError(f"train.references_per_source: must be >= 0, got {self.references_per_source}")
 
 
 @dataclass
@@ -111,17 +125,24 @@ def stage_pairs(store: RunStore, cfg: PairsConfig, verdicts: str = "jury") -> St
 # Training
 
 
-def training_rows(pairs: pd.DataFrame, policy: str, split: str) -> list[dict]:
-    chosen = pairs[(pairs["policy"] == policy) & (pairs["split"] == split)]
+def training_rows(rows: pd.DataFrame, policy: str, split: str) -> list[dict]:
+    """Trainer rows of one policy and split: `{prompt_messages, chosen, rejected}` from pairs, or
+    `{prompt_messages, target}` from SFT rows (the `sft_data` stage)."""
+    mine = rows[(rows["policy"] == policy) & (rows["split"] == split)]
+    if "target" in mine:
+        return [{"prompt_messages": p, "target": t} for p, t in zip(mine["prompt"], mine["target"])]
     return [{"prompt_messages": p, "chosen": c, "rejected": r}
-            for p, c, r in zip(chosen["prompt"], chosen["chosen"], chosen["rejected"])]
+            for p, c, r in zip(mine["prompt"], mine["chosen"], mine["rejected"])]
 
 
 def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wandb_on: bool) -> StageResult:
+    """LoRA training on the pairs, or on the `sft_data` stage's rows when the loss is SFT."""
+    data_stage = "sft_data" if cfg.trainer.loss == "sft" else "pairs"
+
     def produce(out_dir: str) -> dict:
         from train.trainer import run_training
 
-        pairs = store.read_stage("pairs").to_pandas()
+        pairs = store.read_stage(data_stage).to_pandas()
         train_rows, dev_rows = training_rows(pairs, cfg.policy, "train"), training_rows(pairs, cfg.policy, "dev")
         needed = cfg.trainer.global_batch_size
         if len(train_rows) < needed:
@@ -134,7 +155,8 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
         seconds = time.time() - started
         metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
         write_table(pa.Table.from_pylist([{"policy": cfg.policy, **metrics}]), out_dir)
-        return {"train_pairs": len(train_rows), "dev_pairs": len(dev_rows), "steps": metrics.get("step"),
+        return {"data": data_stage, "train_pairs": len(train_rows), "dev_pairs": len(dev_rows),
+                "steps": metrics.get("step"),
                 "loss": metrics.get("loss"), "seconds": round(seconds, 3),
                 "actor_seconds": round(seconds * trainer.num_workers, 3)}
 

@@ -115,3 +115,19 @@ def test_console_script_exit_code_is_2_for_missing_config(tmp_path):
 def test_preference_stage_config_errors_name_the_field(override, named, capsys):
     assert cli_main(["run", str(REPO / "configs" / "demo.yaml"), override]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["data.references_path=", "selector.kind=reference"], "selector.kind=reference: needs human references"),
+    (["data.references_path=", "train.targets=references", "train.trainer.loss=sft"],
+     "train.targets=references: needs human references"),
+    (["train.targets=references"], "train.targets: 'references' trains on references alone"),
+    (["train.targets=chosen"], "train.targets: 'chosen' is not"),
+    (["train.references_per_source=-1"], "train.references_per_source"),
+    (["data.references_path=configs/data/nope.jsonl"], "data.references_path"),
+    (["selector.kind=human"], "selector.kind"),
+])
+def test_control_config_errors_name_the_field(overrides, named, capsys):
+    """The positive controls read references: a corpus without them is refused before any work."""
+    assert cli_main(["run", str(REPO / "configs" / "demo.yaml"), *overrides]) == 2
+    assert named in capsys.readouterr().err

@@ -84,3 +84,33 @@ def test_preference_distribution_table():
     table = preference_distribution(pairs).set_index("model")
     assert list(table["preferred"]) == [2, 1, 1] and list(table["dispreferred"]) == [0, 2, 2]
     assert table.loc["m0", "preferred_pct"] == 50.0
+
+
+def test_sft_think_rows_are_the_chosen_candidates():
+    from train.pairs import sft_rows_from_pairs
+
+    judgments = pd.DataFrame([row("a", "lexical", "j", verdict(lex=(1, 3)))])
+    pairs, _ = build_pairs(judgments, PROMPTS, dev_fraction=0.0)
+    rows = sft_rows_from_pairs(pairs)
+    assert rows["target"].tolist() == ["a cand 1"] and rows["origin"].tolist() == ["chosen:m1"]
+    assert rows["prompt"].tolist() == pairs["prompt"].tolist() and rows["split"].tolist() == ["train"]
+
+
+def test_parallel_rows_take_the_first_reference_or_all_and_refuse_a_source_without_one():
+    import pytest
+
+    from train.pairs import sft_rows_from_references
+
+    sources = pd.DataFrame({"id": ["a", "b"], "source": ["The big cat sat.", "Rain fell."],
+                            "references": [["A cat sat.", "The cat sat."], ["", "It rained."]]})
+    one = sft_rows_from_references(sources, "lexical", "simplify_lexical_zeroshot", per_source=1, dev_fraction=0.0)
+    # b's first reference is empty: skipped, the next non-empty one is used
+    assert one["target"].tolist() == ["A cat sat.", "It rained."]
+    assert one["origin"].tolist() == ["reference:0", "reference:0"] and not one["oracle"].any()
+    messages = json.loads(one["prompt"].iloc[0])
+    assert messages[-1] == {"role": "user", "content": "The big cat sat."}
+    every = sft_rows_from_references(sources, "lexical", "simplify_lexical_zeroshot", per_source=0)
+    assert every["target"].tolist() == ["A cat sat.", "The cat sat.", "It rained."]
+    with pytest.raises(ValueError, match="'c'"):
+        sft_rows_from_references(pd.DataFrame({"id": ["c"], "source": ["x"], "references": [[" "]]}), "lexical",
+                                 "simplify_lexical_zeroshot")

@@ -147,3 +147,33 @@ def test_best_worst_verdicts_with_made_up_indices_are_kept_as_errors_not_crashes
     assert first["Overall"] == {"best": 1, "worst": 2, "error": ""}  # shown 2 -> original 1, shown 1 -> 2
     assert "Lexical: out_of_range (best 4, worst 0 of 4)" in out["parse_error"].iloc[0]
     assert second["Lexical"] == {"best": 0, "worst": 2, "error": ""}
+
+
+def test_best_worst_sets_with_too_few_usable_candidates_are_kept_and_counted(ray_local, tiny_model_dir):
+    """A source whose generations mostly failed never reaches the judge (its guideline names K candidates, and one
+    candidate has no best and worst): the row is kept, marked and counted; the stage does not crash."""
+    import ray.data
+
+    from actors.jury import summarize_jury
+
+    rows = []
+    for sid, failed in (("a", 0), ("b", 3), ("c", 1)):  # usable candidates: 4, 1, 3
+        for k in range(4):
+            rows.append({"id": sid, "policy": "lexical", "model": f"m{k}", "source": f"Source {sid} is long.",
+                         "candidate": f"Cand {sid}{k}.", "generation_error": "failed" if k < failed else ""})
+    judge = JudgeConfig(name="j", template="judge_policy_brief", format="best_worst",
+                        engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
+                        sampling=SamplingConfig(max_tokens=4), pool=PoolConfig(num_cpus=0.5, batch_size=4),
+                        max_parse_retries=0)
+    cands = ray.data.from_pandas(pd.DataFrame(rows))
+    out = build_jury_dataset(cands, JuryConfig(judges=[judge]), "").to_pandas().set_index("id")
+    assert sorted(out.index) == ["a", "b", "c"]
+    assert out.loc["b", "parse_error"] == "too_few_candidates: 1 usable of 2 needed"
+    assert out.loc["b", "completion_tokens"] == 0 and out.loc["c", "completion_tokens"] > 0  # c was judged
+
+    out = build_jury_dataset(cands, JuryConfig(judges=[judge]), "", expected_candidates=4).to_pandas()
+    summary = summarize_jury(out, 1.0)
+    assert summary["sources_too_few_candidates"] == 2 and summary["rows_out"] == 3
+    assert summary["parse_failures"] == 1  # the tiny model's answer for "a" (never the format), kept
+    judged = out.set_index("id")
+    assert judged.loc["c", "parse_error"] == "too_few_candidates: 3 usable of 4 needed"

@@ -25,8 +25,9 @@ from eval.aggregate import vote_best_worst
 from eval.prompts import PromptTemplate, load_template, prompt_path
 
 POLICY_ASPECT = {"lexical": "Lexical", "overall": "Overall"}
+# `oracle`: the pair was picked with the references (the positive control), never a judge's preference
 PAIR_COLUMNS = ["id", "source", "prompt", "chosen", "rejected", "chosen_model", "rejected_model", "policy",
-                "judge_meta", "split"]
+                "judge_meta", "oracle", "split"]
 
 
 def assign_split(source_id: str, dev_fraction: float, seed: int = 0) -> str:
@@ -64,9 +65,8 @@ def build_pairs(judgments: pd.DataFrame, prompts: dict[str, str], dev_fraction: 
     return pd.DataFrame(pairs, columns=PAIR_COLUMNS), pd.DataFrame(statuses)
 
 
-def _pair_for_source(group: pd.DataFrame, aspect: str, template: PromptTemplate) -> tuple[dict | None, dict]:
-    first = group.iloc[0]
-    models, candidates = json.loads(first["models_json"]), json.loads(first["candidates_json"])
+def _panel_vote(group: pd.DataFrame, aspect: str) -> tuple:
+    """(vote or None, status dict, valid votes, their judges): the panel's verdict on one candidate set."""
     votes, judges, invalid = [], [], 0
     for row in group.itertuples():
         verdict = json.loads(row.verdict_json).get(aspect) if row.verdict_json else None
@@ -76,22 +76,50 @@ def _pair_for_source(group: pd.DataFrame, aspect: str, template: PromptTemplate)
         votes.append((verdict["best"], verdict["worst"]))
         judges.append(row.judge)
     status = {"n_votes": len(votes), "n_invalid": invalid}
+    if not votes and all(str(e).startswith("too_few_candidates") for e in group.get("parse_error", [""])):
+        return None, {**status, "status": "too_few_candidates"}, votes, judges
     if not votes:
-        return None, {**status, "status": "no_valid_verdict"}
-    vote = vote_best_worst(votes, len(candidates))
+        return None, {**status, "status": "no_valid_verdict"}, votes, judges
+    vote = vote_best_worst(votes, len(json.loads(group.iloc[0]["candidates_json"])))
     if vote.best is None or vote.worst is None:
-        return None, {**status, "status": "no_valid_verdict"}
+        return None, {**status, "status": "no_valid_verdict"}, votes, judges
+    return vote, {**status, "status": "tie" if vote.tie else "ok"}, votes, judges
+
+
+def _pair_for_source(group: pd.DataFrame, aspect: str, template: PromptTemplate) -> tuple[dict | None, dict]:
+    first = group.iloc[0]
+    models, candidates = json.loads(first["models_json"]), json.loads(first["candidates_json"])
+    vote, status, votes, judges = _panel_vote(group, aspect)
+    if vote is None:
+        return None, status
     chosen, rejected = candidates[vote.best], candidates[vote.worst]
     if chosen.strip() == rejected.strip():
         return None, {**status, "status": "identical_texts"}
-    meta = {"aspect": aspect, "judges": judges, "votes": votes, "tie": vote.tie, "n_invalid": invalid}
+    meta = {"aspect": aspect, "judges": judges, "votes": votes, "tie": vote.tie, "n_invalid": status["n_invalid"]}
     pair = {
         "id": first["id"], "source": first["source"], "policy": first["policy"],
         "prompt": json.dumps(template.render(input=first["source"]), ensure_ascii=False),
         "chosen": chosen, "rejected": rejected, "chosen_model": models[vote.best],
         "rejected_model": models[vote.worst], "judge_meta": json.dumps(meta),
+        "oracle": any(str(j).startswith("oracle:") for j in judges),
     }
-    return pair, {**status, "status": "tie" if vote.tie else "ok"}
+    return pair, status
+
+
+def panel_choices(judgments: pd.DataFrame, policy_aspect: dict[str, str] | None = None) -> pd.DataFrame:
+    """The panel's Best / Worst model per (id, policy) by the same vote as the pairs (None where there is none).
+
+    Returns:
+        id, policy, best_model, worst_model, status (as in the pairs status table).
+    """
+    aspects = policy_aspect or POLICY_ASPECT
+    rows = []
+    for (sid, policy), group in judgments.groupby(["id", "policy"], sort=True):
+        vote, status, _, _ = _panel_vote(group, aspects[policy])
+        models = json.loads(group.iloc[0]["models_json"])
+        rows.append({"id": sid, "policy": policy, "best_model": models[vote.best] if vote else None,
+                     "worst_model": models[vote.worst] if vote else None, "status": status["status"]})
+    return pd.DataFrame(rows, columns=["id", "policy", "best_model", "worst_model", "status"])
 
 
 def preference_distribution(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -107,3 +135,46 @@ def preference_distribution(pairs: pd.DataFrame) -> pd.DataFrame:
                          "preferred_pct": 100.0 * chosen / n, "dispreferred_pct": 100.0 * rejected / n})
     return pd.DataFrame(rows, columns=["policy", "model", "preferred", "dispreferred", "preferred_pct",
                                        "dispreferred_pct"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SFT rows: the paper's SFT_Think (the judge's chosen candidates) and Parallel (human references) baselines
+
+SFT_COLUMNS = ["id", "source", "prompt", "target", "policy", "origin", "oracle", "split"]
+
+
+def sft_rows_from_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
+    """SFT_Think: one row per pair, the chosen candidate as the target (the rejected one is not used)."""
+    rows = pairs.assign(target=pairs["chosen"], origin="chosen:" + pairs["chosen_model"].astype(str))
+    return rows[SFT_COLUMNS].reset_index(drop=True)
+
+
+def sft_rows_from_references(sources: pd.DataFrame, policy: str, template_name: str, per_source: int = 1,
+                             dev_fraction: float = 0.125, seed: int = 0) -> pd.DataFrame:
+    """Parallel: SFT on the sources' human references, `per_source` of them (0 = all) in file order.
+
+    Paper 000 trains its Parallel baseline on one reference per source (footnote 6: several degraded results)
+    without saying which; we take the first, so the choice is reproducible and the knob can take more. Empty
+    references are skipped and a source with none left raises, naming it: a silent drop would shrink the set.
+
+    Args:
+        sources: columns id, source, references (a list per row).
+        policy: the policy the rows train (its name is stored on each row).
+        template_name: the training prompt template (configs/prompts, variable `input`).
+        per_source: references used per source; 0 = all.
+        dev_fraction, seed: the same source-hash split as the preference pairs.
+    """
+    if per_source < 0:
+        raise ValueError(f"references_per_source: must be >= 0, got {per_source}")
+    template = load_template(prompt_path(template_name))
+    rows = []
+    for sid, source, refs in zip(sources["id"], sources["source"], sources["references"]):
+        usable = [r for r in refs if isinstance(r, str) and r.strip()]
+        if not usable:
+            raise ValueError(f"source {sid!r}: no non-empty reference to train on")
+        prompt = json.dumps(template.render(input=source), ensure_ascii=False)
+        split = assign_split(sid, dev_fraction, seed)
+        for k, ref in enumerate(usable[:per_source] if per_source else usable):
+            rows.append({"id": sid, "source": source, "prompt": prompt, "target": ref, "policy": policy,
+                         "origin": f"reference:{k}", "oracle": False, "split": split})
+    return pd.DataFrame(rows, columns=SFT_COLUMNS)
