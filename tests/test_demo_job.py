@@ -66,8 +66,8 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
 
     run_dir = tmp_path / "policy_simplify" / "demo"
     manifest = (run_dir / "manifest.json").read_text()
-    for stage in ("sources", "generate", "features", "jury", "pairs", "train", "eval_set", "eval_generate",
-                  "rejudge", "results"):
+    for stage in ("sources", "generate", "features", "jury", "judge_signal", "pairs", "train", "eval_set",
+                  "eval_generate", "rejudge", "results"):
         assert (run_dir / stage).is_dir(), stage
     candidates = pd.read_parquet(run_dir / "generate")
     assert len(candidates) == 8 * 2 * 4  # sources x policies x generators
@@ -98,7 +98,9 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     assert len(pd.read_parquet(run_dir / "rejudge")) == 3 * 2
     assert results.loc["trained", "vs_vanilla_win_rate"] == pytest.approx(0.5)
     summary = (run_dir / "summary.md").read_text()
-    for title in ("paper 000 Table 3", "vanilla vs trained", "Cost per stage"):
+    signal = pd.read_parquet(run_dir / "judge_signal")  # the demo references rank the candidates
+    assert len(signal) == sets and signal["chance_best"].notna().any()
+    for title in ("paper 000 Table 3", "Judge signal", "Oracle Table 3", "vanilla vs trained", "Cost per stage"):
         assert title in summary
 
     # W&B offline files hold the resolved config and the stage summaries
@@ -109,6 +111,7 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     assert logged["config"]["data"]["limit"] == 8
     assert logged["summary"]["generate/rows_out"] == 64
     assert "jury/parse_failures" in logged["summary"] and "train/loss" in logged["summary"]
+    assert "judge_signal/lexical_best_agreement" in logged["summary"]
 
     # the key was used, but it is nowhere in what the run wrote: config, manifest, logs, W&B
     assert "QUORUM_TEST_JUDGE_KEY" in (run_dir / "config.yaml").read_text()
