@@ -174,7 +174,8 @@ def test_arpo_full_worked_example_clean():
     # d = |−1 − (−2)| = 1; w = 0.9·e^0.4 − 1 = 0.9·1.491825 − 1 = 0.342642
     # z = ℓ̄_w − w·ℓ̄_l − γ/β = −1 + 0.685284 − 15 = −15.314716; β·z = −1.531472
     # pref = softplus(1.531472) = 1.727217; + α·NLL = 1·1.0 -> 2.727217
-    losses, metrics = arpo_loss(t(-4.0), t(-6.0), torch.tensor([4]), torch.tensor([3]), t(1.0))
+    losses, metrics = arpo_loss(t(-4.0), t(-6.0), torch.tensor([4]), torch.tensor([3]), t(1.0),
+                                reproduce_double_normalisation=False)
     assert losses.item() == pytest.approx(2.727217, abs=1e-6)
     assert metrics["arpo/penalty"].item() == pytest.approx(0.342642, abs=1e-6)
     assert metrics["arpo/gap"].item() == pytest.approx(1.0)
@@ -194,7 +195,8 @@ def test_arpo_full_worked_example_double_normalisation():
 
 def test_arpo_clamped_penalty_reduces_to_cpo_simpo_with_unit_weight():
     # ℓ̄_w = −0.5, ℓ̄_l = −3.0: d = 2.5 ≥ 1.996 -> w = 1, so z = ℓ̄_w − ℓ̄_l − γ/β: exactly CPO-SimPO.
-    arpo, metrics = arpo_loss(t(-1.0), t(-9.0), torch.tensor([2]), torch.tensor([3]), t(0.5))
+    arpo, metrics = arpo_loss(t(-1.0), t(-9.0), torch.tensor([2]), torch.tensor([3]), t(0.5),
+                              reproduce_double_normalisation=False)
     cpo_simpo, _ = cpo_simpo_loss(t(-0.5), t(-3.0), t(0.5), beta=0.1, gamma=1.5, cpo_alpha=1.0)
     assert metrics["arpo/penalty"].item() == 1.0
     assert arpo.item() == pytest.approx(cpo_simpo.item(), abs=1e-12)
@@ -208,7 +210,7 @@ def test_arpo_gradient_flows_through_penalty():
     # dL/dz = −β·σ(−β·z) with β·z = −1.531472; ds = da / n.
     s_w = torch.tensor([-4.0], dtype=torch.float64, requires_grad=True)
     s_l = torch.tensor([-6.0], dtype=torch.float64, requires_grad=True)
-    losses, _ = arpo_loss(s_w, s_l, torch.tensor([4]), torch.tensor([3]), t(0.0))
+    losses, _ = arpo_loss(s_w, s_l, torch.tensor([4]), torch.tensor([3]), t(0.0), reproduce_double_normalisation=False)
     losses.sum().backward()
     w = 0.9 * math.exp(0.4) - 1
     dw_dd = 0.9 * 0.4 * math.exp(0.4)
@@ -256,6 +258,19 @@ def test_compute_preference_loss_dispatch_matches_direct_calls():
     assert cpo.item() == pytest.approx((softplus(-0.2) + softplus(-0.3)) / 2 + 1.2, abs=1e-9)
     with pytest.raises(ValueError):
         compute_preference_loss("ipo", stats, cfg)
+
+
+def test_default_arpo_config_is_the_authors_double_normalised_gap():
+    """Paper 000 ran the authors' code, whose SimPO path divides the averaged log-probs by the lengths again; the
+    default reproduces it (2.773391, the worked example above), the plain gap (2.727217) is the knob."""
+    stats = _stats(chosen_logps=[-4.0], chosen_n_tokens=[4], rejected_logps=[-6.0], rejected_n_tokens=[3])
+    stats["chosen_nll"] = torch.tensor([1.0], dtype=torch.float64)
+    paper, metrics = compute_preference_loss("arpo", stats, PreferenceLossConfig())
+    # NLL (token mean) = 4/4 = 1.0, as in the worked example
+    assert paper.item() == pytest.approx(2.773391, abs=1e-6)
+    assert metrics["arpo/penalty"].item() == pytest.approx(0.063224, abs=1e-6)
+    plain, _ = compute_preference_loss("arpo", stats, PreferenceLossConfig(reproduce_double_normalisation=False))
+    assert plain.item() == pytest.approx(2.727217, abs=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------------

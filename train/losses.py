@@ -37,8 +37,9 @@ class PreferenceLossConfig:
         cpo_alpha: Weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000 "α fixed to 1").
         arpo_c1: ARPO relax coefficient 1 (authors' default 0.9).
         arpo_c2: ARPO relax coefficient 2 (authors' default 0.4).
-        reproduce_double_normalisation: ARPO only; reproduce the authors' extra division of the already
-            averaged log-probs by the token counts in the gap (see `arpo_loss`).
+        reproduce_double_normalisation: ARPO only; the authors' extra division of the already averaged
+            log-probs by the token counts in the gap (see `arpo_loss`). True by default: it is what paper 000 ran;
+            False gives the gap between per-token averages (README "Deviations from the papers").
         nll_reduction: "token_mean" = one mean over all chosen tokens of the batch (TRL/ALMA
             ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
     """
@@ -49,7 +50,7 @@ class PreferenceLossConfig:
     cpo_alpha: float = 1.0
     arpo_c1: float = 0.9
     arpo_c2: float = 0.4
-    reproduce_double_normalisation: bool = False
+    reproduce_double_normalisation: bool = True
     nll_reduction: Literal["token_mean", "seq_mean"] = "token_mean"
 
 
@@ -259,7 +260,7 @@ def arpo_loss(
     c1: float = 0.9,
     c2: float = 0.4,
     label_smoothing: float = 0.0,
-    reproduce_double_normalisation: bool = False,
+    reproduce_double_normalisation: bool = True,
 ) -> tuple[torch.Tensor, Metrics]:
     """ARPO on CPO-SimPO, following `CPOTrainer.cpo_loss` in github.com/fe1ixxu/ALMA `utils/cpo_trainer.py`.
 
@@ -270,9 +271,9 @@ def arpo_loss(
     The authors' code computes the gap as ``|ℓ_w/n_w − ℓ_l/n_l|`` on whatever log-probs the loss uses; with
     ``loss_type="simpo"`` those are already averages, so the gap becomes ``|ℓ̄_w/n_w − ℓ̄_l/n_l|`` (divided by
     the length twice). For realistic lengths that gap is ≈ 0, so w ≈ −0.1 for every pair and the rejected term
-    gets a small *positive* weight. ``reproduce_double_normalisation=True`` reproduces that quirk (use it to match
-    paper 000's runs); the default False uses the intended gap between per-token averages, which is also what
-    their non-SimPO path computes. Metrics rewards are β·ℓ̄ as in the authors' code.
+    gets a small *positive* weight. ``reproduce_double_normalisation=True`` (the default) reproduces that quirk,
+    since it is what paper 000's runs computed; False uses the intended gap between per-token averages, which is
+    also what their non-SimPO path computes. Metrics rewards are β·ℓ̄ as in the authors' code.
 
     Args:
         chosen_logps: Summed log-probs of the chosen responses. Shape: (b,).

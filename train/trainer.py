@@ -39,7 +39,8 @@ class LoraSection:
 
     r: int = 16
     alpha: int = 32
-    dropout: float = 0.05
+    # the authors' training code disables LoRA dropout (paper 000 does not state it)
+    dropout: float = 0.0
     # module names, or "all-linear" (peft's shorthand for every linear layer but the output head)
     target_modules: list[str] | str = dataclasses.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj",
                                                                                  "o_proj"])
