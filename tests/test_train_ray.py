@@ -136,3 +136,31 @@ def test_failed_worker_resumes_from_checkpoint_and_ends_at_the_same_step(ray_loc
         torch.testing.assert_close(resumed[name], weight, rtol=1e-4, atol=1e-5)
     assert reference_cfg.fail_at_step == 0
 
+
+
+def test_sft_overfits_one_batch_and_the_merged_adapter_writes_the_target_under_the_eval_prompt(
+        ray_local, smollm2_dir, tmp_path):
+    """The diagnosis paper 000's controls ask for, as a test: SFT on one example must drive the loss to ~0, and the
+    evaluation path (hf engine, adapter merged, the policy's zero-shot template) must then decode that target.
+    A wrong loss mask, a lost adapter or a train/eval prompt mismatch each fails here. SmolLM2, not the tiny random
+    model: with a frozen random 64-wide body, LoRA plateaus at loss ~5.3 (in-process too), which says nothing."""
+    from actors.engine import ChatRequest, EngineSpec, SamplingParams, build_engine
+    from eval.prompts import load_template, prompt_path
+
+    source, target = "The edifice was demolished last year.", "They tore the building down last year."
+    messages = load_template(prompt_path("simplify_lexical_zeroshot")).render(input=source)
+    rows = [{"prompt_messages": json.dumps(messages), "target": target}] * 2
+    # measured in-process: loss 2.17 -> 0.02 after 5 steps and 0.001 after 10 at lr 3e-3
+    cfg = tiny_config(smollm2_dir, run_name="overfit", loss="sft", num_workers=1, micro_batch_size=2,
+                      max_steps=12, checkpoint_every=12, max_failures=0, lr=3e-3, system_instruction="",
+                      max_prompt_length=256, lora=LoraSection(r=8, alpha=16))
+    result = run_training(cfg, rows, run_dir=str(tmp_path))
+    assert result.metrics["step"] == 12
+    assert result.metrics["loss"] < 0.05, f"one batch not memorised: loss {result.metrics['loss']:.3f}"
+
+    sampling = SamplingParams(temperature=0.0, max_tokens=24)
+    vanilla = build_engine(EngineSpec(kind="hf", model=smollm2_dir, num_threads=1))
+    trained = build_engine(EngineSpec(kind="hf", model=smollm2_dir, num_threads=1, adapter=result.adapter_dir))
+    before = vanilla.generate([ChatRequest(messages=messages, sampling=sampling)])[0].text
+    after = trained.generate([ChatRequest(messages=messages, sampling=sampling)])[0].text
+    assert before != target and after.strip() == target
