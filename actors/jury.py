@@ -3,9 +3,9 @@
 Formats (per judge, `format`):
 - `score`: each candidate alone -> an integer 1-5 (`Answer: [k]`, paper 001).
 - `best_worst`: all candidates of one (source, policy) at once -> Best/Worst index per aspect (paper 000). The
-  candidates are shown in an order shuffled from (jury.seed, source id, policy, judge); the order is stored with
-  the row and indices are mapped back to the original candidates, so position bias is controlled and the run
-  reproducible.
+  candidates are shown in generator order, as in the paper (`candidate_order: fixed`), or in an order shuffled
+  from (jury.seed, source id, policy, judge) (`shuffled`, a position-bias control); the order is stored with the
+  row and indices are mapped back to the original candidates, so the run is reproducible either way.
 - `pairwise`: every pair of candidates, in both orders when `both_orders` -> A / B / tie.
 
 An output the judge's parser cannot read is retried (new seed) up to `max_parse_retries` times, then kept with
@@ -51,11 +51,16 @@ class JuryConfig:
     aggregate: Literal["mean", "median", "majority"] = "mean"
     # seed of the candidate-order shuffles (position-bias control)
     seed: int = 0
+    # best_worst: "fixed" shows the candidates in generator order (paper 000: 0 Qwen2.5-7B, 1 Llama-3.1-8B,
+    # 2 Phi-4, 3 Qwen3-32B, always); "shuffled" permutes them per judgment from `seed` and maps verdicts back
+    candidate_order: Literal["fixed", "shuffled"] = "fixed"
     # pairwise: judge (A, B) and (B, A)
     both_orders: bool = True
 
     def validate(self) -> None:
         check_unique_names(self.judges, "jury.judges")
+        if self.candidate_order not in ("fixed", "shuffled"):
+            raise ValueError(f"jury.candidate_order: {self.candidate_order!r} is not 'fixed' or 'shuffled'")
         formats = sorted({j.format for j in self.judges})
         if len(formats) > 1:
             # one panel answers one question; mixing formats would mix incomparable rows
@@ -133,7 +138,7 @@ def build_pair_items(group: pd.DataFrame, both_orders: bool) -> pd.DataFrame:
 
 
 def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: str, sampling_json: str,
-                          seed: int) -> pd.DataFrame:
+                          seed: int, shuffle: bool = True) -> pd.DataFrame:
     tpl = load_template(prompt_path(template))
     out = batch.copy()
     out["judge"] = judge
@@ -142,7 +147,8 @@ def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: s
         if fmt == "score":
             msgs, order = tpl.render(base_sentence=row["source"], new_sentence=row["candidate"]), []
         elif fmt == "best_worst":
-            order = shuffle_order(int(row["n_candidates"]), seed, f"{row['id']}|{row['policy']}|{judge}")
+            n = int(row["n_candidates"])
+            order = shuffle_order(n, seed, f"{row['id']}|{row['policy']}|{judge}") if shuffle else list(range(n))
             msgs = tpl.render(**render_candidate_set(row, order))
         else:
             msgs, order = tpl.render(source=row["source"], candidate_a=row["candidate_a"],
@@ -245,7 +251,8 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
             continue
         rendered = items.map_batches(render_judge_requests, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
             "judge": judge.name, "template": judge.template, "fmt": judge.format,
-            "sampling_json": judge.sampling.to_json(), "seed": jury.seed})
+            "sampling_json": judge.sampling.to_json(), "seed": jury.seed,
+            "shuffle": jury.candidate_order == "shuffled"})
         judged = rendered.map_batches(
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={

@@ -215,7 +215,7 @@ def judged_stages(cfg: Config, store: RunStore, cache: str) -> list:
     else:
         results.append(stage_ray(
             cfg, store, "jury", {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed,
-                                 "both_orders": cfg.jury.both_orders},
+                                 "both_orders": cfg.jury.both_orders, "order": cfg.jury.candidate_order},
             lambda s: build_jury_dataset(_read(s, judged_input), cfg.jury, cache, len(cfg.generate)),
             summarize_jury))
         if cfg.jury.judges[0].format == "best_worst" and corpus_has_references(cfg.data):

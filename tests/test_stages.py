@@ -112,7 +112,7 @@ def test_jury_keeps_and_counts_unparseable_outputs(ray_local, tiny_model_dir, tm
     assert out["score"].isna().all()
 
 
-def test_best_worst_order_is_shuffled_reproducibly(ray_local, tiny_model_dir):
+def test_best_worst_order_is_fixed_by_default_or_shuffled_reproducibly(ray_local, tiny_model_dir):
     import ray.data
 
     cands = pd.DataFrame({"id": ["a"] * 4 + ["b"] * 4, "policy": "overall", "model": ["m0", "m1", "m2", "m3"] * 2,
@@ -121,7 +121,9 @@ def test_best_worst_order_is_shuffled_reproducibly(ray_local, tiny_model_dir):
     judge = JudgeConfig(name="j", engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
                         template="judge_policy", format="best_worst", sampling=SamplingConfig(max_tokens=4),
                         pool=PoolConfig(num_cpus=0.5, batch_size=2), max_parse_retries=0)
-    jury = JuryConfig(judges=[judge], seed=11)
+    fixed = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge], seed=11), "").to_pandas()
+    assert list(fixed["order_json"]) == ["[0, 1, 2, 3]"] * 2  # paper 000: generator order, every judgment
+    jury = JuryConfig(judges=[judge], seed=11, candidate_order="shuffled")
     first = build_jury_dataset(ray.data.from_pandas(cands), jury, "").to_pandas().sort_values("id")
     second = build_jury_dataset(ray.data.from_pandas(cands), jury, "").to_pandas().sort_values("id")
     assert list(first["order_json"]) == list(second["order_json"])
