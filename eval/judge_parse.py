@@ -82,7 +82,9 @@ def split_think(text: str) -> tuple[str, bool]:
 # Jury score: "... Answer: [k]" (paper 001)
 
 _ANSWER_RE = re.compile(r"answer[\s*_]*:[\s*_]*\[\s*(\d+)\s*\]", re.I)
-_BRACKET_RE = re.compile(r"\[\s*(\d+)\s*\]")
+# a bracketed integer followed by ":" is the rubric being quoted ("[5]: The sentence is fully simplified ..."), which
+# a rationale cut off by max_tokens often ends with: never an answer
+_BRACKET_RE = re.compile(r"\[\s*(\d+)\s*\](?!\s*:)")
 
 
 def parse_score(text: str | None, lo: int = 1, hi: int = 5) -> Parsed:
@@ -106,6 +108,8 @@ def parse_score(text: str | None, lo: int = 1, hi: int = 5) -> Parsed:
     4
     >>> parse_score("Answer: [7]").error
     'out_of_range'
+    >>> parse_score("It reads well, close to [5]: The sentence is fully simplified, entirely").error
+    'no_score'
     """
     if text is None or not text.strip():
         return Parsed(None, "empty", text)

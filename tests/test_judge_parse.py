@@ -308,3 +308,14 @@ def test_menlo_pointwise_tag_messages():
     # and a pointwise block inside a pairwise answer is foreign there
     assert check_menlo_tags(GOOD_MENLO + "<final_grade>x</final_grade>") == [
         "unexpected tags ['</final_grade>', '<final_grade>']"]
+
+
+def test_a_truncated_rationale_quoting_the_rubric_is_not_a_score():
+    """Paper 001's rubric lists "[5]: The sentence is fully simplified ..."; a rationale cut off while quoting it used
+    to parse as 5 (the fallback took the last bracketed integer)."""
+    from eval.judge_parse import parse_score
+
+    cut = "The output keeps the meaning and reads well, matching [5]: The sentence is fully simplified, entirely"
+    assert parse_score(cut).value is None and parse_score(cut).error == "no_score"
+    assert parse_score("Between [4]: and [3], I give [4]").value == 4
+    assert parse_score(cut + " Answer: [4]").value == 4
