@@ -29,6 +29,8 @@ SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 PATH_KEYS = ("path", "rubrics", "config", "adapter", "checkpoint", "fallback_sources")
 PATH_SUFFIXES = ("_path", "_dir")
 PATH_MAPS = ("extra_adapters",)  # name -> path
+# free-form mappings whose keys are not config keys (environment variables for workers)
+OPAQUE_MAPS = ("env_vars",)
 
 
 def in_submitted_job(environ: dict | None = None) -> bool:
@@ -44,7 +46,7 @@ def _path_entries(node: Any, where: str = "") -> Iterator[tuple[str, str]]:
     if isinstance(node, dict):
         for key, value in node.items():
             dotted = f"{where}.{key}" if where else str(key)
-            if dotted == "run.root":
+            if dotted == "run.root" or key in OPAQUE_MAPS:
                 continue
             if key in PATH_MAPS and isinstance(value, dict):
                 yield from ((f"{dotted}.{k}", v) for k, v in value.items() if isinstance(v, str))

@@ -90,7 +90,8 @@ class Head:
         result = subprocess.run(["bash", "-c", cmd], env=self.env, cwd=REPO, capture_output=True, text=True,
                                 timeout=timeout)
         if check and result.returncode != 0:
-            raise AssertionError(f"`{cmd}` exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+            raise AssertionError(f"`{cmd}` exited {result.returncode}:\n{result.stdout[-4000:]}\n"
+                                 f"{result.stderr[-4000:]}")
         return result
 
     def start(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.ray_head import Head, command, submission_id
+from tests.ray_head import REPO, Head, command, submission_id
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +34,7 @@ def tiny_overrides(model_dir: str) -> str:
     generate = (f"generate=[{{name: tiny-gen, engine: {engine}, sampling: {{temperature: 0.0, max_tokens: 8}}, "
                 f"pool: {pool}}}]")
     judges = (f"jury.judges=[{{name: tiny-judge, engine: {engine}, template: jury_score, format: score, "
-              f"sampling: {{temperature: 0.0, max_tokens: 16}}, pool: {pool}, max_parse_retries: 0}}]")
+              f"sampling: {{temperature: 0.0, max_tokens: 48}}, pool: {pool}, max_parse_retries: 0}}]")
     return f"'{generate}' '{judges}' features.align.enabled=false"
 
 
@@ -151,3 +153,32 @@ def test_stop_during_jury_then_resubmit_resumes(head, tiny_model_dir, tmp_path):
     assert set(judgments["id"]) == set(sources["id"])
     assert stages["jury"]["rows"] == len(judgments)
     assert os.path.isdir(run_dir / "wandb")
+
+
+JOIN_CHECK = """
+import ray
+from jobs.ray_env import RayConfig, init_ray
+
+ray.init()  # what a bare ray.init() does on a machine where `ray start` recorded a cluster
+print("bare", ray.get_runtime_context().gcs_address, flush=True)
+ray.shutdown()
+init_ray(RayConfig(num_cpus=1))  # quorum's local mode (no ray.address, not in a submitted job)
+print("quorum", ray.get_runtime_context().gcs_address, flush=True)
+ray.shutdown()
+"""
+
+
+def test_local_mode_never_joins_a_cluster_recorded_by_ray_start(head):
+    """Someone's `ray start` records its address in <ray tmp>/ray/ray_current_cluster; a bare ray.init() joins it,
+    quorum's local mode starts its own cluster instead."""
+    gcs = Path(head.temp_dir, "ray_current_cluster").read_text().strip()
+    tmp = Path(head.temp_dir, "t")  # RAY_TMPDIR: the recorded address points at the test's head, not anyone's
+    (tmp / "ray").mkdir(parents=True)
+    (tmp / "ray" / "ray_current_cluster").write_text(gcs)
+    env = {**head.env, "RAY_TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", JOIN_CHECK], env=env, cwd=tmp, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    addresses = dict(line.split() for line in out.stdout.splitlines() if line.startswith(("bare ", "quorum ")))
+    assert addresses["bare"] == gcs  # the hazard is real
+    assert addresses["quorum"] != gcs
