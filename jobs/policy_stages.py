@@ -151,7 +151,8 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
         trainer = dataclasses.replace(cfg.trainer, run_name=f"train-{cfg.policy}", wandb=wandb_on,
                                       wandb_project=wandb_project)
         started = time.time()
-        result = run_training(trainer, train_rows, dev_rows, run_dir=f"{out_dir}/run")
+        # W&B writes into the run directory, not the stage's temporary folder, which is renamed when it is done
+        result = run_training(trainer, train_rows, dev_rows, run_dir=f"{out_dir}/run", wandb_dir=store.path)
         seconds = time.time() - started
         metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
         write_table(pa.Table.from_pylist([{"policy": cfg.policy, **metrics}]), out_dir)

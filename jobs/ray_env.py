@@ -26,7 +26,8 @@ PASS_THROUGH = ("QUORUM_CACHE", "WANDB_API_KEY", "WANDB_MODE", "DS_ACCELERATOR",
 
 @dataclass
 class RayConfig:
-    # "" = RAY_ADDRESS if set (ray job submit sets it), else start a local cluster; or "auto" / "ray://host:port"
+    # "" = RAY_ADDRESS if set (ray job submit sets it), else start a new local cluster (never join another one
+    # on this machine); or "auto" / "host:port" / "ray://host:port"
     address: str = ""
     # CPUs of a *local* cluster; 0 = all cores
     num_cpus: int = 0
@@ -55,7 +56,9 @@ def init_ray(cfg: RayConfig) -> None:
         log.info("connecting to Ray at %s", address)
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
+        # "local" starts this job's own cluster: a bare ray.init() would join whatever cluster a `ray start` on
+        # this machine last recorded in /tmp/ray/ray_current_cluster, i.e. someone else's
         log.info("starting a local Ray cluster (num_cpus=%s)", cfg.num_cpus or "all")
-        ray.init(num_cpus=cfg.num_cpus or None, runtime_env=runtime_env, include_dashboard=False,
+        ray.init(address="local", num_cpus=cfg.num_cpus or None, runtime_env=runtime_env, include_dashboard=False,
                  log_to_driver=True)
     ray.data.DataContext.get_current().enable_progress_bars = True

@@ -184,6 +184,7 @@ class RunStore:
             entry = self.manifest["stages"][name]
             log.info("stage %s: reusing complete output (hash %s)", name, digest)
             return StageResult(name, final, entry.get("rows", 0), True, 0.0, entry.get("summary", {}))
+        self._drop_stale_attempts(name)
         tmp = f"{self.path}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
         self.manifest["stages"][name] = {"status": "running", "hash": digest}
         self._save_manifest()
@@ -199,6 +200,15 @@ class RunStore:
         self._save_manifest()
         return StageResult(name, final, rows, False, seconds, summary)
 
+    def _drop_stale_attempts(self, name: str) -> None:
+        """Delete what a stopped or crashed attempt of this stage left (`.<name>.tmp-*`): it is never read, and
+        the run directory's lock (local roots) says no other process is writing it."""
+        prefix = f"{self.path}/.{name}.tmp-"
+        for info in self.fs.get_file_info(pafs.FileSelector(self.path)):
+            if info.path.startswith(prefix) and info.type == pafs.FileType.Directory:
+                log.info("stage %s: removing the output of an interrupted attempt (%s)", name, info.path)
+                self.fs.delete_dir(info.path)
+
     def _replace_dir(self, tmp: str, final: str) -> None:
         if self.fs.get_file_info(final).type != pafs.FileType.NotFound:
             self.fs.delete_dir(final)
@@ -208,6 +218,10 @@ class RunStore:
         info = self.fs.get_file_info(pafs.FileSelector(path, recursive=True))
         files = [i.path for i in info if i.path.endswith(".parquet")]
         return sum(pq.ParquetFile(self.fs.open_input_file(p)).metadata.num_rows for p in files)
+
+    def existing(self, names: tuple[str, ...]) -> list[str]:
+        """Which of the files `names` exist in the run directory."""
+        return [n for n in names if self.fs.get_file_info(f"{self.path}/{n}").type == pafs.FileType.File]
 
     def read_stage(self, name: str) -> pa.Table:
         return pq.read_table(self.stage_path(name), filesystem=self.fs)

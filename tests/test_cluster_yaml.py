@@ -91,4 +91,5 @@ def test_ray_image_matches_pinned_ray_and_python(cluster, pins):
 def test_header_documents_launch_and_submit():
     header = (REPO / "cluster.yaml").read_text().split("\n\n", 1)[0]
     assert "ray up cluster.yaml" in header
-    assert re.search(r"ray job submit --address \S+ --working-dir \. -- quorum run configs/", header)
+    assert re.search(r'ray job submit --address \S+ --working-dir \. --runtime-env-json "\$RUNTIME_ENV"', header)
+    assert "-- quorum run configs/" in header and 'README "Running on a cluster"' in header

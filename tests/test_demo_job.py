@@ -105,6 +105,9 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
 
     # W&B offline files hold the resolved config and the stage summaries
     runs = [read_run(path) for path in find_run_files(run_dir)]
+    # both in the run directory's wandb/, where `wandb sync` (as W&B printed it) finds them: the trainer's used to
+    # be written under the training stage's temporary folder, renamed when the stage finished
+    assert {path.parents[1] for path in find_run_files(run_dir)} == {run_dir / "wandb"}
     # the job's run, and the trainer's rank-0 run under train/
     assert len(runs) == 2 and any("loss" in row for r in runs for row in r["history"])
     logged = next(r for r in runs if "data" in r["config"])

@@ -73,3 +73,22 @@ def test_uri_root_uses_pyarrow_filesystem(tmp_path):
     result = store.run_stage("s1", {"k": 1}, producer([]))
     assert result.rows == 3
     assert store.read_stage("s1").num_rows == 3
+
+
+def test_an_interrupted_attempt_is_removed_when_the_stage_runs_again(tmp_path):
+    """A stopped job leaves `.<stage>.tmp-*` behind (and the stage 'running' in the manifest); the next run redoes
+    the stage whole and deletes the leftover, and leaves other stages' folders alone."""
+    calls = []
+    store = RunStore(str(tmp_path), "job", "r1")
+    with pytest.raises(RuntimeError):
+        store.run_stage("s1", {"k": 1}, producer(calls, fail=True))
+    run_dir = tmp_path / "job" / "r1"
+    (leftover,) = run_dir.glob(".s1.tmp-*")
+    other = run_dir / ".s10.tmp-abcd1234"
+    other.mkdir()
+    assert json.loads((run_dir / "manifest.json").read_text())["stages"]["s1"]["status"] == "running"
+
+    again = RunStore(str(tmp_path), "job", "r1")
+    result = again.run_stage("s1", {"k": 1}, producer(calls))
+    assert not result.skipped and result.rows == 3 and not leftover.exists() and other.is_dir()
+    assert [p.name for p in run_dir.glob(".s1.tmp-*")] == []

@@ -336,6 +336,6 @@ def _init_wandb(cfg: TrainConfig, config: dict, rank: int):
 
     os.makedirs(config["wandb_dir"], exist_ok=True)
     mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-    run_id = hashlib.sha1(config["wandb_dir"].encode()).hexdigest()[:12]
+    run_id = config.get("wandb_id") or hashlib.sha1(config["wandb_dir"].encode()).hexdigest()[:12]
     return wandb.init(project=cfg.wandb_project, name=cfg.run_name, id=run_id, resume="allow",
                       dir=config["wandb_dir"], mode=mode, config=config["train"])

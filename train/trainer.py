@@ -22,6 +22,7 @@ checkpoint, since Ray Train V2 restores a run from its storage folder (`TorchTra
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -235,7 +236,8 @@ def build_trainer(cfg: TrainConfig, loop_config: dict, storage_path: str) -> Any
     )
 
 
-def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, run_dir: str) -> TrainResult:
+def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, run_dir: str,
+                 wandb_dir: str = "") -> TrainResult:
     """Train a LoRA adapter with DeepSpeed on Ray Train workers and copy the final adapter to ``<run_dir>/adapter``.
 
     Args:
@@ -244,6 +246,8 @@ def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, ru
             or a `ray.data.Dataset`.
         eval_rows: Optional rows of the same shape, evaluated every ``eval_every`` steps and at the end.
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
+        wandb_dir: Where rank 0 writes its W&B run ("" = Ray Train's run folder). A caller whose ``run_dir`` is
+            renamed afterwards (a run store stage) passes a folder that is not, so `wandb sync` finds the files.
 
     Returns:
         The `TrainResult`.
@@ -268,7 +272,9 @@ def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, ru
         "train_rows": rows,
         "eval_rows": evals,
         "total_steps": total_steps,
-        "wandb_dir": str(Path(storage_path) / cfg.run_name),
+        "wandb_dir": wandb_dir or str(Path(storage_path) / cfg.run_name),
+        # one W&B run per Ray Train run folder: restarted workers append to it, a new attempt starts another
+        "wandb_id": hashlib.sha1(str(Path(storage_path) / cfg.run_name).encode()).hexdigest()[:12],
     }
     result = build_trainer(cfg, loop_config, storage_path).fit()
     if result.error is not None:

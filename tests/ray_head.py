@@ -1,0 +1,158 @@
+"""Run the README's "Running on a cluster" commands against a real `ray start --head` of the test's own.
+
+Other people's Ray clusters share this machine, so the head gets its own `--temp-dir` (Ray then records its address
+there, not in /tmp/ray/ray_current_cluster, which a bare `ray.init()` elsewhere would join) and free ports, its token
+comes from a file of the test's (`RAY_AUTH_TOKEN_PATH`, never ~/.ray/auth_token), and teardown ends only the
+processes whose command line names that temp dir, and their children: `ray stop` would stop everyone's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+README_PORT = "8265"
+# `ray start` flags of the README's head, plus what isolates it; every other port is picked free
+PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
+              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port",
+              "--node-manager-port", "--object-manager-port")
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's first ```sh block under "## Running on a cluster", continuations joined."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def command(prefix: str) -> str:
+    """The one README command starting with `prefix`."""
+    found = [c for c in readme_commands() if c.startswith(prefix)]
+    assert len(found) == 1, f"README cluster block: {len(found)} commands start with {prefix!r}"
+    return found[0]
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+class Head:
+    """A Ray head started by the README's commands, with a shell environment that later commands share."""
+
+    def __init__(self):
+        # short: Ray's unix socket paths under it must stay below 108 bytes
+        self.temp_dir = tempfile.mkdtemp(prefix="qh-", dir="/tmp")
+        ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
+        self.dashboard_port = str(ports["--dashboard-port"])
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        token = Path(self.temp_dir, "token")
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_TOKEN_PATH=str(token),
+                   RAY_USAGE_STATS_ENABLED="0")
+        self.env = env
+        self.start_args = [f"--temp-dir={self.temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()),
+                           "--min-worker-port=0", "--max-worker-port=0"]
+
+    # -- running README commands ---------------------------------------------------------------------------------
+    def sh(self, cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        """Run one README command (its port swapped for the head's) in the shared environment, from the repo root."""
+        cmd = cmd.replace(f":{README_PORT}", f":{self.dashboard_port}")
+        if cmd.startswith("export "):
+            name, _ = cmd[len("export "):].split("=", 1)
+            out = subprocess.run(["bash", "-c", f'{cmd.split("  #")[0]}\nprintf %s "${name}"'], env=self.env,
+                                 cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+            self.env[name] = out.stdout
+            return out
+        result = subprocess.run(["bash", "-c", cmd], env=self.env, cwd=REPO, capture_output=True, text=True,
+                                timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"`{cmd}` exited {result.returncode}:\n{result.stdout[-4000:]}\n"
+                                 f"{result.stderr[-4000:]}")
+        return result
+
+    def start(self) -> None:
+        for cmd in readme_commands():
+            if cmd.startswith("ray job"):
+                break
+            if cmd.startswith("ray start --head"):
+                cmd = cmd.split("  #")[0] + " " + " ".join(shlex.quote(a) for a in self.start_args)
+            if cmd.startswith("export QUORUM_HOME"):
+                continue  # per test: see `submit_env`
+            self.sh(cmd, timeout=180)
+
+    def set_home(self, home: str) -> None:
+        """The README's `export QUORUM_HOME=$PWD`, pointed at a test folder instead of the checkout, and the
+        exports after it (the runtime env that carries it) re-evaluated."""
+        after = False
+        for cmd in readme_commands():
+            if cmd.startswith("export QUORUM_HOME"):
+                self.env["QUORUM_HOME"], after = home, True
+            elif after and cmd.startswith("export "):
+                self.sh(cmd)
+            elif after:
+                break
+
+    def client(self):
+        """A JobSubmissionClient for polling (cheaper than a CLI process per look), token passed explicitly."""
+        from ray.job_submission import JobSubmissionClient
+
+        token = Path(self.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+        return JobSubmissionClient(self.address, headers={"Authorization": f"Bearer {token}"})
+
+    # -- teardown ------------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        roots = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if proc.info["pid"] not in mine and any(self.temp_dir in arg for arg in proc.info["cmdline"] or ()):
+                roots.append(proc)
+        procs = set(roots)
+        for root in roots:
+            try:
+                procs.update(root.children(recursive=True))
+            except psutil.NoSuchProcess:
+                continue
+        procs = [p for p in procs if p.pid not in mine]
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                continue
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        psutil.wait_procs(alive, timeout=10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def submission_id(output: str) -> str:
+    found = re.search(r"raysubmit_\w+", output)
+    assert found, f"no submission id in:\n{output[-3000:]}"
+    return found.group(0)
