@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from actors.engine import EngineSpec, SamplingParams
+from actors.engine import EngineSpec, SamplingParams, check_sampling
 
 
 # CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
@@ -26,6 +26,10 @@ class SamplingConfig:
     seed: int = 0
     stop: list[str] = field(default_factory=list)
 
+    def check(self, where: str) -> None:
+        """Called on every sampling section of every job config (jobs.config.check_tree) with its dotted key."""
+        check_sampling(self, where)
+
     def to_params(self) -> SamplingParams:
         return SamplingParams(**{**asdict(self), "stop": tuple(self.stop)})
 
@@ -41,6 +45,9 @@ class PoolConfig:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     batch_size: int = 16
+
+    def check(self, where: str) -> None:
+        self.validate(where)
 
     def validate(self, where: str) -> None:
         if self.concurrency < 1 or self.batch_size < 1:

@@ -13,7 +13,8 @@ scores match the numbers papers print; `--no-bleu-lowercase` gives cased BLEU (t
 The last line printed is one JSON object with the corpus scores (keys as in
 `eval.textmetrics`). `--sentence-level` also writes one JSON object per input line. Exit codes:
 0 success, 2 bad input (a file missing, empty or not UTF-8, line counts that differ, an unknown
-metric or tokenizer, an unwritable --sentence-level path: checked before scoring), 3 a metric that cannot run here (e.g. LENS without a configured checkpoint).
+metric or tokenizer, an unwritable --sentence-level path: checked before scoring), 3 a metric
+that cannot run here (e.g. LENS without a configured checkpoint).
 
 `main(argv)` takes the arguments without the program name; a leading "eval" (the subcommand
 word of `quorum eval ...`) is skipped, so the console script may pass its argv either way.

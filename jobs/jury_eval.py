@@ -283,6 +283,7 @@ JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "o
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    load_human(cfg)  # a malformed ratings file fails before the run directory (and its manifest) exists
     run = open_run(JOB, cfg, config_path)
     store, cache = run.store, run.cache_dir
     judges = [j.name for j in cfg.jury.judges]

@@ -191,6 +191,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     # checked here, not in validate(): the config is fine, the shell it runs in lacks the secret
     if cfg.reward.token_env and not os.environ.get(cfg.reward.token_env):
         raise ConfigError(f"reward.token_env: environment variable {cfg.reward.token_env} is not set")
+    # bad data fails before the run directory (and its manifest) exists
+    validate_grpo(cfg.grpo, int((policy_rows(cfg)["role"] == "train").sum()))
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path)}

@@ -125,7 +125,7 @@ def test_cli_defaults_reproduce_easse_evaluate(shared_data, capsys, corpus, syst
 
 
 def test_empty_and_non_utf8_inputs_exit_2_naming_file_and_line(files, tmp_path, capsys):
-    orig, out, refs = files
+    orig, _, refs = files
     empty = [tmp_path / f"empty{i}.txt" for i in range(3)]
     for path in empty:
         path.write_text("", encoding="utf-8")
@@ -138,7 +138,7 @@ def test_empty_and_non_utf8_inputs_exit_2_naming_file_and_line(files, tmp_path, 
 
 
 def test_unwritable_sentence_level_path_fails_before_scoring(files, tmp_path, capsys, monkeypatch):
-    import eval.cli as cli
+    from eval import cli
 
     orig, out, refs = files
     blocker = tmp_path / "a-file"
