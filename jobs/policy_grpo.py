@@ -175,12 +175,12 @@ def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
     """Deploy the GRM app in the connected Ray cluster (as `quorum serve --detach` would); return its base URL."""
     from ray import serve
 
-    from serve.app import make_deployment
+    from serve.app import make_app
     from serve.cli import wait_until_running
 
     http = serve_cfg.serve
     serve.start(http_options={"host": http.host, "port": http.port})
-    serve.run(make_deployment(serve_cfg).bind(), name=http.app_name, route_prefix=http.route_prefix, blocking=False)
+    serve.run(make_app(serve_cfg), name=http.app_name, route_prefix=http.route_prefix, blocking=False)
     wait_until_running(http.app_name, timeout_s)
     url = f"http://127.0.0.1:{http.port}{http.route_prefix.rstrip('/')}"
     log.info("GRM app %r running at %s", http.app_name, url)
