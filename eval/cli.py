@@ -76,7 +76,8 @@ def _load_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], list[l
     paths = [args.orig, args.sys, *args.refs]
     for path in paths:
         if not path.is_file():
-            raise ValueError(f"input file {path} does not exist")
+            problem = "is not a file" if path.exists() else "does not exist"
+            raise ValueError(f"input file {path} {problem}")
     texts = [read_lines(p) for p in paths]
     for path, lines in zip(paths, texts):
         if not lines:

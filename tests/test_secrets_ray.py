@@ -85,7 +85,8 @@ def test_a_serve_run_writes_no_secret(ray_tmp, tmp_path):
             [sys.executable, "-m", "jobs.cli", "serve", "configs/grm.yaml", f"serve.port={port}",
              "serve.auth_token_env=QUORUM_SERVE_TOKEN", "resources.num_cpus=0.25", "ray.num_cpus=2",
              f"judge.engine={api_engine(server.base_url)}", "prompts.pointwise=jury_score",
-             "prompts.pointwise_format=answer", "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
+             "prompts.pointwise_format=answer",
+             "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
              "prompts.pairwise=jury_pairwise",
              "prompts.pairwise_vars={prompt: source, response_a: candidate_a, response_b: candidate_b}"],
             cwd=REPO, env=child_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

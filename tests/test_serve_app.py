@@ -2,7 +2,7 @@
 
 One app serves the module (auth on, adapter 1); the hot-swap test re-runs `serve.run` with adapter 2 while a
 client keeps calling it. The bearer token is exported in this process only, after the session's Ray started:
-it reaches the replicas the way `quorum serve` sends it, through the deployment's runtime env.
+it reaches the replicas the way `quorum serve` sends it, as the deployment's constructor argument (actors.secrets).
 """
 
 from __future__ import annotations
