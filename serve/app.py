@@ -20,13 +20,11 @@ import asyncio
 import collections
 import hmac
 import logging
-import math
 import os
 import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray import serve
 from starlette.exceptions import HTTPException
@@ -41,6 +39,7 @@ from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
 from serve.cache import LRUCache
 from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
+from serve.errors import error_response, install_error_handlers
 
 log = logging.getLogger("ray.serve")
 DEPLOYMENT_NAME = "GRMServer"
@@ -49,54 +48,7 @@ OPEN_PATHS = ("/health", "/ready")
 api = FastAPI(title="quorum generative reward model")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Errors: OpenAI-style bodies that name the field, plus FastAPI's own `detail`
-
-
-def json_safe(value):
-    """A JSON body that always serialises: lone surrogates escaped, NaN / infinities as strings.
-
-    Error bodies quote what the client sent (field names, values); a malformed request must get its 4xx, not a
-    500 from the error handler itself.
-    """
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {json_safe(str(k)): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}, "detail": message}
-    return JSONResponse(json_safe(body), status_code=status, headers=headers)
-
-
-@api.exception_handler(RequestValidationError)
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    # loc / msg / type only: the offending `input` (NaN, a lone surrogate, a huge body) is not echoed back
-    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-              for e in exc.errors()]
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-    field = ".".join(str(part) for part in first["loc"] if part != "body")
-    message = f"{field or 'body'}: {first['msg']}"
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": field or None, "code": 422},
-            "detail": errors}
-    return JSONResponse(json_safe(body), status_code=422)
-
-
-@api.exception_handler(P.RequestError)
-async def _on_request_error(request: Request, exc: P.RequestError) -> JSONResponse:
-    return error_response(400, str(exc), exc.field)
-
-
-@api.exception_handler(HTTPException)
-async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+install_error_handlers(api)
 
 
 @api.middleware("http")
