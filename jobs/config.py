@@ -212,6 +212,8 @@ def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -
 
 # numeric keys that may be negative, with their floor (-1 = "no top-k filter")
 NEGATIVE_OK = {"top_k": -1}
+# keys naming an input file or directory, wherever a job nests them: when set, it must exist now
+INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_path", "nouns_path", "adapter")
 
 
 def check_tree(node: Any, where: str = "") -> None:
@@ -242,6 +244,9 @@ def _check_value(value: Any, key: str, name: str) -> None:
     if name == "template" and isinstance(value, str) and value:
         # every `template` key of every job names a prompt template ("" = the job's default)
         check_template(value, key)
+    elif name in INPUT_PATHS and isinstance(value, str) and value and "://" not in value:
+        if not Path(value).expanduser().exists():
+            raise ConfigError(f"{key}: no such file or directory: {value}")
     elif isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite number, got {value}")

@@ -34,6 +34,8 @@ def assert_no_run_started(tmp_path: Path) -> None:
     ("generate.0.engine.max_batch_size=0", "generate.0.engine.max_batch_size"),
     ("generate.0.engine.model=/no/such/model", "generate.0.engine.model"),
     ("evaluate.engine.adapter=/no/such/adapter", "evaluate.engine.adapter"),
+    ("features.align.model_dir=/no/such/encoder", "features.align.model_dir"),
+    ("selector.checkpoint=/no/such/lens", "selector.checkpoint"),
     # prompt template names
     ("jury.judges.0.template=no_such_template", "jury.judges.0.template"),
     ("policies.lexical=no_such_template", "policies.lexical"),
