@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -216,6 +217,20 @@ NEGATIVE_OK = {"top_k": -1}
 INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_path", "nouns_path", "adapter")
 
 
+# variable names that hold secrets: never in a Ray runtime env (`*.env_vars`), which Ray logs in clear text
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$", re.IGNORECASE)
+
+
+def check_env_vars(env_vars: dict, key: str) -> None:
+    """A runtime-env map must not carry secrets: Ray writes its variables to runtime_env_agent.log."""
+    from jobs.tracking import ALWAYS_SECRET
+
+    for name in env_vars:
+        if name in ALWAYS_SECRET or _SECRET_NAME.search(name):
+            raise ConfigError(f"{key}.{name}: looks like a secret; Ray writes runtime-env variables to its logs in "
+                              f"clear text. Export {name} in the environment instead (it reaches actors by name)")
+
+
 def check_tree(node: Any, where: str = "") -> None:
     """Check every section of a built config, wherever a job nests it (lists and dicts included).
 
@@ -259,6 +274,8 @@ def _check_value(value: Any, key: str, name: str) -> None:
         for i, item in enumerate(value):
             _check_value(item, f"{key}.{i}", name)
     elif isinstance(value, dict):
+        if name == "env_vars":
+            check_env_vars(value, key)
         for k, item in value.items():
             _check_value(item, f"{key}.{k}", str(k))
 

@@ -47,6 +47,9 @@ def assert_no_run_started(tmp_path: Path) -> None:
     ("data.limit=-1", "data.limit"),
     ("data.min_words=-1", "data.min_words"),
     ("ray.num_cpus=-1", "ray.num_cpus"),
+    # a secret in a runtime env would be written to Ray's logs
+    ("ray.env_vars={WANDB_API_KEY: k}", "ray.env_vars.WANDB_API_KEY"),
+    ("train.trainer.env_vars={JUDGE_API_TOKEN: t}", "train.trainer.env_vars.JUDGE_API_TOKEN"),
     # evaluation data: checked now, not after training; a set path that is missing is never replaced by the demo
     ("evaluate.split=no_such_split", "evaluate.split"),
     ("evaluate.path=/nonexistent", "evaluate.path"),
