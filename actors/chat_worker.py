@@ -21,6 +21,7 @@ import pandas as pd
 
 from actors.cache import RequestCache, request_key
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, build_engine
+from actors.secrets import Secrets
 
 COMPLETION_COLUMNS = (
     "completion", "raw_completion", "reasoning", "prompt_tokens", "completion_tokens", "finish_reason",
@@ -43,7 +44,9 @@ class ChatWorker:
     """Callable class for `Dataset.map_batches(ChatWorker, batch_format="pandas", ...)`."""
 
     def __init__(self, spec: dict, cache_dir: str = "", check: Callable[[str, dict], str] | None = None,
-                 max_parse_retries: int = 0, retry_temperature: float = 0.7):
+                 max_parse_retries: int = 0, retry_temperature: float = 0.7, secrets: Secrets | None = None):
+        if secrets is not None:
+            secrets.install()  # the engine's API key, by name (actors.secrets: never a runtime-env variable)
         self.spec = EngineSpec(**spec)
         # Loaded on the first call, not here: Ray Data runs the constructor on the actor's main thread but every
         # call on one worker thread, and torch's OpenMP pool built on the main thread (model load, warm-up) then

@@ -120,6 +120,11 @@ def _parse_json_line(path: Path, line: str, number: int) -> dict:
         raise CorpusError(f"{path}: line {number}: malformed JSON: {err.msg} (column {err.colno})") from err
     if not isinstance(record, dict):
         raise CorpusError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
+    # the file decoded as UTF-8, so only a "\ud800"-style escape can hold a lone surrogate, which no UTF-8
+    # writer (pandas' Arrow strings, Parquet, HTTP) accepts
+    if "\\u" in line and not _is_utf8(json.dumps(record, ensure_ascii=False)):
+        raise CorpusError(f"{path}: line {number}: a string holds a lone surrogate escape (e.g. \\ud800), "
+                          "which is not encodable as UTF-8")
     return record
 
 
@@ -192,6 +197,14 @@ def _finish_corpus(raw, positions, path, fmt, text_column, id_column) -> pd.Data
     out = pd.concat([pd.DataFrame({"id": ids, "source": list(raw[text_column])}), rest], axis=1)
     out.attrs["path"] = str(path)
     return out
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _format_id(value, path: Path, fmt: str, position: int) -> str:

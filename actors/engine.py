@@ -93,11 +93,71 @@ class EngineSpec:
     max_retries: int = 3
     retry_backoff_s: float = 0.5
 
+    def check(self, where: str) -> None:
+        """Raise ValueError naming `<where>.<field>` for a value no engine could start with (run at config time)."""
+        check_engine(self, where)
+
     def cache_identity(self) -> str:
         """What makes two engines answer the same prompt the same way (request-cache key part)."""
         name = self.served_model_name or self.model
         adapter = f":adapter={adapter_digest(self.adapter)}" if self.adapter else ""
         return f"{self.kind}:{name}{adapter}:think={self.thinking}"
+
+
+ENGINE_KINDS = ("hf", "vllm", "openai")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+# torch generators and the OpenAI API take 64-bit signed seeds; a larger one overflows inside a batch
+SEED_MAX = 2**63 - 1
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_sampling(sampling, where: str) -> None:
+    """Ranges of a sampling section (SamplingParams or its config twin); errors name `<where>.<field>`."""
+    key = f"{where}." if where else ""
+    if not 0 <= sampling.temperature <= 2:
+        raise ValueError(f"{key}temperature: must be in [0, 2], got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"{key}top_p: must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < -1 or sampling.top_k == 0:
+        raise ValueError(f"{key}top_k: must be -1 (off) or >= 1, got {sampling.top_k}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"{key}max_tokens: must be >= 1, got {sampling.max_tokens}")
+    if not 0 <= sampling.seed <= SEED_MAX:
+        raise ValueError(f"{key}seed: must be in [0, 2**63 - 1], got {sampling.seed}")
+    if any(not s for s in sampling.stop):
+        raise ValueError(f"{key}stop: stop strings must be non-empty")
+
+
+def check_engine(spec: EngineSpec, where: str) -> None:
+    """Enums, ranges, and the model / adapter paths of an engine spec, before any actor loads it."""
+    key = f"{where}." if where else ""
+    for name, allowed in (("kind", ENGINE_KINDS), ("dtype", DTYPES), ("device", DEVICES)):
+        if getattr(spec, name) not in allowed:
+            raise ValueError(f"{key}{name}: {getattr(spec, name)!r} is not one of {', '.join(allowed)}")
+    for name in ("max_batch_size", "tensor_parallel_size", "max_model_len", "max_concurrency"):
+        if getattr(spec, name) < 1:
+            raise ValueError(f"{key}{name}: must be >= 1, got {getattr(spec, name)}")
+    if not 0 < spec.gpu_memory_utilization <= 1:
+        raise ValueError(f"{key}gpu_memory_utilization: must be in (0, 1], got {spec.gpu_memory_utilization}")
+    if spec.timeout_s <= 0:
+        raise ValueError(f"{key}timeout_s: must be > 0, got {spec.timeout_s}")
+    if spec.api_key_env and not _ENV_NAME.fullmatch(spec.api_key_env):
+        raise ValueError(f"{key}api_key_env: {spec.api_key_env!r} is not an environment variable name")
+    if spec.kind == "openai":
+        if not spec.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"{key}base_url: {spec.base_url!r} must start with http:// or https://")
+        return
+    model = spec.model.strip()
+    if not model:
+        raise ValueError(f"{key}model: must be set")
+    # a local engine loads the embedded alias, an hf:<repo> id, or a model directory that must exist now
+    local_dir = (Path(model).expanduser() / "config.json").is_file()
+    if model != "smollm2-135m" and not model.startswith("hf:") and not local_dir:
+        raise ValueError(f"{key}model: {model!r} is not 'smollm2-135m', not hf:<repo>, and not a model directory "
+                         "(no config.json there)")
+    if spec.adapter and not (Path(spec.adapter).expanduser() / "adapter_config.json").is_file():
+        raise ValueError(f"{key}adapter: {spec.adapter!r} is not a peft adapter directory (no adapter_config.json)")
 
 
 def adapter_digest(adapter_dir: str) -> str:

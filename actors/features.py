@@ -19,7 +19,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
-from actors.stage_config import LIGHT_CPU, ModelConfig, PoolConfig
+from actors.stage_config import LIGHT_CPU, ModelConfig, PoolConfig, engine_secrets
 
 
 @dataclass
@@ -124,8 +124,9 @@ def parse_sentences(texts: ray.data.Dataset, cfg: ParseConfig, cache_dir: str) -
         "template": cfg.template, "sampling_json": cfg.model.sampling.to_json()})
     done = rendered.map_batches(
         ChatWorker, batch_format="pandas",
-        fn_constructor_kwargs={"spec": dataclasses.asdict(cfg.model.engine), "cache_dir": cache_dir},
-        **cfg.model.pool.map_batches_kwargs(cfg.model.engine))
+        fn_constructor_kwargs={"spec": dataclasses.asdict(cfg.model.engine), "cache_dir": cache_dir,
+                               "secrets": engine_secrets(cfg.model.engine)},
+        **cfg.model.pool.map_batches_kwargs())
     return done.map_batches(finish_parses, batch_format="pandas", num_cpus=LIGHT_CPU)
 
 

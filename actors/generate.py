@@ -21,7 +21,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
-from actors.stage_config import LIGHT_CPU, ModelConfig
+from actors.stage_config import LIGHT_CPU, ModelConfig, engine_secrets
 from eval.prompts import load_template, prompt_path
 from eval.text_clean import clean_simplification
 
@@ -79,8 +79,9 @@ def build_generate_dataset(sources: ray.data.Dataset, generators: list[ModelConf
         lead = members[0]
         completed = requests.map_batches(
             ChatWorker, batch_format="pandas",
-            fn_constructor_kwargs={"spec": dataclasses.asdict(lead.engine), "cache_dir": cache_dir},
-            **lead.pool.map_batches_kwargs(lead.engine),
+            fn_constructor_kwargs={"spec": dataclasses.asdict(lead.engine), "secrets": engine_secrets(lead.engine),
+                                   "cache_dir": cache_dir},
+            **lead.pool.map_batches_kwargs(),
         )
         per_engine.append(completed.map_batches(finalize_candidates, batch_format="pandas", num_cpus=LIGHT_CPU))
     return per_engine[0].union(*per_engine[1:]) if len(per_engine) > 1 else per_engine[0]

@@ -25,7 +25,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
-from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
+from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names, engine_secrets
 from eval.aggregate import shuffle_order, to_original_index
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_pairwise
@@ -256,9 +256,10 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
         judged = rendered.map_batches(
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={
-                "spec": dataclasses.asdict(judge.engine), "cache_dir": cache_dir, "check": CHECKS[judge.format],
+                "spec": dataclasses.asdict(judge.engine), "secrets": engine_secrets(judge.engine),
+                "cache_dir": cache_dir, "check": CHECKS[judge.format],
                 "max_parse_retries": judge.max_parse_retries, "retry_temperature": judge.retry_temperature},
-            **judge.pool.map_batches_kwargs(judge.engine))
+            **judge.pool.map_batches_kwargs())
         per_judge.append(judged.map_batches(parse_judgments, batch_format="pandas", num_cpus=LIGHT_CPU,
                                             fn_kwargs={"fmt": judge.format}))
     if not per_judge:

@@ -16,7 +16,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
-from actors.stage_config import LIGHT_CPU, ModelConfig
+from actors.stage_config import LIGHT_CPU, ModelConfig, engine_secrets
 from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 from eval.menlo_data import to_original
 
@@ -79,9 +79,10 @@ def build_menlo_dataset(items: ray.data.Dataset, judges: list[MenloJudgeConfig],
         judged = requests.map_batches(
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={
-                "spec": dataclasses.asdict(judge.engine), "cache_dir": cache_dir, "check": check_menlo,
+                "spec": dataclasses.asdict(judge.engine), "secrets": engine_secrets(judge.engine),
+                "cache_dir": cache_dir, "check": check_menlo,
                 "max_parse_retries": judge.max_parse_retries, "retry_temperature": judge.retry_temperature},
-            **judge.pool.map_batches_kwargs(judge.engine))
+            **judge.pool.map_batches_kwargs())
         per_judge.append(judged.map_batches(parse_menlo_judgments, batch_format="pandas", num_cpus=LIGHT_CPU))
     return per_judge[0].union(*per_judge[1:]) if len(per_judge) > 1 else per_judge[0]
 

@@ -6,10 +6,10 @@ YAML-shaped twins of the engine types (lists instead of tuples) so job configs c
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 
-from actors.engine import EngineSpec, SamplingParams
+from actors.engine import EngineSpec, SamplingParams, check_sampling
+from actors.secrets import Secrets
 
 
 # CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
@@ -25,6 +25,10 @@ class SamplingConfig:
     max_tokens: int = 128
     seed: int = 0
     stop: list[str] = field(default_factory=list)
+
+    def check(self, where: str) -> None:
+        """Called on every sampling section of every job config (jobs.config.check_tree) with its dotted key."""
+        check_sampling(self, where)
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(**{**asdict(self), "stop": tuple(self.stop)})
@@ -42,33 +46,31 @@ class PoolConfig:
     num_gpus: float = 0.0
     batch_size: int = 16
 
+    def check(self, where: str) -> None:
+        self.validate(where)
+
     def validate(self, where: str) -> None:
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError(f"{where}: concurrency and batch_size must be >= 1")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError(f"{where}: num_cpus and num_gpus must be >= 0")
 
-    def map_batches_kwargs(self, engine: EngineSpec | None = None) -> dict:
+    def map_batches_kwargs(self) -> dict:
         import ray.data
 
         kwargs = {"compute": ray.data.ActorPoolStrategy(size=self.concurrency), "batch_size": self.batch_size,
                   "num_cpus": self.num_cpus}
         if self.num_gpus:
             kwargs["num_gpus"] = self.num_gpus
-        env = engine_secret_env(engine) if engine else {}
-        if env:
-            kwargs["runtime_env"] = {"env_vars": env}
         return kwargs
 
 
-def engine_secret_env(engine: EngineSpec) -> dict[str, str]:
-    """The engine's API key variable, handed to its actors through Ray's runtime env.
+def engine_secrets(engine: EngineSpec) -> Secrets:
+    """The engine's API key (named by `api_key_env`) for its actors' constructor (`ChatWorker(secrets=...)`).
 
-    Workers of an already running cluster do not see variables the driver exported later; the key travels on
-    Ray's control plane to the actors that need it, and never into configs, manifests or logs.
+    Not a runtime-env variable: Ray logs those in clear text (see actors.secrets).
     """
-    name = engine.api_key_env
-    return {name: os.environ[name]} if name and os.environ.get(name) else {}
+    return Secrets([engine.api_key_env])
 
 
 @dataclass

@@ -73,9 +73,9 @@ def bench_config(model: str, port: int, batch_size: int, args: argparse.Namespac
 def deploy(cfg: ServeConfig) -> None:
     from ray import serve
 
-    from serve.app import make_deployment
+    from serve.app import make_app
 
-    serve.run(make_deployment(cfg).bind(), name=APP, route_prefix=PREFIX, blocking=False)
+    serve.run(make_app(cfg), name=APP, route_prefix=PREFIX, blocking=False)
     deadline = time.monotonic() + 300
     while serve.status().applications[APP].status != "RUNNING":
         if time.monotonic() > deadline:

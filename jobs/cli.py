@@ -13,8 +13,13 @@ import importlib
 import sys
 
 from actors.corpus import CorpusError
+from eval.menlo_data import MenloDataError
+from eval.prompts import PromptError
 from jobs.config import ConfigError, load_config, read_yaml
 from jobs.paths import path_overrides
+
+# bad input files: each message names the file and line; exit 2 like a config error
+INPUT_ERRORS = (CorpusError, MenloDataError, PromptError)
 
 # job name (the YAML `job:` key) -> entry module exposing `Config` and `main(cfg, config_path)`
 JOBS = {
@@ -34,7 +39,7 @@ REPORT_FILES = ("summary.md", "report.md", "metrics.md", "report.html")
 def job_module(config_path: str):
     data = read_yaml(config_path)
     name = data.get("job")
-    if name not in JOBS:
+    if not isinstance(name, str) or name not in JOBS:
         raise ConfigError(f"{config_path}: key 'job' must be one of {sorted(JOBS)}, got {name!r}")
     return importlib.import_module(JOBS[name])
 
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2
-    except CorpusError as exc:
+    except INPUT_ERRORS as exc:
         print(f"quorum: input error: {exc}", file=sys.stderr)
         return 2
 
@@ -114,7 +119,7 @@ def entry(module_name: str) -> None:
     module = importlib.import_module(module_name)
     try:
         code = run_job(module, sys.argv[1:])
-    except (ConfigError, CorpusError) as exc:
+    except (ConfigError, *INPUT_ERRORS) as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         code = 2
     sys.exit(code)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -32,8 +34,14 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not valid UTF-8 ({exc.reason})") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     if not isinstance(data, dict):
@@ -191,12 +199,107 @@ def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -
     where = f"{path}: " if path else ""
     try:
         cfg = build(cls, data)
+        check_tree(cfg)
         validate = getattr(cfg, "validate", None)
         if validate is not None:
             validate()
     except (ConfigError, ValueError) as exc:
         raise ConfigError(f"{where}{exc}") from exc
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks every job shares, run on the whole built config tree before the job's own `validate`
+
+# numeric keys that may be negative, with their floor (-1 = "no top-k filter")
+NEGATIVE_OK = {"top_k": -1}
+# keys naming an input file or directory, wherever a job nests them: when set, it must exist now
+INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_path", "nouns_path", "adapter")
+
+
+# variable names that hold secrets: never in a Ray runtime env (`*.env_vars`), which Ray logs in clear text
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$", re.IGNORECASE)
+
+
+def check_env_vars(env_vars: dict, key: str) -> None:
+    """A runtime-env map must not carry secrets: Ray writes its variables to runtime_env_agent.log."""
+    from jobs.tracking import ALWAYS_SECRET
+
+    for name in env_vars:
+        if name in ALWAYS_SECRET or _SECRET_NAME.search(name):
+            raise ConfigError(f"{key}.{name}: looks like a secret; Ray writes runtime-env variables to its logs in "
+                              f"clear text. Export {name} in the environment instead (it reaches actors by name)")
+
+
+def check_tree(node: Any, where: str = "") -> None:
+    """Check every section of a built config, wherever a job nests it (lists and dicts included).
+
+    Every number must be finite and >= 0 (a config has no meaningful negative count, size, rate or offset;
+    `NEGATIVE_OK` lists the sentinels); then each section's own `check(where)` runs with its dotted key, so the
+    sampling / engine / pool / judge sections validate themselves the same way in every job and in `quorum serve`.
+    """
+    if not dataclasses.is_dataclass(node):
+        return
+    for f in dataclasses.fields(node):
+        key = f"{where}.{f.name}" if where else f.name
+        _check_value(getattr(node, f.name), key, f.name)
+    check = getattr(node, "check", None)
+    if callable(check):
+        try:
+            check(where)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _check_value(value: Any, key: str, name: str) -> None:
+    if isinstance(value, bool):
+        return
+    if name == "template" and isinstance(value, str) and value:
+        # every `template` key of every job names a prompt template ("" = the job's default)
+        check_template(value, key)
+    elif name in INPUT_PATHS and isinstance(value, str) and value and "://" not in value:
+        if not Path(value).expanduser().exists():
+            raise ConfigError(f"{key}: no such file or directory: {value}")
+    elif isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value}")
+        floor = NEGATIVE_OK.get(name, 0)
+        if value < floor:
+            raise ConfigError(f"{key}: must be >= {floor}, got {value}")
+    elif dataclasses.is_dataclass(value):
+        check_tree(value, key)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_value(item, f"{key}.{i}", name)
+    elif isinstance(value, dict):
+        if name == "env_vars":
+            check_env_vars(value, key)
+        for k, item in value.items():
+            _check_value(item, f"{key}.{k}", str(k))
+
+
+def in_range(value: float, low: float, high: float, key: str, *, low_open: bool = False) -> None:
+    """Raise ValueError naming `key` unless low <= value <= high (low < value with `low_open`)."""
+    if value < low or value > high or (low_open and value == low):
+        bound = "(" if low_open else "["
+        raise ValueError(f"{key}: must be in {bound}{low:g}, {high:g}], got {value!r}")
+
+
+def one_of(value: Any, allowed: tuple, key: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def check_template(name: str, key: str) -> None:
+    """A prompt template name (configs/prompts/<name>.yaml) or path must load."""
+    from eval.prompts import PromptError, load_template, prompt_path
+
+    try:
+        load_template(prompt_path(name))
+    except PromptError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def to_dict(cfg: Any) -> dict:

@@ -203,6 +203,7 @@ def compute_differences(cfg: Config, judgments: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    build_items(cfg, load_pairs(cfg.data))  # bad data fails before the run directory (and its manifest) exists
     run = open_run(JOB, cfg, config_path)
     store, cache = run.store, run.cache_dir
     # data and items first: a malformed file or a missing exemplar fails the run before any model is loaded

@@ -131,6 +131,8 @@ def judge_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    # bad data fails before the run directory (and its manifest) exists
+    validate_grpo(cfg.grpo, int((judge_rows(cfg)["role"] == "train").sum()))
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "prompt": dataclasses.asdict(cfg.prompt),

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from actors.ratings import read_asset_ratings, read_simpeval
 from actors.jury import JuryConfig
-from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names
+from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names, engine_secrets
 from eval import jury_meta as meta
 from eval import report_html as rep
 from eval import synth_bench as bench
@@ -176,8 +176,9 @@ def chat_plan(ds, model: ModelConfig, template: str, variables: dict[str, str], 
         "sampling_json": model.sampling.to_json()})
     completed = rendered.map_batches(
         ChatWorker, batch_format="pandas",
-        fn_constructor_kwargs={"spec": dataclasses.asdict(model.engine), "cache_dir": cache},
-        **model.pool.map_batches_kwargs(model.engine))
+        fn_constructor_kwargs={"spec": dataclasses.asdict(model.engine), "secrets": engine_secrets(model.engine),
+                               "cache_dir": cache},
+        **model.pool.map_batches_kwargs())
     return completed.map_batches(post, batch_format="pandas", num_cpus=LIGHT_CPU)
 
 
@@ -283,6 +284,7 @@ JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "o
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    load_human(cfg)  # a malformed ratings file fails before the run directory (and its manifest) exists
     run = open_run(JOB, cfg, config_path)
     store, cache = run.store, run.cache_dir
     judges = [j.name for j in cfg.jury.judges]

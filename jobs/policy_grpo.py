@@ -175,12 +175,12 @@ def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
     """Deploy the GRM app in the connected Ray cluster (as `quorum serve --detach` would); return its base URL."""
     from ray import serve
 
-    from serve.app import make_deployment
+    from serve.app import make_app
     from serve.cli import wait_until_running
 
     http = serve_cfg.serve
     serve.start(http_options={"host": http.host, "port": http.port})
-    serve.run(make_deployment(serve_cfg).bind(), name=http.app_name, route_prefix=http.route_prefix, blocking=False)
+    serve.run(make_app(serve_cfg), name=http.app_name, route_prefix=http.route_prefix, blocking=False)
     wait_until_running(http.app_name, timeout_s)
     url = f"http://127.0.0.1:{http.port}{http.route_prefix.rstrip('/')}"
     log.info("GRM app %r running at %s", http.app_name, url)
@@ -191,6 +191,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     # checked here, not in validate(): the config is fine, the shell it runs in lacks the secret
     if cfg.reward.token_env and not os.environ.get(cfg.reward.token_env):
         raise ConfigError(f"reward.token_env: environment variable {cfg.reward.token_env} is not set")
+    # bad data fails before the run directory (and its manifest) exists
+    validate_grpo(cfg.grpo, int((policy_rows(cfg)["role"] == "train").sum()))
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path)}

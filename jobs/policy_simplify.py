@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from actors.corpus import read_standard, source_filter
+from actors.corpus import STANDARD_KINDS, read_standard, source_filter
 from actors.features import FeaturesConfig
 from actors.jury import JuryConfig
 from actors.selector import SelectorConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.jury_tables import candidate_scores, system_table
 from jobs.cli import entry
-from jobs.config import ConfigError, require_file
+from jobs.config import ConfigError, check_template, one_of, require_file
 from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, first_sources,
-                                rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
+                                load_eval_set, rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
 from jobs.jobrun import JobSections, open_run
 from jobs.policy_references import (SIGNAL_BOOT, corpus_has_references, references_json, stage_judge_signal,
                                     stage_oracle_select, stage_sft_data)
@@ -83,8 +83,11 @@ class Config(JobSections):
         check_unique_names(self.generate, "generate")
         for i, gen in enumerate(self.generate):
             gen.pool.validate(f"generate.{i}.pool")
+        one_of(self.data.format, STANDARD_KINDS, "data.format")
         if not self.policies:
             raise ConfigError("policies: at least one policy is required")
+        for policy, template in self.policies.items():
+            check_template(template, f"policies.{policy}")
         self.wandb.validate()
         self.features.validate()
         self.jury.validate()
@@ -116,6 +119,8 @@ class Config(JobSections):
         for policy in self.policies:
             if policy not in self.pairs.prompts:
                 raise ConfigError(f"pairs.prompts: no training prompt for policy {policy!r}")
+        for policy, template in self.pairs.prompts.items():
+            check_template(template, f"pairs.prompts.{policy}")
         if self.train.enabled:
             if self.train.policy not in self.policies:
                 raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies "
@@ -143,6 +148,17 @@ def load_sources(cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
         kwargs.update(text_column=cfg.data.text_column, id_column=cfg.data.id_column or None)
     df = read_standard(cfg.data.format, cfg.data.path, **kwargs)
     return source_filter(df, min_words=cfg.data.min_words)
+
+
+def check_inputs(cfg: Config) -> None:
+    """Read the corpora the run will need before its run directory exists: a bad file or an empty filter result
+    stops the run with the key and file named, never after a manifest says `running`."""
+    kept, dropped = load_sources(cfg)
+    if kept.empty:
+        raise ConfigError(f"data: 0 rows left after data.min_words={cfg.data.min_words} ({len(dropped)} read from "
+                          f"{cfg.data.path})")
+    if cfg.preference_run and cfg.evaluate.enabled:
+        load_eval_set(cfg.evaluate, cfg.train.policy)
 
 
 def stage_sources(cfg: Config, store: RunStore):
@@ -174,6 +190,7 @@ def model_key(models: list) -> list:
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    check_inputs(cfg)
     run = open_run("policy_simplify", cfg, config_path)
     store, cache = run.store, run.cache_dir
     tracker = run.start_tracking("policy_simplify", cfg.wandb)

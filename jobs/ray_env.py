@@ -21,7 +21,9 @@ WORKER_ENV_DEFAULTS = {
     # DeepSpeed picks its accelerator at import; on CPU-only workers it must be told
     "DS_ACCELERATOR": "",
 }
-PASS_THROUGH = ("QUORUM_CACHE", "WANDB_API_KEY", "WANDB_MODE", "DS_ACCELERATOR", "OMP_NUM_THREADS")
+# never a secret here: Ray logs a runtime env's variables in clear text (runtime_env_agent.log). Secrets reach
+# actors as constructor arguments (actors.secrets); a local cluster's workers inherit this process's environment
+PASS_THROUGH = ("QUORUM_CACHE", "WANDB_MODE", "DS_ACCELERATOR", "OMP_NUM_THREADS")
 
 
 @dataclass

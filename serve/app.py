@@ -25,21 +25,21 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray import serve
 from starlette.exceptions import HTTPException
 
 from actors.cache import request_key
 from actors.engine import ChatRequest, Completion
-from actors.stage_config import engine_secret_env
+from actors.secrets import Secrets
+from actors.stage_config import engine_secrets
 from jobs.config import ConfigError, build, with_defaults
 from serve import protocol as P
 from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
 from serve.cache import LRUCache
 from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
+from serve.errors import error_response, install_error_handlers
 
 log = logging.getLogger("ray.serve")
 DEPLOYMENT_NAME = "GRMServer"
@@ -48,35 +48,7 @@ OPEN_PATHS = ("/health", "/ready")
 api = FastAPI(title="quorum generative reward model")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Errors: OpenAI-style bodies that name the field, plus FastAPI's own `detail`
-
-
-def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}, "detail": message}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-@api.exception_handler(RequestValidationError)
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = jsonable_encoder(exc.errors())
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-    field = ".".join(str(part) for part in first["loc"] if part != "body")
-    message = f"{field or 'body'}: {first['msg']}"
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": field or None, "code": 422},
-            "detail": errors}
-    return JSONResponse(body, status_code=422)
-
-
-@api.exception_handler(P.RequestError)
-async def _on_request_error(request: Request, exc: P.RequestError) -> JSONResponse:
-    return error_response(400, str(exc), exc.field)
-
-
-@api.exception_handler(HTTPException)
-async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+install_error_handlers(api)
 
 
 @api.middleware("http")
@@ -104,7 +76,10 @@ def route_path(scope: dict) -> str:
 class GRMServer:
     """One replica: a judge engine, the batch queue in front of it, the response cache and the HTTP routes."""
 
-    def __init__(self):
+    def __init__(self, secrets: Secrets | None = None):
+        if secrets is not None:
+            # the token / judge API key set where the app was deployed (a constructor argument: never logged)
+            secrets.install()
         self.settings: ReplicaSettings | None = None
         self.prompts: P.JudgePrompts | None = None
         self.engine = None
@@ -193,7 +168,13 @@ class GRMServer:
         async with self._engine_lock:
             engine, identity = self.engine, self.identity
             self.batch_sizes[len(requests)] += 1
-            completions = await asyncio.to_thread(engine.generate, requests)
+            try:
+                completions = await asyncio.to_thread(engine.generate, requests)
+            except Exception as exc:  # noqa: BLE001 - whatever one request did, the others must still be answered
+                self.counters["batches_split"] += 1
+                log.warning("a batch of %d failed (%s: %s); generating its requests one by one", len(requests),
+                            type(exc).__name__, exc)
+                completions = [await asyncio.to_thread(generate_alone, engine, r) for r in requests]
         return [(completion, identity) for completion in completions]
 
     async def _complete(self, messages: list[dict], sampling) -> tuple[Completion, bool]:
@@ -203,7 +184,8 @@ class GRMServer:
         if hit is not None:
             return hit, True
         completion, identity = await self._generate_batch(request)
-        self.cache.put(request_key(identity, request), completion)
+        if completion.finish_reason != "error":
+            self.cache.put(request_key(identity, request), completion)
         return completion, False
 
     async def _with_deadline(self, awaitable, timeout_s: float | None):
@@ -318,6 +300,14 @@ class GRMServer:
                                 self.model_name)
 
 
+def generate_alone(engine, request: ChatRequest) -> Completion:
+    """One request on its own: its failure becomes its own error completion (never the batch's)."""
+    try:
+        return engine.generate([request])[0]
+    except Exception as exc:  # noqa: BLE001 - reported to this request's client, not raised into the others
+        return Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Building the app
 
@@ -341,25 +331,22 @@ def deployment_options(cfg: ServeConfig) -> dict:
 
 
 def make_deployment(cfg: ServeConfig):
-    """The deployment with its options; secrets set in this process travel to the replicas (never into YAML)."""
-    options = deployment_options(cfg)
-    env = replica_secret_env(cfg)
-    if env:
-        options["ray_actor_options"] = {**options["ray_actor_options"], "runtime_env": {"env_vars": env}}
-    return GRMServer.options(**options)
+    """The deployment with its options (no secrets: see `make_app`)."""
+    return GRMServer.options(**deployment_options(cfg))
 
 
-def replica_secret_env(cfg: ServeConfig) -> dict[str, str]:
-    """The auth token and judge API key variables set here, for the replicas' runtime env.
+def make_app(cfg: ServeConfig):
+    """The bound app: the deployment plus the secrets set in this process, as the replicas' constructor argument.
 
-    As for job actors (actors.stage_config.engine_secret_env): workers of a running cluster never saw what this
-    process exported, so the values ride Ray's control plane; configs, `--print-config` and logs keep only names.
+    As for job actors (actors.secrets): workers of a running cluster never saw what this process exported, and a
+    runtime env would be written to Ray's logs; configs, `--print-config` and logs keep only variable names.
     """
-    env = engine_secret_env(cfg.judge.engine)
-    name = cfg.serve.auth_token_env
-    if name and os.environ.get(name):
-        env[name] = os.environ[name]
-    return env
+    return make_deployment(cfg).bind(replica_secrets(cfg))
+
+
+def replica_secrets(cfg: ServeConfig) -> Secrets:
+    """The auth token and the judge engine's API key, by the names the config gives."""
+    return Secrets([cfg.serve.auth_token_env, *engine_secrets(cfg.judge.engine).names])
 
 
 def config_from_args(args: dict) -> ServeConfig:
@@ -373,4 +360,4 @@ def config_from_args(args: dict) -> ServeConfig:
 
 def build_app(args: dict):
     """Serve app builder (`import_path: serve.app:build_app`); `args` is a ServeConfig mapping."""
-    return make_deployment(config_from_args(args)).bind()
+    return make_app(config_from_args(args))

@@ -72,7 +72,7 @@ def main(argv: list[str] | ServeConfig, config_path: str | None = None) -> int:
 def run(cfg: ServeConfig, detach: bool) -> int:
     from ray import serve
 
-    from serve.app import make_deployment
+    from serve.app import make_app
 
     log.info("resolved config: %s", json.dumps(dataclasses.asdict(cfg), sort_keys=True))
     token_env = cfg.serve.auth_token_env
@@ -81,7 +81,7 @@ def run(cfg: ServeConfig, detach: bool) -> int:
     started_local = connect_ray(cfg.ray, detach)
     try:
         serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
-        serve.run(make_deployment(cfg).bind(), name=cfg.serve.app_name, route_prefix=cfg.serve.route_prefix,
+        serve.run(make_app(cfg), name=cfg.serve.app_name, route_prefix=cfg.serve.route_prefix,
                   blocking=False)
         wait_until_running(cfg.serve.app_name, _READY_TIMEOUT_S)
         base = f"http://{cfg.serve.host}:{cfg.serve.port}{cfg.serve.route_prefix.rstrip('/')}"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from actors.engine import EngineSpec
 from actors.stage_config import SamplingConfig
+from jobs.config import check_tree
 from jobs.ray_env import RayConfig
 from serve import protocol
 
@@ -175,6 +176,8 @@ class ServeConfig:
 
 def validate_replica_settings(settings: ReplicaSettings) -> None:
     """Checks shared by the driver (before deploying) and each replica (on every reconfigure)."""
+    # the same section checks as every job config (sampling, engine, numbers), for a hand-edited user_config too
+    check_tree(settings)
     judge = settings.judge
     if judge.engine.kind not in ("hf", "vllm", "openai"):
         raise ValueError(f"judge.engine.kind: {judge.engine.kind!r} is not one of hf, vllm, openai")

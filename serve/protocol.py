@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from actors.engine import Completion, SamplingParams, split_thinking
+from actors.engine import SEED_MAX, Completion, SamplingParams, split_thinking
 from eval.judge_parse import parse_score
 from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
 from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
@@ -65,42 +65,62 @@ class Limits:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Requests
+#
+# Everything a request could carry that would fail inside the engine is refused here, per request (422 naming
+# the field), before the request joins a `@serve.batch`: a seed past 64 bits (torch's generator overflows),
+# NaN / infinite floats, lone surrogates ("\ud800" is valid JSON but not encodable as UTF-8, so no tokenizer
+# takes it). One bad client must never fail the other requests of its batch.
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text holds a lone surrogate (not encodable as UTF-8)") from None
+    return text
+
+
+# request text: any string that is valid UTF-8
+Text = Annotated[str, AfterValidator(_utf8)]
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+# finite floats only (JSON's NaN / Infinity are refused with 422)
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SamplingOverride(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
-    seed: int | None = Field(None, ge=0)
+    seed: Seed | None = None
 
 
 class JudgeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     sampling: SamplingOverride | None = None
     # a deadline shorter than the server's (seconds)
     timeout_s: float | None = Field(None, gt=0)
     # MENLO context for templates that declare it: a key of the rubrics file (e.g. "fluency") and a locale
-    dimension: str | None = Field(None, min_length=1)
-    locale: str | None = Field(None, min_length=1)
+    dimension: Text | None = Field(None, min_length=1)
+    locale: Text | None = Field(None, min_length=1)
 
 
 class ScoreRequest(JudgeRequest):
-    prompt: str = Field(min_length=1)
-    response: str
-    reference: str | None = None
+    prompt: Text = Field(min_length=1)
+    response: Text
+    reference: Text | None = None
 
 
 class CompareRequest(JudgeRequest):
-    prompt: str = Field(min_length=1)
-    response_a: str
-    response_b: str
+    prompt: Text = Field(min_length=1)
+    response_a: Text
+    response_b: Text
 
 
 class GroupRewardRequest(JudgeRequest):
-    prompt: str = Field(min_length=1)
-    responses: list[str] = Field(min_length=1)
-    reference: str | None = None
+    prompt: Text = Field(min_length=1)
+    responses: list[Text] = Field(min_length=1)
+    reference: Text | None = None
     scheme: Literal["all_pairs", "vs_reference"] = "all_pairs"
     both_orders: bool = False
 
@@ -108,21 +128,21 @@ class GroupRewardRequest(JudgeRequest):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
 
 
 class ChatCompletionRequest(BaseModel):
     """The OpenAI fields we honour; unknown fields are ignored (clients send many), `stream`/`n` > 1 are refused."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model: Text | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    seed: int | None = Field(None, ge=0)
-    stop: str | list[str] | None = None
+    seed: Seed | None = None
+    stop: Text | list[Text] | None = None
     n: int = Field(1, ge=1, le=1)
     stream: Literal[False] = False
     timeout_s: float | None = Field(None, gt=0)

@@ -172,7 +172,7 @@ def test_malformed_data_line_exits_2_naming_file_line_and_field(tmp_path, capsys
     record["gold_b"] = 7
     bad = tmp_path / "menlo.jsonl"
     bad.write_text("\n".join(lines[:2] + [json.dumps(record)] + lines[3:]) + "\n", encoding="utf-8")
-    cfg = tiny_config(tmp_path, "unused-model")
+    cfg = tiny_config(tmp_path, "smollm2-135m")  # never loaded: the run stops at the config check
     assert cli_main(["run", str(cfg), f"data.path={bad}", f"run.root={tmp_path / 'runs'}", "wandb.mode=disabled"]) == 2
     err = capsys.readouterr().err
     assert "data.path:" in err and "menlo.jsonl: line 3, field 'gold_b': grade must be a number in [1, 5]" in err
@@ -180,7 +180,7 @@ def test_malformed_data_line_exits_2_naming_file_line_and_field(tmp_path, capsys
 
 def test_missing_exemplar_exits_2_naming_the_key(tmp_path, capsys):
     # the fixture has no val pairs: the few-shot protocol finds no exemplar at all
-    cfg = tiny_config(tmp_path, "unused-model")
+    cfg = tiny_config(tmp_path, "smollm2-135m")  # never loaded: the run stops at the config check
     args = ["run", str(cfg), "data.exemplar_splits=[val]", f"run.root={tmp_path / 'runs'}", "wandb.mode=disabled"]
     assert cli_main(args) == 2
     assert "data.exemplar_splits: fewshot: no exemplar graded 1-2 for dimension" in capsys.readouterr().err
@@ -198,6 +198,6 @@ def test_missing_exemplar_exits_2_naming_the_key(tmp_path, capsys):
     ("judges.1.engine.modle=x", "judges.1.engine.modle"),
 ])
 def test_config_errors_exit_2_naming_the_key(tmp_path, capsys, override, named):
-    cfg = tiny_config(tmp_path, "unused-model")
+    cfg = tiny_config(tmp_path, "smollm2-135m")  # never loaded: the run stops at the config check
     assert cli_main(["run", str(cfg), override, f"run.root={tmp_path / 'runs'}", "wandb.mode=disabled"]) == 2
     assert named in capsys.readouterr().err

@@ -32,3 +32,20 @@ def test_redaction_masks_values_in_messages_and_args(monkeypatch):
     out = stream.getvalue()
     assert "sk-abcdef123456" not in out
     assert out.count("***") == 2
+
+
+def test_secrets_carry_values_by_pickle_but_show_only_names(monkeypatch):
+    import os
+    import pickle
+
+    from actors.secrets import Secrets
+
+    monkeypatch.setenv("QUORUM_TEST_SECRET_A", "value-a-7f3e")
+    monkeypatch.delenv("QUORUM_TEST_SECRET_B", raising=False)
+    secrets = Secrets(["QUORUM_TEST_SECRET_A", "QUORUM_TEST_SECRET_B", ""])
+    assert secrets.names == ["QUORUM_TEST_SECRET_A"]  # unset names are not carried
+    assert "value-a-7f3e" not in repr(secrets) and "value-a-7f3e" not in str(secrets)
+    shipped = pickle.loads(pickle.dumps(secrets))  # as Ray ships an actor's constructor argument
+    monkeypatch.delenv("QUORUM_TEST_SECRET_A")
+    shipped.install()
+    assert os.environ["QUORUM_TEST_SECRET_A"] == "value-a-7f3e"

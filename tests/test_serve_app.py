@@ -2,7 +2,7 @@
 
 One app serves the module (auth on, adapter 1); the hot-swap test re-runs `serve.run` with adapter 2 while a
 client keeps calling it. The bearer token is exported in this process only, after the session's Ray started:
-it reaches the replicas the way `quorum serve` sends it, through the deployment's runtime env.
+it reaches the replicas the way `quorum serve` sends it, as the deployment's constructor argument (actors.secrets).
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def deploy(app, name: str, prefix: str, timeout_s: float = 180) -> None:
 
 
 def deploy_tiny(cfg: ServeConfig) -> None:
-    from serve.app import make_deployment
+    from serve.app import make_app
 
-    deploy(make_deployment(cfg).bind(), APP, PREFIX)
+    deploy(make_app(cfg), APP, PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +178,55 @@ def test_invalid_requests_get_4xx_naming_the_field(grm, body, status, field):
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert error["param"] == field and error["message"].startswith(field)
+
+
+# raw JSON (NaN and "\ud800" escapes are valid JSON text that json.dumps would not write this way)
+POISON = [
+    ("/score", '{"prompt": "P", "response": "r", "sampling": {"temperature": 0.7, "seed": 1180591620717411303424}}',
+     "sampling.seed"),
+    ("/score", '{"prompt": "P", "response": "r", "sampling": {"temperature": NaN}}', "sampling.temperature"),
+    ("/score", '{"prompt": "P \\ud800", "response": "r"}', "prompt"),
+    ("/reward/group", '{"prompt": "P", "responses": ["ok", "bad \\ud800"]}', "responses.1"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\udfff"}], "max_tokens": 4}',
+     "messages.0.content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, '
+                             '"seed": 1180591620717411303424, "max_tokens": 4}', "seed"),
+]
+
+
+@pytest.mark.parametrize("path, raw, field", POISON)
+def test_a_bad_request_fails_alone_while_its_batch_succeeds(grm, path, raw, field):
+    """One bad and three good requests at once (one batch window): the bad one gets its own 4xx naming the
+    field, with a JSON body; the three good ones are answered."""
+    client = grm["client"]
+    tag = f"{path}-{field}"
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=str(client.base_url), timeout=120, headers=AUTH) as aclient:
+            bad = aclient.post(path, content=raw.encode(), headers={"Content-Type": "application/json"})
+            good = [aclient.post("/score", json={"prompt": PROMPT, "response": f"good reply {i} for {tag}",
+                                                 "sampling": {"temperature": 0.7, "seed": i}}) for i in range(3)]
+            return await asyncio.gather(bad, *good)
+
+    bad, *good = asyncio.run(burst())
+    assert 400 <= bad.status_code < 500, bad.text
+    error = bad.json()["error"]
+    assert error["param"] == field and error["message"].startswith(field)
+    assert [r.status_code for r in good] == [200, 200, 200], [r.text for r in good]
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", b"[1, 2]", b"null", b'"text"', b"\xff\xfe\x00bad bytes", b'{"prompt": ', b"{" * 5000,
+    b'{"prompt": "P", "response": "r", "timeout_s": Infinity}',
+    b'{"prompt": "P", "response": "r", "sampling": {"max_tokens": 1180591620717411303424}}',
+    b'{"prompt": "P", "response": "r", "sampling": {"top_p": -Infinity}}',
+    b'{"prompt": "P", "response": ["r"]}', b'{"prompt": "P", "response": "r", "locale": "\\ud800"}',
+    b'{"prompt": "P", "response": "r", "dimension": "\\ud800x"}', b'{"\\ud800": 1, "prompt": "P", "response": "r"}',
+])
+def test_no_malformed_body_gets_a_5xx(grm, raw):
+    resp = grm["client"].post("/score", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert 400 <= resp.status_code < 500, (resp.status_code, resp.text)
+    assert resp.json()["error"]["code"] == resp.status_code
 
 
 def test_oversize_body_and_deadline(grm):

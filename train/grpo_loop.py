@@ -52,6 +52,8 @@ Metrics = dict[str, float]
 
 def grpo_loop_per_worker(config: dict) -> None:
     """Run GRPO steps on this worker's prompts and report metrics and checkpoints to Ray Train."""
+    if config.get("secrets") is not None:
+        config["secrets"].install()  # the reward service's token (actors.secrets), before the reward client reads it
     cfg = GRPOConfig.from_dict(config["train"])
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()

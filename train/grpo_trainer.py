@@ -177,9 +177,10 @@ def plan_steps(cfg: GRPOConfig, n_rows: int) -> int:
     return plan_total_steps(n_rows, cfg.prompts_per_step, cfg.epochs, cfg.max_steps)
 
 
-def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str, secret_env: dict[str, str]) -> Any:
+def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str) -> Any:
     """The `TorchTrainer` running `train.grpo_loop.grpo_loop_per_worker`; same scaling/run config as preference
-    training (`train.trainer.build_trainer`). `secret_env` joins the workers' environment only (never a file)."""
+    training (`train.trainer.build_trainer`). Secrets ride in `loop_config["secrets"]` (actors.secrets), never in
+    the workers' runtime env, which Ray logs in clear text."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -191,7 +192,7 @@ def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str, se
     run = RunConfig(storage_path=storage_path, name=cfg.run_name,
                     checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
                     failure_config=FailureConfig(max_failures=cfg.max_failures),
-                    worker_runtime_env={"env_vars": worker_env(cfg) | secret_env})
+                    worker_runtime_env={"env_vars": worker_env(cfg)})
     return TorchTrainer(grpo_loop_per_worker, train_loop_config=loop_config,
                         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
                         scaling_config=scaling, run_config=run)
@@ -218,6 +219,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         ray.train.TrainingFailedError: the workers failed more than ``max_failures`` times.
     """
     from actors.models import resolve_model_dir
+    from actors.secrets import Secrets
     from train.grpo_rewards import check_reward_spec, check_rows
     from train.trainer import _collect
 
@@ -235,8 +237,10 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         "train": dataclasses.asdict(cfg), "model_dir": resolve_model_dir(cfg.model), "rows": rows,
         "reward": reward, "total_steps": total_steps, "wandb_dir": str(Path(storage_path) / cfg.run_name),
         "val_rows": list(val_rows or []), "best_dir": str(out / "best_adapter"),
+        # the values of the named variables as set here; each worker installs them (actors.secrets)
+        "secrets": Secrets(secret_env or {}),
     }
-    result = build_grpo_trainer(cfg, loop_config, storage_path, secret_env or {}).fit()
+    result = build_grpo_trainer(cfg, loop_config, storage_path).fit()
     if result.error is not None:
         raise result.error
     collected = _collect(result, out, str(Path(storage_path) / cfg.run_name))

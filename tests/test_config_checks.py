@@ -1,0 +1,105 @@
+"""Every value a job can check is checked before any work: the run stops with exit 2, the message names the
+dotted key (or the file and line), and no run directory (no manifest saying `running`) is left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = str(REPO / "configs" / "demo.yaml")
+
+
+def run_cli(config: str, tmp_path: Path, *overrides: str) -> int:
+    return cli_main(["run", config, f"run.root={tmp_path / 'runs'}", *overrides])
+
+
+def assert_no_run_started(tmp_path: Path) -> None:
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("manifest*"))
+
+
+@pytest.mark.parametrize("override, named", [
+    # the shared sampling / engine / pool checks, wherever a job nests those sections
+    ("generate.0.sampling.temperature=-1", "generate.0.sampling.temperature"),
+    ("generate.0.sampling.temperature=.nan", "generate.0.sampling.temperature"),
+    ("generate.0.sampling.top_p=1.5", "generate.0.sampling.top_p"),
+    ("generate.0.sampling.max_tokens=0", "generate.0.sampling.max_tokens"),
+    ("generate.0.sampling.seed=1180591620717411303424", "generate.0.sampling.seed"),
+    ("jury.judges.0.sampling.top_k=0", "jury.judges.0.sampling.top_k"),
+    ("generate.0.engine.kind=tpu", "generate.0.engine.kind"),
+    ("generate.0.engine.dtype=float8", "generate.0.engine.dtype"),
+    ("generate.0.engine.max_batch_size=0", "generate.0.engine.max_batch_size"),
+    ("generate.0.engine.model=/no/such/model", "generate.0.engine.model"),
+    ("evaluate.engine.adapter=/no/such/adapter", "evaluate.engine.adapter"),
+    ("features.align.model_dir=/no/such/encoder", "features.align.model_dir"),
+    ("selector.checkpoint=/no/such/lens", "selector.checkpoint"),
+    # prompt template names
+    ("jury.judges.0.template=no_such_template", "jury.judges.0.template"),
+    ("policies.lexical=no_such_template", "policies.lexical"),
+    ("pairs.prompts.lexical=no_such_template", "pairs.prompts.lexical"),
+    # ranges
+    ("pairs.dev_fraction=1.5", "pairs.dev_fraction"),
+    ("evaluate.n_boot=0", "evaluate.n_boot"),
+    ("data.offset=-1", "data.offset"),
+    ("data.limit=-1", "data.limit"),
+    ("data.min_words=-1", "data.min_words"),
+    ("ray.num_cpus=-1", "ray.num_cpus"),
+    # a secret in a runtime env would be written to Ray's logs
+    ("ray.env_vars={WANDB_API_KEY: k}", "ray.env_vars.WANDB_API_KEY"),
+    ("train.trainer.env_vars={JUDGE_API_TOKEN: t}", "train.trainer.env_vars.JUDGE_API_TOKEN"),
+    # evaluation data: checked now, not after training; a set path that is missing is never replaced by the demo
+    ("evaluate.split=no_such_split", "evaluate.split"),
+    ("evaluate.path=/nonexistent", "evaluate.path"),
+])
+def test_bad_values_stop_the_run_before_any_work(override, named, tmp_path, capsys):
+    assert run_cli(DEMO, tmp_path, override) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert_no_run_started(tmp_path)
+
+
+@pytest.mark.parametrize("config, override, named", [
+    ("jury_eval_demo.yaml", "jury.judges.0.sampling.temperature=-1", "jury.judges.0.sampling.temperature"),
+    ("jury_eval_demo.yaml", "synth.writer.engine.dtype=x", "synth.writer.engine.dtype"),
+    ("judge_eval_demo.yaml", "judges.0.engine.max_batch_size=0", "judges.0.engine.max_batch_size"),
+    ("judge_eval_demo.yaml", "judges.0.sampling.top_p=2", "judges.0.sampling.top_p"),
+    ("judge_grpo_demo.yaml", "grpo.lr=-1", "grpo.lr"),
+])
+def test_every_job_shares_the_section_checks(config, override, named, tmp_path, capsys):
+    assert run_cli(str(REPO / "configs" / config), tmp_path, override) == 2
+    assert named in capsys.readouterr().err
+    assert_no_run_started(tmp_path)
+
+
+def test_serve_config_checks_sampling(capsys):
+    assert cli_main(["serve", str(REPO / "configs" / "grm.yaml"), "sampling.temperature=-1", "--print-config"]) == 2
+    assert "sampling.temperature" in capsys.readouterr().err
+
+
+def test_source_filter_leaving_no_rows_is_a_clear_error(tmp_path, capsys):
+    assert run_cli(DEMO, tmp_path, "data.min_words=1000") == 2
+    assert "0 rows left after data.min_words=1000" in capsys.readouterr().err
+    assert_no_run_started(tmp_path)
+
+
+def test_lone_surrogate_in_a_jsonl_text_names_the_line(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "A fine sentence here."}\n{"text": "Broken \\ud800 text."}\n', encoding="utf-8")
+    assert run_cli(DEMO, tmp_path, f"data.path={corpus}") == 2
+    err = capsys.readouterr().err
+    assert f"{corpus}: line 2" in err and "surrogate" in err
+    assert_no_run_started(tmp_path)
+
+
+def test_non_utf8_config_and_job_list_are_clean_errors(tmp_path, capsys):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("job: policy_simplify\n# caf\xe9\n".encode("latin-1"))
+    assert cli_main(["run", str(latin)]) == 2
+    assert f"{latin}: line 2: not valid UTF-8" in capsys.readouterr().err
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("job: [policy_simplify]\n", encoding="utf-8")
+    assert cli_main(["run", str(listed)]) == 2
+    assert "key 'job' must be one of" in capsys.readouterr().err
