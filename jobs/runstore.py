@@ -50,6 +50,12 @@ class RunConfig:
     # share judge/generator completions across runs under <root>/_cache
     request_cache: bool = True
 
+    def check(self, where: str) -> None:
+        """`id` names one directory under <root>/<job>/: a path in it would write outside the run store."""
+        key = f"{where}.id" if where else "id"
+        if self.id and (self.id in (".", "..") or any(c in self.id for c in "/\\\0")):
+            raise ValueError(f"{key}: {self.id!r} must be a plain directory name (no '/', '\\' or '..')")
+
 
 @dataclass
 class StageResult:

@@ -103,3 +103,10 @@ def test_non_utf8_config_and_job_list_are_clean_errors(tmp_path, capsys):
     listed.write_text("job: [policy_simplify]\n", encoding="utf-8")
     assert cli_main(["run", str(listed)]) == 2
     assert "key 'job' must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("run_id", ["../../x", "a/b", ".."])
+def test_run_id_is_one_directory_name(run_id, capsys):
+    """`run.id=../../x` used to write the run outside <run.root>/<job>/."""
+    assert cli_main(["run", str(REPO / "configs" / "demo.yaml"), f"run.id={run_id}"]) == 2
+    assert "run.id" in capsys.readouterr().err
