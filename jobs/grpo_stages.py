@@ -89,8 +89,9 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
                                       wandb=wandb_cfg.enabled and wandb_cfg.mode != "disabled")
         started = time.time()
         with reward() as (spec, secret_env):
+            # W&B writes where the run ends up: the stage's own folder is renamed when it completes
             result = run_grpo(trainer, train_rows, spec, run_dir=f"{out_dir}/run", secret_env=secret_env,
-                              val_rows=val_rows)
+                              val_rows=val_rows, wandb_dir=store.path)
         seconds = time.time() - started
         metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
         write_table(pa.Table.from_pylist([metrics]), out_dir)

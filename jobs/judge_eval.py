@@ -7,7 +7,7 @@ Local (local Ray, SmolLM2-135M judge, the self-written fixture):
 
 On a cluster (vLLM judges on GPUs, API judges through OpenAI-compatible endpoints, MENLO from a local copy):
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- \
+    ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \
         quorum run configs/judge_eval_cluster.yaml data.path=/data/menlo/menlo.jsonl run.root=s3://bucket/runs
 
 Data: a MENLO-format JSONL file (`data.path`), one response pair per line with pair_id, dimension (fluency | tone

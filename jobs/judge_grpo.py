@@ -8,7 +8,7 @@ for 3 steps and 2 validations on 2 cores shared with a training job, about half 
 
 On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 4096-token prompts and answers):
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- \\
+    ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \\
         quorum run configs/judge_grpo_cluster.yaml run.root=/shared/runs data.path=/shared/menlo/train.jsonl
 
 Stages (under <run.root>/judge_grpo/<run-id>/, skipped when already complete):

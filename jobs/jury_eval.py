@@ -8,7 +8,7 @@ shared with other work at load average ~5; the jury stage is ~75% of it, ~2.5 CP
 
 On a cluster (vLLM judges and simplifiers on GPUs, API judges through OpenAI-compatible endpoints):
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- \
+    ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \
         quorum run configs/jury_eval_cluster.yaml run.root=s3://bucket/runs
 
 Stages (each a Parquet dataset under <run.root>/jury_eval/<run-id>/, skipped when already complete):

@@ -17,7 +17,7 @@ shared with other jobs at load average ~30, ~40 s per step, the rest start-up):
 
 On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 1024-token answers, Dr. GRPO):
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- \\
+    ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \\
         quorum run configs/policy_grpo_cluster.yaml run.root=/shared/runs reward.url=http://grm.internal:8000
 
 Stages (under <run.root>/policy_grpo/<run-id>/, skipped when already complete): rows (the unique prompts of the

@@ -199,7 +199,8 @@ def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str) ->
 
 
 def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
-             secret_env: dict[str, str] | None = None, val_rows: list[dict] | None = None) -> TrainResult:
+             secret_env: dict[str, str] | None = None, val_rows: list[dict] | None = None,
+             wandb_dir: str = "") -> TrainResult:
     """Train a LoRA adapter with GRPO on Ray Train workers; the final adapter lands in ``<run_dir>/adapter``.
 
     Args:
@@ -210,6 +211,8 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         reward: Reward spec for `train.grpo_rewards.build_reward` (``{"kind": "judge" | "grm", ...}``).
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
+        wandb_dir: Where rank 0 writes its W&B run ("" = Ray Train's run folder); jobs pass the run directory so
+            the printed `wandb sync` path survives the stage's rename.
 
     Returns:
         The `TrainResult` (metrics of the last step: rewards, failures, KL, clip fraction, tokens/s, ...).
@@ -235,7 +238,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
     (out / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     loop_config = {
         "train": dataclasses.asdict(cfg), "model_dir": resolve_model_dir(cfg.model), "rows": rows,
-        "reward": reward, "total_steps": total_steps, "wandb_dir": str(Path(storage_path) / cfg.run_name),
+        "reward": reward, "total_steps": total_steps, "wandb_dir": wandb_dir or str(Path(storage_path) / cfg.run_name),
         "val_rows": list(val_rows or []), "best_dir": str(out / "best_adapter"),
         # the values of the named variables as set here; each worker installs them (actors.secrets)
         "secrets": Secrets(secret_env or {}),
