@@ -25,10 +25,17 @@ class SamplingParams:
     max_tokens: int = 128
     seed: int = 0
     stop: tuple[str, ...] = ()
+    # a grammar the completion must match (llguidance's Lark dialect, e.g. from eval.judge_grammar); "" = free
+    # text. hf decodes under it with llguidance, vllm with its `guidance` structured-output backend, openai sends
+    # it as vLLM's `structured_outputs.grammar` request field
+    grammar: str = ""
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["stop"] = list(self.stop)
+        if not self.grammar:
+            # free-text requests keep the request-cache keys they had before grammars existed
+            del d["grammar"]
         return d
 
 

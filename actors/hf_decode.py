@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from actors.constrained import advance, mask_logits
 from actors.engine import SamplingParams
 from actors.token_sampling import choose_tokens
 
@@ -45,6 +46,11 @@ class DecodeRow:
     # character offset in the decoded completion where the earliest stop string starts (-1: none)
     stop_at: int = -1
     generator: torch.Generator | None = None
+    # an llguidance matcher when the request has a grammar (actors.constrained): it masks the logits of every
+    # step and ends the row when the grammar is complete
+    matcher: object | None = None
+    # why the row failed ("" = it did not), e.g. a grammar that rejected a token
+    error: str = ""
 
 
 class RowKVLayer(DynamicLayer):
@@ -303,7 +309,10 @@ def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> No
 
 def _accept_tokens(batch: _Batch, logits: torch.Tensor, settings: DecodeSettings) -> None:
     """Choose one token per row from `logits` (rows, vocab) and update the rows and the next inputs."""
-    tokens = choose_tokens(logits.float(), batch.rows)
+    logits = logits.float()
+    if any(row.matcher is not None for row in batch.rows):
+        mask_logits(logits, [None if row.finish_reason else row.matcher for row in batch.rows])
+    tokens = choose_tokens(logits, batch.rows)
     batch.next_ids = tokens[:, None]
     batch.next_pos = batch.next_pos + 1
     for row, token in zip(batch.rows, tokens.tolist()):
@@ -315,6 +324,15 @@ def _record_token(row: DecodeRow, token: int, settings: DecodeSettings) -> None:
     if row.finish_reason:
         return
     row.token_ids.append(token)
+    if row.matcher is not None:
+        row.error = advance(row.matcher, token)
+        if row.error:
+            row.finish_reason = "error"
+            return
+        if row.matcher.is_stopped():
+            # the grammar is complete (its last token may be EOS or the verdict's closing text)
+            row.finish_reason = "stop"
+            return
     if token in settings.eos_ids:
         row.finish_reason = "stop"
         return

@@ -80,6 +80,8 @@ class HFEngine:
             logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
             min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
         )
+        # compiled lazily on the first request with a grammar (actors.constrained)
+        self._grammars = None
         self.warm_up()
         # prompt / prefill token counts of the last `generate` call
         self.last_stats = DecodeStats()
@@ -115,7 +117,12 @@ class HFEngine:
             sampling = request.sampling
             if sampling.max_tokens > room:
                 sampling = dataclasses.replace(sampling, max_tokens=room)
-            rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling)
+            try:
+                matcher = self._grammar_matcher(sampling.grammar) if sampling.grammar else None
+            except ValueError as exc:
+                errors[i] = str(exc)
+                continue
+            rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling, matcher=matcher)
         # Longest first: prompts admitted together have similar lengths, so their prefill pads little.
         order = sorted(rows, key=lambda i: -len(rows[i].prompt_ids))
         self.last_stats = run_decode(self.model, [rows[i] for i in order], self.settings)
@@ -132,6 +139,16 @@ class HFEngine:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def _grammar_matcher(self, grammar: str):
+        if self._grammars is None:
+            from actors.constrained import GrammarCompiler
+
+            # the logits' width, not len(tokenizer): padded vocabularies have rows no token maps to.
+            # out_features, not weight.shape: a PackedLinear lm_head holds no plain weight
+            vocab = self.model.get_output_embeddings().out_features
+            self._grammars = GrammarCompiler(self.tokenizer, vocab)
+        return self._grammars.matcher(grammar)
 
     def _encode(self, messages: list[dict]) -> list[int]:
         text = render_prompt(self.tokenizer, messages, self.spec.thinking)
@@ -156,6 +173,7 @@ class HFEngine:
             prompt_tokens=len(row.prompt_ids),
             completion_tokens=len(row.token_ids),
             finish_reason=row.finish_reason,
+            error=row.error,
         )
 
 

@@ -27,6 +27,7 @@ import ray.data
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names, engine_secrets
 from eval.aggregate import shuffle_order, to_original_index
+from eval.judge_grammar import judge_grammar
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_pairwise
 from eval.prompts import (load_template, prompt_path, render_alignments_section, render_candidates_block,
@@ -42,6 +43,9 @@ class JudgeConfig(ModelConfig):
     format: Literal["score", "best_worst", "pairwise"] = "score"
     max_parse_retries: int = 2
     retry_temperature: float = 0.7
+    # decode the verdict under its format's grammar (eval.judge_grammar): every finished answer parses. Off = free
+    # text, as the papers ran their judges (README "Deviations from the papers")
+    constrained: bool = True
 
 
 @dataclass
@@ -138,11 +142,12 @@ def build_pair_items(group: pd.DataFrame, both_orders: bool) -> pd.DataFrame:
 
 
 def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: str, sampling_json: str,
-                          seed: int, shuffle: bool = True) -> pd.DataFrame:
+                          seed: int, shuffle: bool = True, constrained: bool = False,
+                          thinking: bool = False) -> pd.DataFrame:
     tpl = load_template(prompt_path(template))
     out = batch.copy()
     out["judge"] = judge
-    messages, orders = [], []
+    messages, orders, samplings = [], [], []
     for row in batch.to_dict("records"):
         if fmt == "score":
             msgs, order = tpl.render(base_sentence=row["source"], new_sentence=row["candidate"]), []
@@ -155,8 +160,17 @@ def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: s
                                      candidate_b=row["candidate_b"]), []
         messages.append(json.dumps(msgs, ensure_ascii=False))
         orders.append(json.dumps(order))
-    out["messages_json"], out["order_json"], out["sampling_json"] = messages, orders, sampling_json
+        samplings.append(with_grammar(sampling_json, fmt, int(row.get("n_candidates") or 0), thinking)
+                         if constrained else sampling_json)
+    out["messages_json"], out["order_json"], out["sampling_json"] = messages, orders, samplings
     return out
+
+
+def with_grammar(sampling_json: str, fmt: str, n_candidates: int = 0, thinking: bool = False) -> str:
+    """The sampling JSON with the grammar of judge format `fmt` within its max_tokens (eval.judge_grammar)."""
+    params = json.loads(sampling_json)
+    params["grammar"] = judge_grammar(fmt, int(params["max_tokens"]), n_candidates=n_candidates, thinking=thinking)
+    return json.dumps(params, sort_keys=True)
 
 
 def render_candidate_set(row: dict, order: list[int]) -> dict:
@@ -252,7 +266,8 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
         rendered = items.map_batches(render_judge_requests, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
             "judge": judge.name, "template": judge.template, "fmt": judge.format,
             "sampling_json": judge.sampling.to_json(), "seed": jury.seed,
-            "shuffle": jury.candidate_order == "shuffled"})
+            "shuffle": jury.candidate_order == "shuffled", "constrained": judge.constrained,
+            "thinking": judge.engine.thinking})
         judged = rendered.map_batches(
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={

@@ -16,6 +16,7 @@ import pandas as pd
 import ray.data
 
 from actors.chat_worker import ChatWorker
+from actors.jury import with_grammar
 from actors.stage_config import LIGHT_CPU, ModelConfig, engine_secrets
 from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 from eval.menlo_data import to_original
@@ -26,6 +27,9 @@ class MenloJudgeConfig(ModelConfig):
     # re-ask a judge whose answer has no extractable grade (new seed, at least retry_temperature); 0 = never
     max_parse_retries: int = 0
     retry_temperature: float = 0.7
+    # decode MENLO's `<think>` + grade blocks under their grammar (eval.judge_grammar): every finished answer has
+    # its grades. Off = free text, as paper 003 ran its judges (README "Deviations from the papers")
+    constrained: bool = True
 
 
 def parse_for_mode(text: str | None, mode: str):
@@ -38,9 +42,12 @@ def check_menlo(text: str, row: dict) -> str:
     return parse_for_mode(text, row["mode"]).error
 
 
-def attach_judge(batch: pd.DataFrame, judge: str, sampling_json: str) -> pd.DataFrame:
+def attach_judge(batch: pd.DataFrame, judge: str, sampling_json: str, constrained: bool = False) -> pd.DataFrame:
     out = batch.copy()
-    out["judge"], out["sampling_json"] = judge, sampling_json
+    out["judge"] = judge
+    # the grammar follows each row's protocol mode (one grade block pointwise, A and B pairwise)
+    out["sampling_json"] = ([with_grammar(sampling_json, mode) for mode in out["mode"]] if constrained
+                            else sampling_json)
     # the worker's request id: lets a hosted endpoint's logs point back at the item
     out["id"] = out["item_id"]
     return out
@@ -75,7 +82,7 @@ def build_menlo_dataset(items: ray.data.Dataset, judges: list[MenloJudgeConfig],
     per_judge = []
     for judge in judges:
         requests = items.map_batches(attach_judge, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
-            "judge": judge.name, "sampling_json": judge.sampling.to_json()})
+            "judge": judge.name, "sampling_json": judge.sampling.to_json(), "constrained": judge.constrained})
         judged = requests.map_batches(
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={

@@ -171,6 +171,7 @@ def build_tiny_random_model(
     seed: int = 0,
     init_std: float = 0.1,
     tokenizer_source: str = EMBEDDED_ALIAS,
+    max_positions: int = 8192,
 ) -> str:
     """Save a tiny randomly initialised Llama model that shares SmolLM2's tokenizer and chat template.
 
@@ -188,6 +189,8 @@ def build_tiny_random_model(
         init_std: weight init std. Llama's default 0.02 makes a tiny tied-embedding model echo its last input
             token forever; 0.1 gives prompt-dependent, varied greedy outputs, which tests need.
         tokenizer_source: model spec whose tokenizer to copy (resolved by `resolve_model_dir`).
+        max_positions: context length; SmolLM2's 8192 by default so the tiny model stands in for it on
+            prompts as long as the real judge's (RoPE: no weights depend on it).
 
     Returns:
         `out_dir` as a string.
@@ -208,7 +211,7 @@ def build_tiny_random_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         initializer_range=init_std,
         bos_token_id=tokenizer.bos_token_id,

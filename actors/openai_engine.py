@@ -100,6 +100,10 @@ def build_chat_body(model: str, request: ChatRequest, thinking: bool = False) ->
         body["top_k"] = s.top_k
     if thinking:
         body["chat_template_kwargs"] = {"enable_thinking": True}
+    if s.grammar:
+        # vLLM's OpenAI-compatible server (>= 0.12) field; its `guidance` backend reads this Lark dialect. A server
+        # without structured outputs rejects or ignores it: turn the judge's `constrained` knob off there
+        body["structured_outputs"] = {"grammar": s.grammar}
     return body
 
 

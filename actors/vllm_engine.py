@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 
+from actors.constrained import special_tags, with_special_tags
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -69,6 +70,9 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
         "enable_prefix_caching": spec.enable_prefix_caching,
         "max_model_len": spec.max_model_len,
         "enable_lora": bool(spec.adapter),
+        # judge grammars (eval.judge_grammar) are llguidance Lark with token-bounded free text (`rule[max_tokens=N]`),
+        # which only the guidance backend reads; requests without a grammar are not affected
+        "structured_outputs_config": {"backend": "guidance"},
     }
 
 
@@ -107,6 +111,8 @@ class VLLMEngine:
 
         self.spec = spec
         self._llm = LLM(**llm_kwargs)
+        # reasoning tags that are added tokens (Qwen3) must be special-token references in a grammar
+        self._tags = special_tags(self._llm.get_tokenizer())
         self._lora = None
         if spec.adapter:
             from vllm.lora.request import LoRARequest
@@ -129,7 +135,13 @@ class VLLMEngine:
         batch: list[tuple[int, object]] = []
         for i, request in enumerate(requests):
             try:
-                batch.append((i, VLLMSamplingParams(**to_vllm_sampling_kwargs(request.sampling))))
+                kwargs = to_vllm_sampling_kwargs(request.sampling)
+                if request.sampling.grammar:
+                    from vllm.sampling_params import StructuredOutputsParams
+
+                    grammar = with_special_tags(request.sampling.grammar, self._tags)
+                    kwargs["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+                batch.append((i, VLLMSamplingParams(**kwargs)))
             except ValueError as exc:
                 results[i] = build_error_completion(exc)
         if batch:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hmac
 import logging
 import os
@@ -33,6 +34,7 @@ from actors.cache import request_key
 from actors.engine import ChatRequest, Completion
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
+from eval.judge_grammar import judge_grammar
 from jobs.config import ConfigError, build, with_defaults
 from serve import protocol as P
 from serve import rewards as R
@@ -204,6 +206,13 @@ class GRMServer:
     def _default_sampling(self):
         return self.settings.sampling.to_params()
 
+    def _judge_sampling(self, settings, requested, fmt: str):
+        """The request's judge sampling, with the verdict grammar of `fmt` unless `judge.constrained` is off."""
+        sampling = P.judge_sampling(self._default_sampling(), settings.limits, requested)
+        if not settings.judge.constrained:
+            return sampling
+        return dataclasses.replace(sampling, grammar=judge_grammar(fmt, sampling.max_tokens))
+
     # -- routes ------------------------------------------------------------------------------------------------
 
     @api.get("/health")
@@ -266,7 +275,8 @@ class GRMServer:
                       settings.limits)
         response = P.clean_response(body.response, settings.judge.strip_think)
         messages = self.prompts.score_messages(body.prompt, response, body.reference, body.dimension, body.locale)
-        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        sampling = self._judge_sampling(settings, body.sampling,
+                                        "pointwise" if self.prompts.pointwise_format == "menlo" else "score")
         completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
         return P.score_response(completion, self.model_name, cached, self.prompts.pointwise_format)
 
@@ -279,7 +289,7 @@ class GRMServer:
         messages = self.prompts.compare_messages(body.prompt, P.clean_response(body.response_a, strip),
                                                  P.clean_response(body.response_b, strip), body.dimension,
                                                  body.locale)
-        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        sampling = self._judge_sampling(settings, body.sampling, "pairwise")
         completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
         return P.compare_response(completion, self.model_name, cached)
 
@@ -290,7 +300,7 @@ class GRMServer:
         texts = {R.REFERENCE: body.reference}
         texts.update(enumerate(P.clean_response(r, settings.judge.strip_think) for r in body.responses))
         pairs = R.plan_pairs(len(body.responses), body.scheme, body.both_orders)
-        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        sampling = self._judge_sampling(settings, body.sampling, "pairwise")
         messages = [self.prompts.compare_messages(body.prompt, texts[a], texts[b], body.dimension, body.locale)
                     for a, b in pairs]
         calls = [self._complete(m, sampling) for m in messages]

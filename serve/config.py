@@ -50,6 +50,9 @@ class JudgeConfig:
     served_name: str = ""
     # drop <think>...</think> from policy responses before they are shown to the judge (MENLO §5)
     strip_think: bool = True
+    # decode verdicts under their format's grammar (eval.judge_grammar: /score's pointwise format, MENLO's grade
+    # blocks for /compare and /reward/group), so every finished answer parses; false = free text, as the papers
+    constrained: bool = True
 
 
 @dataclass

@@ -322,3 +322,50 @@ def test_smollm2_chat_completion_matches_generate():
         assert completion.raw_text == reference_greedy(engine.tokenizer, engine.model, prompt, max_new_tokens=24)
     assert "Paris" in completions[0].text
     engine.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grammar-constrained decoding (actors.constrained)
+
+
+def test_grammar_keeps_the_models_choice_where_it_is_allowed_and_overrides_it_where_not(thinking_model_dir):
+    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device="cpu", max_batch_size=4))
+    free = 'start: "<think>" reasoning "</think>" ("Yes" | "No")\nreasoning[max_tokens=4]: /[^<]*/\n'
+    forced = 'start: "<think>" reasoning "</think>" "No"\nreasoning[max_tokens=4]: /[^<]*/\n'
+    done = engine.generate([ask("Go?", max_tokens=16, grammar=free), ask("Go?", max_tokens=16, grammar=forced),
+                            ask("Go?", max_tokens=16)])
+    # the script's own answer is allowed by the first grammar, so greedy decoding keeps it
+    assert (done[0].raw_text, done[0].text, done[0].reasoning) == ("<think>plan</think>Yes", "Yes", "plan")
+    assert (done[1].text, done[1].reasoning, done[1].finish_reason) == ("No", "plan", "stop")
+    # an unconstrained row of the same batch is untouched by its neighbours' masks
+    assert done[2].raw_text == "<think>plan</think>Yes"
+    engine.close()
+
+
+def test_thinking_judge_reasons_freely_then_gives_a_constrained_score(thinking_model_dir):
+    from eval.judge_grammar import score_grammar
+    from eval.judge_parse import parse_score
+
+    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device="cpu", thinking=True))
+    [done] = engine.generate([ask("Rate it.", max_tokens=64, grammar=score_grammar(64, thinking=True))])
+    assert done.reasoning == "plan" and done.finish_reason == "stop"
+    assert parse_score(done.raw_text).ok and done.completion_tokens <= 64
+    engine.close()
+
+
+def test_constrained_rows_parse_in_a_mixed_batch_and_a_bad_grammar_fails_alone(tiny_engine):
+    from eval.judge_grammar import best_worst_grammar
+    from eval.judge_parse import parse_best_worst
+
+    grammar = best_worst_grammar(4, 48)
+    plain = [ask(p, max_tokens=12) for p in PROMPTS[:2]]
+    alone = tiny_engine.generate(plain)
+    done = tiny_engine.generate([ask(PROMPTS[2], max_tokens=48, grammar=grammar), plain[0],
+                                 ask(PROMPTS[3], max_tokens=48, temperature=1.0, seed=5, grammar=grammar), plain[1],
+                                 ask(PROMPTS[4], max_tokens=48, grammar="start: no_such_rule\n")])
+    for completion in (done[0], done[2]):
+        verdicts = parse_best_worst(completion.raw_text, 4)
+        assert all(not v["error"] for v in verdicts.values()), completion.raw_text
+        assert completion.finish_reason == "stop" and completion.completion_tokens <= 48
+    assert [done[1].raw_text, done[3].raw_text] == [c.raw_text for c in alone]
+    assert done[4].finish_reason == "error" and "sampling.grammar" in done[4].error

@@ -80,6 +80,12 @@ def test_top_k_sent_only_when_set_and_thinking_flag():
     assert "top_k" not in build_chat_body("m", ask("x"))
 
 
+def test_grammar_travels_as_vllms_structured_outputs_field():
+    body = build_chat_body("m", ask("x", grammar='start: "yes" | "no"\n'))
+    assert body["structured_outputs"] == {"grammar": 'start: "yes" | "no"\n'}
+    assert "structured_outputs" not in build_chat_body("m", ask("x"))
+
+
 def test_order_preserved_when_later_requests_finish_first(server):
     # Earlier rows sleep longer, so the server answers them last.
     texts = [f"row {i} [sleep={0.05 * (5 - i):.2f}]" for i in range(6)]

@@ -119,16 +119,17 @@ def test_score_compare_and_chat_endpoints(grm):
     assert first.status_code == 200, first.text
     score = first.json()
     assert score["parse_status"] and score["raw"] and score["cached"] is False
-    assert score["grade"] is None or 1 <= score["grade"] <= 5
-    assert (score["grade"] is None) == (score["parse_status"] != "ok")
+    # judge.constrained (the default) decodes under the verdict grammar: even 8 tokens give a parsed grade
+    assert score["parse_status"] == "ok" and 1 <= score["grade"] <= 5, score
     again = client.post("/score", json=body, headers=AUTH).json()
     assert again["cached"] is True and again["raw"] == score["raw"]
 
     compare = client.post("/compare", json={"prompt": PROMPT, "response_a": "It was delayed.",
-                                            "response_b": "<think>short</think>The decision waited."}, headers=AUTH)
+                                            "response_b": "<think>short</think>The decision waited.",
+                                            "sampling": {"max_tokens": 64}}, headers=AUTH)
     assert compare.status_code == 200, compare.text
     got = compare.json()
-    assert got["preference"] in ("A", "B", "tie", None) and (got["preference"] is None) == (got["parse_status"] != "ok")
+    assert got["parse_status"] == "ok" and got["preference"] in ("A", "B", "tie"), got
 
     chat = client.post("/v1/chat/completions", headers=AUTH, json={
         "model": "whatever", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 5, "seed": 1})
@@ -305,7 +306,7 @@ def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
 
     cfg = load_config(ServeConfig, REPO / "configs" / "grm.yaml", [
         f"judge.engine.model={smollm2_dir}", "judge.engine.num_threads=1", "serve.auth_token_env=",
-        "resources.num_cpus=0.5", "sampling.max_tokens=24", "serve.app_name=grm-smol"])
+        "resources.num_cpus=0.5", "sampling.max_tokens=64", "serve.app_name=grm-smol"])
     deploy(build_app(app_args(cfg)), "grm-smol", "/smol")
     url = f"http://127.0.0.1:{grm['port']}/smol/score"
     body = {"prompt": "Write a short thank-you note to a colleague.", "response": "Thanks a lot for your help!",
@@ -315,10 +316,8 @@ def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
         assert resp.status_code == 200, resp.text
         out = resp.json()
         assert isinstance(out["parse_status"], str) and out["parse_status"]
-        assert (out["grade"] is not None) == (out["parse_status"] == "ok")
-        # MENLO's pointwise parser: a reply without the <final_grade> block says so (not paper 001's Answer: [k])
-        assert out["parse_status"] in ("ok", "missing_grade", "grade_unparsable", "grade_out_of_range",
-                                       "unterminated_think", "empty"), out["parse_status"]
+        # MENLO's pointwise parser (not paper 001's Answer: [k]) reads the grade the grammar forced
+        assert out["parse_status"] == "ok" and 1 <= out["grade"] <= 5, out
         assert isinstance(out["format_ok"], bool) and out["usage"]["completion_tokens"] >= 1
         assert out["usage"]["prompt_tokens"] > 200  # the tone rubric was rendered into the prompt
         for change, field in (({"dimension": None}, "dimension"), ({"dimension": "humour"}, "dimension"),

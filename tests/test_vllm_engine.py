@@ -73,6 +73,7 @@ def test_llm_kwargs_from_spec():
         "enable_prefix_caching": False,
         "max_model_len": 2048,
         "enable_lora": False,
+        "structured_outputs_config": {"backend": "guidance"},
     }
     assert build_llm_kwargs(dataclasses.replace(spec, adapter="/adapters/a"), "/models/x")["enable_lora"] is True
 
@@ -148,3 +149,17 @@ def test_bad_rows_fail_alone(engine):
     assert done[0].finish_reason in ("stop", "length") and done[0].text
     assert done[1].finish_reason == "error" and done[1].error
     assert done[2].finish_reason == "error" and "sampling.top_p" in done[2].error
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_grammar_constrained_verdict_parses(engine):
+    """vLLM's guidance backend reads the judge grammar: a free-running model's MENLO verdict always parses."""
+    from eval.judge_grammar import judge_grammar
+    from eval.menlo_parse import parse_menlo_grades
+
+    grammar = judge_grammar("pairwise", 96)
+    requests = [ask(f"Grade two answers to question {i}.", temperature=1.0, max_tokens=96, seed=i) for i in range(8)]
+    requests = [dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, grammar=grammar)) for r in requests]
+    for completion in engine.generate(requests):
+        assert parse_menlo_grades(completion.raw_text).error == "", completion.raw_text
