@@ -99,6 +99,10 @@ class EngineSpec:
     timeout_s: float = 60.0
     max_retries: int = 3
     retry_backoff_s: float = 0.5
+    # the server is vLLM's OpenAI-compatible one (started with `--structured-outputs-config.backend guidance`): a
+    # constrained judge's grammar goes in its `structured_outputs` field. Off for hosted APIs (OpenAI, Anthropic,
+    # DeepSeek reject unknown fields): their verdicts are parsed, retried and counted as without a grammar
+    structured_outputs: bool = False
 
     def check(self, where: str) -> None:
         """Raise ValueError naming `<where>.<field>` for a value no engine could start with (run at config time)."""

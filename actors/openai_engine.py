@@ -76,7 +76,7 @@ def validate_openai_spec(spec: EngineSpec) -> None:
         raise ValueError(f"engine.retry_backoff_s: must be >= 0, got {spec.retry_backoff_s}")
 
 
-def build_chat_body(model: str, request: ChatRequest, thinking: bool = False) -> dict:
+def build_chat_body(model: str, request: ChatRequest, thinking: bool = False, grammar: bool = True) -> dict:
     """Translate one `ChatRequest` into an OpenAI chat-completions JSON body.
 
     `top_k` is not an OpenAI field (hosted APIs reject it) but vLLM accepts it as an extra body field, so it is
@@ -100,9 +100,9 @@ def build_chat_body(model: str, request: ChatRequest, thinking: bool = False) ->
         body["top_k"] = s.top_k
     if thinking:
         body["chat_template_kwargs"] = {"enable_thinking": True}
-    if s.grammar:
-        # vLLM's OpenAI-compatible server (>= 0.12) field; its `guidance` backend reads this Lark dialect. A server
-        # without structured outputs rejects or ignores it: turn the judge's `constrained` knob off there
+    if s.grammar and grammar:
+        # vLLM's OpenAI-compatible server (>= 0.12) field; its `guidance` backend reads this Lark dialect. Other
+        # servers reject it, so `grammar` (engine.structured_outputs) says whether this one is vLLM
         body["structured_outputs"] = {"grammar": s.grammar}
     return body
 
@@ -218,6 +218,7 @@ class OpenAIEngine:
         self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(spec.timeout_s), limits=limits)
         self._pool = ThreadPoolExecutor(max_workers=spec.max_concurrency, thread_name_prefix="openai-engine")
         self._rng = random.Random()
+        self._warned_grammar = False
 
     def __repr__(self) -> str:
         return f"OpenAIEngine(model={self._model!r}, url={self._url!r}, api_key_env={self.spec.api_key_env!r})"
@@ -248,7 +249,12 @@ class OpenAIEngine:
     def _complete_with_retries(self, request: ChatRequest) -> Completion:
         if not isinstance(request.messages, list) or not request.messages:
             return self._fail(request, "request.messages: expected a non-empty list of {role, content} dicts")
-        body = build_chat_body(self._model, request, thinking=self.spec.thinking)
+        if request.sampling.grammar and not self.spec.structured_outputs and not self._warned_grammar:
+            self._warned_grammar = True  # once per engine: every judge row carries the same kind of grammar
+            logger.warning("%s: engine.structured_outputs is false, so judge grammars are not sent; verdicts are "
+                           "parsed (and retried, then counted) as free text", self._url)
+        body = build_chat_body(self._model, request, thinking=self.spec.thinking,
+                               grammar=self.spec.structured_outputs)
         result = AttemptResult(None, "no attempt made")
         for attempt in range(self.spec.max_retries + 1):
             result = self._attempt(body)

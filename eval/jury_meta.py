@@ -60,8 +60,9 @@ def judge_column(name: str) -> str:
 
 
 def wide_scores(pairs: pd.DataFrame, judgments: pd.DataFrame, judges: list[str], how: str = "mean",
-                metrics: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per pair: the pair's columns, one score column per judge, the jury aggregate, metric columns.
+                metrics: pd.DataFrame | None = None, ablations: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per pair: the pair's columns, one score column per judge, the jury aggregate, metric columns, and
+    one column per ablation judge (`ablations`: judgments in the jury stage's columns; never in the aggregate).
 
     Args:
         pairs: rated pairs with `set` (also the jury's `policy`), id, model, ... (failed generations included).
@@ -70,12 +71,7 @@ def wide_scores(pairs: pd.DataFrame, judgments: pd.DataFrame, judges: list[str],
         how: jury aggregation (mean | median | majority), via `eval.jury_tables.candidate_scores`.
         metrics: optional per-pair metric columns keyed by set, id, model.
     """
-    judged = judgments.rename(columns={"policy": "set"})
-    per_judge = (judged.pivot(index=PAIR_KEY, columns="judge", values="score") if len(judged)
-                 else pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=PAIR_KEY)))
-    per_judge = per_judge.reindex(columns=judges).astype(float)
-    per_judge.columns = [judge_column(name) for name in judges]
-    out = pairs.merge(per_judge.reset_index(), on=PAIR_KEY, how="left")
+    out = pairs.merge(_judge_columns(judgments, judges), on=PAIR_KEY, how="left")
     jury = candidate_scores(judgments, how).rename(columns={"policy": "set", "jury_score": JURY})
     out = out.merge(jury, on=PAIR_KEY, how="left")
     out[JURY] = out[JURY].astype(float)
@@ -83,7 +79,20 @@ def wide_scores(pairs: pd.DataFrame, judgments: pd.DataFrame, judges: list[str],
     out["n_unparsed"] = out["n_unparsed"].fillna(0).astype(int)
     if metrics is not None and len(metrics):
         out = out.merge(metrics, on=PAIR_KEY, how="left")
+    if ablations is not None:
+        out = out.merge(_judge_columns(ablations, sorted(ablations["judge"].unique()) if len(ablations) else []),
+                        on=PAIR_KEY, how="left")
     return out
+
+
+def _judge_columns(judgments: pd.DataFrame, judges: list[str]) -> pd.DataFrame:
+    """PAIR_KEY + one `judge:<name>` score column per judge (NaN = no usable judgment)."""
+    judged = judgments.rename(columns={"policy": "set"})
+    per_judge = (judged.pivot(index=PAIR_KEY, columns="judge", values="score") if len(judged)
+                 else pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=PAIR_KEY)))
+    per_judge = per_judge.reindex(columns=judges).astype(float)
+    per_judge.columns = [judge_column(name) for name in judges]
+    return per_judge.reset_index()
 
 
 def overview(scores: pd.DataFrame) -> pd.DataFrame:
@@ -341,9 +350,33 @@ def spearman_matrix(scores: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return matrix
 
 
-def meta_evaluate(scores: pd.DataFrame, judges: list[str], metrics: list[str], boot: Bootstrap) -> pd.DataFrame:
-    """Every statistic of the report, as the stats table."""
-    scorers = [judge_column(j) for j in judges] + [JURY] + [m for m in metrics if m in scores.columns]
+# Metrics whose raw value falls as quality rises; Fig. 3 of paper 001 plots them so that higher = better (the paper
+# calls FKGL "incorrectly rating larger models as producing worse simplifications", i.e. a negative correlation
+# once oriented). Spearman of the negated metric = minus the raw one.
+ORIENTATION = {"fkgl": -1}
+
+
+def full_matrix(scores: pd.DataFrame, judges: list[str], ablations: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Paper 001 Fig. 3: Spearman between every judge, the jury mean, each metric (oriented, `-fkgl`) and model size,
+    on the synthetic set (its only set with a size); an empty frame without synthetic pairs."""
+    df = scores[scores["set"] == SYNTH].copy()
+    if df.empty:
+        return pd.DataFrame()
+    columns = [judge_column(j) for j in judges + ablations] + [JURY]
+    for metric in (m for m in metrics if m in df.columns and df[m].notna().any()):
+        sign = ORIENTATION.get(metric, 1)
+        name = metric if sign > 0 else f"-{metric}"
+        df[name] = sign * df[metric].astype(float)
+        columns.append(name)
+    return spearman_matrix(df, columns + ["size_b"])
+
+
+def meta_evaluate(scores: pd.DataFrame, judges: list[str], metrics: list[str], boot: Bootstrap,
+                  ablations: list[str] = ()) -> pd.DataFrame:
+    """Every statistic of the report, as the stats table. Ablation judges get the per-scorer statistics (expected
+    trend, agreement with humans) but stay out of the inter-judge ICC and the judge-vs-jury rows."""
+    scorers = ([judge_column(j) for j in judges] + [JURY] + [judge_column(a) for a in ablations]
+               + [m for m in metrics if m in scores.columns])
     rows = (inter_judge_agreement(scores, judges, boot) + human_rater_agreement(scores, boot)
             + human_vs_jury(scores, boot) + judge_vs_jury(scores, judges, boot)
             + expected_trend(scores, scorers, boot) + metric_meta(scores, scorers, boot))

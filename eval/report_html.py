@@ -244,7 +244,7 @@ STAT_SECTIONS = (
 
 def build_report(title: str, notes: list[str], overview: pd.DataFrame, health: pd.DataFrame,
                  systems: pd.DataFrame, stats: pd.DataFrame, matrix: pd.DataFrame,
-                 scores: pd.DataFrame) -> tuple[str, str, list[Figure]]:
+                 scores: pd.DataFrame, full: pd.DataFrame | None = None) -> tuple[str, str, list[Figure]]:
     """(markdown, html, figures) of the jury meta-evaluation from its tables."""
     sections = [Section("Pairs", overview, "Every pair is kept: failed generations and unparsed judgments are "
                         "counted here and excluded from the statistics that need them."),
@@ -265,4 +265,10 @@ def build_report(title: str, notes: list[str], overview: pd.DataFrame, health: p
         Figure("Judge x judge Spearman", plot_heatmap(matrix, "Spearman (pairwise complete)"),
                "n/a: fewer than two pairs scored by both, or a constant scorer."),
     ]
+    if full is not None and len(full):
+        note = ("Paper 001 Fig. 3 on the synthetic set: judges (ablations included), the jury mean, the metrics "
+                "oriented so that higher = better (-fkgl) and model size (size_b).")
+        sections.append(Section("Full Spearman matrix (paper 001 Fig. 3, synthetic set)",
+                                full.reset_index(names="scorer"), note))
+        figures.append(Figure("Full Spearman matrix", plot_heatmap(full, "Spearman, synthetic set"), note))
     return render_markdown(title, notes, sections), render_html(title, notes, sections, figures), figures

@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 
 from actors.ratings import read_asset_ratings, read_simpeval
-from actors.jury import JuryConfig
+from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names, engine_secrets
 from eval import jury_meta as meta
 from eval import report_html as rep
@@ -106,6 +106,9 @@ class Config(JobSections):
     simpeval: SimpEvalConfig = field(default_factory=SimpEvalConfig)
     asset: AssetRatingsConfig = field(default_factory=AssetRatingsConfig)
     jury: JuryConfig = field(default_factory=JuryConfig)
+    # paper 001 App. E: judges scored like the jury's (expected trend, human agreement, the full matrix) but left out
+    # of the jury mean and the inter-judge ICC, e.g. the base judge at other temperatures or with other prompts
+    ablations: list[JudgeConfig] = field(default_factory=list)
     report: ReportConfig = field(default_factory=ReportConfig)
 
     def validate(self) -> None:
@@ -132,24 +135,35 @@ class Config(JobSections):
                     raise ConfigError(f"{key}.limit: must be >= 0, got {part.limit}")
         self.jury.validate()
         self._check_local_cpus()
-        bad = [j.name for j in self.jury.judges if j.format != "score"]
+        bad = [j.name for j in self.jury.judges + self.ablations if j.format != "score"]
         if bad:
-            raise ConfigError(f"jury.judges: this job rates single pairs; judges {bad} must use format 'score'")
+            raise ConfigError(f"jury.judges / ablations: this job rates single pairs; judges {bad} must use format "
+                              "'score'")
+        if self.ablations:
+            self.ablation_jury().validate()
+            clash = sorted({j.name for j in self.jury.judges} & {j.name for j in self.ablations})
+            if clash:
+                raise ConfigError(f"ablations: names {clash} are already jury judges; every scorer needs its own name")
         unknown = sorted(set(self.report.metrics) - set(meta.PAIR_METRICS))
         if unknown:
             raise ConfigError(f"report.metrics: unknown {unknown}; expected some of {list(meta.PAIR_METRICS)}")
         self.wandb.validate()
 
 
+    def ablation_jury(self) -> JuryConfig:
+        """The ablation judges as a panel of their own (run in a stage after the jury, never averaged into it)."""
+        return dataclasses.replace(self.jury, judges=self.ablations)
+
     def _check_local_cpus(self) -> None:
         """All judge pools run at once (one Ray Data plan); with the light pre/post tasks beside them they must fit
         a local cluster of `ray.num_cpus`, or the jury stage waits forever for a CPU that never frees up."""
         if self.ray.address or not self.ray.num_cpus:
             return
-        pools = sum(j.pool.concurrency * j.pool.num_cpus for j in self.jury.judges)
-        if pools + LIGHT_CPU > self.ray.num_cpus:
-            raise ConfigError(f"jury.judges: the judge pools ask for {pools:g} CPUs together, plus {LIGHT_CPU} for "
-                              f"Ray Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
+        for key, judges in (("jury.judges", self.jury.judges), ("ablations", self.ablations)):
+            pools = sum(j.pool.concurrency * j.pool.num_cpus for j in judges)
+            if pools + LIGHT_CPU > self.ray.num_cpus:
+                raise ConfigError(f"{key}: the judge pools ask for {pools:g} CPUs together, plus {LIGHT_CPU} for "
+                                  f"Ray Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,8 +275,11 @@ def build_pairs(store: RunStore) -> pd.DataFrame:
     return pd.concat([synth, human], ignore_index=True)
 
 
-def run_jury(cfg: Config, store: RunStore, cache: str):
+def run_jury(cfg: Config, store: RunStore, cache: str, stage: str = "jury", jury: JuryConfig | None = None):
+    """The panel's judgments of every pair (`stage` "ablations": the ablation judges', same rows and columns)."""
     from actors.jury import build_jury_dataset, summarize_jury
+
+    jury = jury or cfg.jury
 
     def judge() -> pd.DataFrame:
         pairs = store.read_stage("pairs").to_pandas()
@@ -271,11 +288,11 @@ def run_jury(cfg: Config, store: RunStore, cache: str):
         if not (items["generation_error"] == "").any():
             return pd.DataFrame({c: pd.Series(dtype=t) for c, t in JURY_EMPTY.items()})
         init_ray(cfg.ray)
-        block = min(j.pool.batch_size for j in cfg.jury.judges)
-        return build_jury_dataset(to_dataset(items, block), cfg.jury, cache).to_pandas()
+        block = min(j.pool.batch_size for j in jury.judges)
+        return build_jury_dataset(to_dataset(items, block), jury, cache).to_pandas()
 
-    key = {"judges": model_key(cfg.jury.judges), "seed": cfg.jury.seed}
-    return stage_frame(cfg, store, "jury", key, judge, summarize_jury)
+    key = {"judges": model_key(jury.judges), "seed": jury.seed}
+    return stage_frame(cfg, store, stage, key, judge, summarize_jury)
 
 
 JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "object", "score": "float64",
@@ -288,6 +305,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     run = open_run(JOB, cfg, config_path)
     store, cache = run.store, run.cache_dir
     judges = [j.name for j in cfg.jury.judges]
+    ablations = [j.name for j in cfg.ablations]
     metrics = list(cfg.report.metrics)
     boot = meta.Bootstrap(cfg.report.n_boot, cfg.report.seed)
     # the human sets first: a malformed ratings file fails the run before any model is loaded
@@ -298,14 +316,19 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         results += run_generation(cfg, store, cache)
         results.append(stage_frame(cfg, store, "pairs", {}, lambda: build_pairs(store)))
         results.append(run_jury(cfg, store, cache))
+        if ablations:
+            results.append(run_jury(cfg, store, cache, "ablations", cfg.ablation_jury()))
         results.append(stage_frame(cfg, store, "metrics", metrics,
                                    lambda: meta.pair_metrics(store.read_stage("pairs").to_pandas(), metrics)))
-        results.append(stage_frame(cfg, store, "scores", {"aggregate": cfg.jury.aggregate, "judges": judges},
+        results.append(stage_frame(cfg, store, "scores", {"aggregate": cfg.jury.aggregate, "judges": judges,
+                                                          "ablations": ablations},
                                    lambda: meta.wide_scores(
                                        store.read_stage("pairs").to_pandas(), store.read_stage("jury").to_pandas(),
-                                       judges, cfg.jury.aggregate, store.read_stage("metrics").to_pandas())))
-        results.append(stage_frame(cfg, store, "stats", dataclasses.asdict(cfg.report), lambda: meta.meta_evaluate(
-            store.read_stage("scores").to_pandas(), judges, meta.metric_columns(metrics), boot)))
+                                       judges, cfg.jury.aggregate, store.read_stage("metrics").to_pandas(),
+                                       store.read_stage("ablations").to_pandas() if ablations else None)))
+        results.append(stage_frame(cfg, store, "stats", {**dataclasses.asdict(cfg.report), "ablations": ablations},
+                                   lambda: meta.meta_evaluate(store.read_stage("scores").to_pandas(), judges,
+                                                              meta.metric_columns(metrics), boot, ablations)))
         for result in results:
             log.info("stage %-8s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
                      result.rows, result.seconds, result.summary)
@@ -340,18 +363,26 @@ def report_notes(cfg: Config) -> list[str]:
         (f"95% CIs: {cfg.report.n_boot} bootstrap resamples of source sentences (seed {cfg.report.seed}). n/a = "
          "nothing to compute on (e.g. no parsed judgments, a constant scorer)."),
     ]
+    if cfg.ablations:
+        notes.append(f"Ablation judges ({', '.join(f'{j.name}: {j.template}, T {j.sampling.temperature:g}' for j in cfg.ablations)}) "
+                     "are scored like the jury's judges but are not part of the jury mean or the inter-judge ICC "
+                     "(paper 001 App. E).")
     return [n.strip() for n in notes]
 
 
 def write_report(cfg: Config, store: RunStore, tracker, boot: meta.Bootstrap) -> pd.DataFrame:
     """report.md, report.html and figures/*.png in the run directory; tables, images and headlines to W&B."""
-    judges = [j.name for j in cfg.jury.judges]
+    judges, ablations = [j.name for j in cfg.jury.judges], [j.name for j in cfg.ablations]
     scores, stats = store.read_stage("scores").to_pandas(), store.read_stage("stats").to_pandas()
-    health = meta.parse_health(store.read_stage("jury").to_pandas(), judges)
+    judgments = store.read_stage("jury").to_pandas()
+    if ablations:
+        judgments = pd.concat([judgments, store.read_stage("ablations").to_pandas()], ignore_index=True)
+    health = meta.parse_health(judgments, judges + ablations)
     systems, overview = meta.system_means(scores, boot), meta.overview(scores)
     matrix = meta.spearman_matrix(scores, [meta.judge_column(j) for j in judges] + [meta.JURY])
+    full = meta.full_matrix(scores, judges, ablations, list(cfg.report.metrics))
     markdown, html, figures = rep.build_report("Jury meta-evaluation", report_notes(cfg), overview, health,
-                                               systems, stats, matrix, scores)
+                                               systems, stats, matrix, scores, full)
     store.write_text("report.md", markdown)
     store.write_text("report.html", html)
     store.fs.create_dir(f"{store.path}/figures", recursive=True)
@@ -360,7 +391,8 @@ def write_report(cfg: Config, store: RunStore, tracker, boot: meta.Bootstrap) ->
             f.write(figure.png)
     print("\n" + markdown + "\n")
     for name, table in (("overview", overview), ("jury_health", health), ("system_means", systems),
-                        ("stats", stats), ("judge_spearman", matrix.reset_index(names="scorer"))):
+                        ("stats", stats), ("judge_spearman", matrix.reset_index(names="scorer")),
+                        ("full_spearman", full.reset_index(names="scorer"))):
         tracker.table(f"report/{name}", table, max_rows=2000)
     if tracker.run is not None:
         import io

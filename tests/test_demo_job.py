@@ -38,7 +38,7 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
         overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.engine.num_threads=1",
                       f"generate.{i}.sampling.max_tokens=8", f"generate.{i}.pool.num_cpus=0.5"]
     api = ("engine: {kind: openai, model: remote-judge, base_url: '%s', api_key_env: QUORUM_TEST_JUDGE_KEY, "
-           "max_concurrency: 4}, pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1" % server_url)
+           "max_concurrency: 4, structured_outputs: true}, pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1" % server_url)
     local = "engine: {kind: hf, model: %s, num_threads: 1}, pool: {num_cpus: 0.5, batch_size: 16}" % model_dir
     overrides.append("jury.judges=[{name: judge-tiny, template: judge_policy_brief, format: best_worst, %s, "
                      "sampling: {max_tokens: 48}, max_parse_retries: 0}, {name: judge-api, template: judge_policy_brief, "

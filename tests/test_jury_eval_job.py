@@ -41,8 +41,11 @@ def tiny_config(tmp_path: Path, model_dir: str, shared_data: Path, simpeval: Pat
                   "simplifiers": [model("small", 1.0, size_b=1), model("big", 0.0, size_b=8)]},
         "simpeval": {"path": str(simpeval or shared_data / "simpeval" / "simpeval_2022.csv"), "limit": 6},
         "asset": {"path": str(asset or shared_data / "asset" / "human_ratings.csv"), "limit": 6},
-        "jury": {"judges": [model("j-greedy", 0.0, max_parse_retries=0),
-                            model("j-hot", 1.0, max_parse_retries=0)]},
+        # the panel decodes freely (constrained: false) to exercise the unparseable path; the ablation judge
+        # decodes under the score grammar, so its every judgment parses, and it stays out of the jury mean
+        "jury": {"judges": [model("j-greedy", 0.0, max_parse_retries=0, constrained=False),
+                            model("j-hot", 1.0, max_parse_retries=0, constrained=False)]},
+        "ablations": [model("a-grammar", 0.0, max_parse_retries=0)],
         "report": {"metrics": ["fkgl", "compression_ratio", "levenshtein", "bertscore", "sari"], "n_boot": 50},
     }
     path = tmp_path / "tiny.yaml"
@@ -56,7 +59,7 @@ def test_job_end_to_end_with_unparseable_judges(ray_local, tiny_model_dir, share
     assert cli_main(["run", str(cfg), f"run.root={root}", "wandb.mode=offline", "run.id=t"]) == 0
     run = root / "jury_eval" / "t"
     manifest = json.loads((run / "manifest.json").read_text())
-    stages = ["human", "prompts", "complex", "simplify", "pairs", "jury", "metrics", "scores", "stats"]
+    stages = ["human", "prompts", "complex", "simplify", "pairs", "jury", "ablations", "metrics", "scores", "stats"]
     assert [manifest["stages"][s]["status"] for s in stages] == ["complete"] * len(stages)
 
     scores = pd.read_parquet(run / "scores")
@@ -67,6 +70,9 @@ def test_job_end_to_end_with_unparseable_judges(ray_local, tiny_model_dir, share
     assert len(judgments) == 2 * len(usable)  # every usable pair judged by both judges, none dropped
     assert (judgments["parse_error"] != "").all() and scores["jury"].isna().all()
     assert scores["n_unparsed"].sum() == len(judgments)
+    ablation = pd.read_parquet(run / "ablations")
+    assert len(ablation) == len(usable) and (ablation["parse_error"] == "").all()
+    assert scores.loc[scores["generation_error"] == "", "judge:a-grammar"].between(1, 5).all()
 
     stats = pd.read_parquet(run / "stats")
     icc = stats[(stats["section"] == "inter_judge") & (stats["set"] == "all")].iloc[0]
@@ -78,10 +84,14 @@ def test_job_end_to_end_with_unparseable_judges(ray_local, tiny_model_dir, share
     assert cell["value"].iloc[0] == pytest.approx(expected) and cell["n_used"].iloc[0] == 6
     assert scores["bertscore_src"][scores["generation_error"] == ""].between(-1, 1).all()
 
+    trend = stats[(stats["section"] == "expected_trend") & (stats["statistic"] == "spearman")]
+    assert "a-grammar" in set(trend["a"])  # the ablation is scored like a judge ...
+    assert not (stats["section"].isin(["inter_judge", "judge_vs_jury"]) & (stats["a"] == "a-grammar")).any()
+
     page = (run / "report.html").read_text()
-    assert page.count("<table") >= 8 and "n/a" in page
+    assert page.count("<table") >= 9 and "n/a" in page and "Full Spearman matrix" in page
     images = page.split('src="data:image/png;base64,')[1:]
-    assert len(images) == 3
+    assert len(images) == 4
     assert all(base64.b64decode(img.split('"', 1)[0]).startswith(b"\x89PNG") for img in images)
     markdown = (run / "report.md").read_text()
     for judge in ("j-greedy", "j-hot"):  # judgments, scored, parse failures
@@ -94,7 +104,7 @@ def test_job_end_to_end_with_unparseable_judges(ray_local, tiny_model_dir, share
     types = {k.removesuffix("/_type"): v for step in logged["history"] for k, v in step.items()
              if k.endswith("/_type")}
     assert types["report/stats"] == types["report/jury_health"] == "table-file"
-    for plot in ("mean_jury_score_per_system", "human_vs_jury", "judge_x_judge_spearman"):
+    for plot in ("mean_jury_score_per_system", "human_vs_jury", "judge_x_judge_spearman", "full_spearman_matrix"):
         assert types[f"report/{plot}"] == "image-file"
     assert "jury/parse_failures" in logged["summary"]
 

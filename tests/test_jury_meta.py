@@ -263,3 +263,18 @@ def test_build_report_with_nothing_scored_still_has_tables_and_three_plots():
     assert page.count('src="data:image/png;base64,') == 3
     assert "n/a" in markdown and "## Human vs jury (instance level)" in markdown
     assert "| simpeval | human | jury | spearman    | n/a" in markdown
+
+
+def test_full_matrix_orients_fkgl_and_covers_ablations_on_the_synthetic_set_only():
+    scores = pd.DataFrame({
+        "set": ["synthetic"] * 4 + ["simpeval"],
+        "size_b": [1.0, 3.0, 8.0, 70.0, float("nan")],
+        "judge:j": [1.0, 2.0, 3.0, 4.0, 5.0], "judge:abl": [4.0, 3.0, 2.0, 1.0, 1.0],
+        "jury": [1.0, 2.0, 3.0, 4.0, 5.0],
+        "fkgl": [5.0, 6.0, 7.0, 8.0, 0.0],  # grade level rises with size: worse, as the paper says of FKGL
+    })
+    full = meta.full_matrix(scores, ["j"], ["abl"], ["fkgl", "bleu"])  # bleu: absent, left out
+    assert list(full.columns) == ["j", "abl", "jury", "-fkgl", "size_b"]
+    assert full.loc["-fkgl", "size_b"] == pytest.approx(-1.0)  # oriented: higher = simpler
+    assert full.loc["abl", "size_b"] == pytest.approx(-1.0) and full.loc["j", "size_b"] == pytest.approx(1.0)
+    assert meta.full_matrix(scores[scores["set"] != "synthetic"], ["j"], [], ["fkgl"]).empty

@@ -86,6 +86,18 @@ def test_grammar_travels_as_vllms_structured_outputs_field():
     assert "structured_outputs" not in build_chat_body("m", ask("x"))
 
 
+@pytest.mark.parametrize("vllm_server", [True, False])
+def test_grammar_is_sent_only_to_a_server_declared_vllm(server, caplog, vllm_server):
+    grammar = 'start: "yes" | "no"\n'
+    with caplog.at_level(logging.WARNING), OpenAIEngine(make_spec(server, structured_outputs=vllm_server)) as engine:
+        engine.generate([ask("a", grammar=grammar), ask("b", grammar=grammar)])
+    sent = [c.body.get("structured_outputs") for c in server.calls]
+    # a hosted API rejects unknown fields: it gets the plain request, and the run log says the grammar stayed home
+    assert sent == ([{"grammar": grammar}] * 2 if vllm_server else [None, None])
+    warned = [r for r in caplog.records if "judge grammars are not sent" in r.getMessage()]
+    assert len(warned) == (0 if vllm_server else 1)
+
+
 def test_order_preserved_when_later_requests_finish_first(server):
     # Earlier rows sleep longer, so the server answers them last.
     texts = [f"row {i} [sleep={0.05 * (5 - i):.2f}]" for i in range(6)]
