@@ -22,7 +22,7 @@ from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from jobs.config import ConfigError
 from jobs.runstore import RunStore, StageResult, write_table
-from train.pairs import build_pairs, preference_distribution
+from train.pairs import build_pairs, preference_distribution, subsample
 from train.trainer import TrainConfig
 
 # policy -> how the demo references file names that policy's references
@@ -54,6 +54,10 @@ class TrainStageConfig:
     targets: str = "pairs"
     # Parallel: references per source (paper 000: 1, which one unstated; we take the first); 0 = all
     references_per_source: int = 1
+    # train on a seeded random subset of this many training rows (paper 000 Fig. 3: 1k-7k of 8k pairs, one run per
+    # size); 0 = all. More than the pairs stage made is an error, never a silent "all"
+    max_rows: int = 0
+    subsample_seed: int = 0
 
     def validate(self) -> None:
         if self.targets not in ("pairs", "references"):
@@ -63,6 +67,8 @@ class TrainStageConfig:
                               f"train.trainer.loss=sft (got {self.trainer.loss!r})")
         if self.references_per_source < 0:
             raise ConfigError(f"train.references_per_source: must be >= 0, got {self.references_per_source}")
+        if self.max_rows < 0:
+            raise ConfigError(f"train.max_rows: must be >= 0, got {self.max_rows}")
 
 
 @dataclass
@@ -171,6 +177,11 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
 
         pairs = store.read_stage(data_stage).to_pandas()
         train_rows, dev_rows = training_rows(pairs, cfg.policy, "train"), training_rows(pairs, cfg.policy, "dev")
+        available = len(train_rows)
+        try:
+            train_rows = subsample(train_rows, cfg.max_rows, cfg.subsample_seed)
+        except ValueError as exc:
+            raise ConfigError(f"train.max_rows: {exc} for policy {cfg.policy!r}") from None
         needed = cfg.trainer.global_batch_size
         if len(train_rows) < needed:
             raise ConfigError(f"train: {len(train_rows)} training pairs for policy {cfg.policy!r}, fewer than one "
@@ -183,7 +194,8 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
         seconds = time.time() - started
         metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
         write_table(pa.Table.from_pylist([{"policy": cfg.policy, **metrics}]), out_dir)
-        return {"data": data_stage, "train_pairs": len(train_rows), "dev_pairs": len(dev_rows),
+        return {"data": data_stage, "train_pairs": len(train_rows), "train_pairs_available": available,
+                "dev_pairs": len(dev_rows),
                 "steps": metrics.get("step"),
                 "loss": metrics.get("loss"), "seconds": round(seconds, 3),
                 "actor_seconds": round(seconds * trainer.num_workers, 3)}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
-from train.pairs import assign_split, build_pairs, preference_distribution
+from train.pairs import assign_split, build_pairs, preference_distribution, subsample
 
 MODELS = ["m0", "m1", "m2", "m3"]
 PROMPTS = {"lexical": "simplify_lexical_zeroshot", "overall": "simplify_overall_zeroshot"}
@@ -114,3 +115,14 @@ def test_parallel_rows_take_the_first_reference_or_all_and_refuse_a_source_witho
     with pytest.raises(ValueError, match="'c'"):
         sft_rows_from_references(pd.DataFrame({"id": ["c"], "source": ["x"], "references": [[" "]]}), "lexical",
                                  "simplify_lexical_zeroshot")
+
+
+def test_subsample_is_seeded_ordered_and_refuses_more_than_exist():
+    rows = [{"i": k} for k in range(5)]
+    assert subsample(rows, 0) == rows  # 0 = all
+    # random.Random(1).sample(range(5), 3) == [1, 0, 4]: kept in the rows' own order
+    assert [r["i"] for r in subsample(rows, 3, seed=1)] == [0, 1, 4]
+    assert subsample(rows, 3, seed=1) == subsample(rows, 3, seed=1)
+    assert subsample(rows, 3, seed=2) != subsample(rows, 3, seed=1)
+    with pytest.raises(ValueError, match="asked for 6 training rows, only 5 exist"):
+        subsample(rows, 6)

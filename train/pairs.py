@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import pandas as pd
 
@@ -178,3 +179,19 @@ def sft_rows_from_references(sources: pd.DataFrame, policy: str, template_name: 
             rows.append({"id": sid, "source": source, "prompt": prompt, "target": ref, "policy": policy,
                          "origin": f"reference:{k}", "oracle": False, "split": split})
     return pd.DataFrame(rows, columns=SFT_COLUMNS)
+
+
+def subsample(rows: list[dict], n: int, seed: int = 0) -> list[dict]:
+    """`n` of `rows` drawn without replacement by `seed`, in their original order (paper 000 Fig. 3 trains on 1k-7k
+    of its 8k pairs); n = 0 keeps all. The draw for a smaller n is not a prefix of a larger one's: each size is its
+    own sample, as separate training runs of the paper are.
+
+    >>> [r["i"] for r in subsample([{"i": k} for k in range(5)], 3, seed=1)]
+    [0, 1, 4]
+    """
+    if n == 0:
+        return list(rows)
+    if n > len(rows):
+        raise ValueError(f"asked for {n} training rows, only {len(rows)} exist")
+    keep = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[k] for k in keep]
