@@ -23,6 +23,9 @@ field               required  meaning
 Protocols (paper 003 §3): ``pointwise`` (one response per call -> one grade), pointwise with three graded
 exemplars (``fewshot: true``: one graded 1-2, one 3, one 4-5, same dimension), and ``pairwise`` (both responses in
 one call -> two grades; preference derived, never asked), each with the dimension's rubric or only the five labels.
+Few-shot pairwise (run in the paper for Qwen3-4B only, exemplar choice unstated) shows three graded pairs of the
+same dimension: one where A is graded higher, one tie, one where B is: both positions and a tie, so the examples
+themselves carry no position preference.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ REQUIRED = ("pair_id", "dimension", "locale", "prompt", "response_a", "response_
 OPTIONAL = {"template_id": "", "question_type": "", "split": "test", "prompt_en": ""}
 SPLITS = ("train", "val", "test")
 DEFAULT_TEMPLATES = {("pointwise", False): "menlo_pointwise", ("pointwise", True): "menlo_pointwise_fewshot",
-                     ("pairwise", False): "menlo_pairwise"}
+                     ("pairwise", False): "menlo_pairwise", ("pairwise", True): "menlo_pairwise_fewshot"}
 # paper 003 §3: "one graded 1-2, one graded 3 and one graded 4-5"
 EXEMPLAR_BUCKETS = ((1, 2), (3,), (4, 5))
+# few-shot pairwise (ours, see the module docstring): sign of gold class A - gold class B
+PAIR_BUCKETS = (("A higher", 1), ("tie", 0), ("B higher", -1))
 
 
 class MenloDataError(ValueError):
@@ -63,20 +68,20 @@ class Protocol:
     mode: Literal["pointwise", "pairwise"] = "pairwise"
     # the dimension's rubric (true) or only the five labels (false)
     rubric: bool = True
-    # pointwise only: three graded exemplars of the same dimension
+    # three graded exemplars of the same dimension (pairwise: three graded pairs: A higher, tie, B higher)
     fewshot: bool = False
     # pairwise only: judge (A, B) and (B, A) (needed for the position-bias rate); false = one seeded random order
     both_orders: bool = True
-    # prompt template; "" = menlo_pointwise / menlo_pointwise_fewshot / menlo_pairwise
+    # prompt template; "" = menlo_pointwise / menlo_pointwise_fewshot / menlo_pairwise / menlo_pairwise_fewshot
     template: str = ""
 
     def template_name(self) -> str:
         return self.template or DEFAULT_TEMPLATES[(self.mode, self.fewshot)]
 
     def validate(self, where: str) -> None:
-        if self.mode == "pairwise" and self.fewshot:
-            raise ValueError(f"{where}.fewshot: few-shot is implemented for pointwise protocols only")
         needed = {"pointwise": {"response"}, "pairwise": {"response_a", "response_b"}}[self.mode]
+        if self.fewshot:
+            needed.add("examples")
         variables = set(load_template(prompt_path(self.template_name())).variables)
         missing = sorted(needed - variables)
         if missing:
@@ -243,6 +248,44 @@ def pick_exemplars(pool: pd.DataFrame, dimension: str, exclude_template: str, se
     return picked
 
 
+def pick_pair_exemplars(pool: pd.DataFrame, dimension: str, exclude_template: str, seed: int) -> list[dict]:
+    """Three graded pairs of `dimension` (A higher, tie, B higher; PAIR_BUCKETS), none from `exclude_template`.
+
+    `pool` is `exemplar_pool`'s (one row per graded response); a pair is its two rows. Within a bucket the pick is
+    the lowest sha256(seed|pair_id), as in `pick_exemplars`.
+
+    Raises:
+        MenloDataError: a bucket has no eligible pair (the message names dimension and bucket).
+    """
+    eligible = pool[(pool["dimension"] == dimension) & (pool["template_id"] != exclude_template)]
+    sides = eligible.assign(pair_id=eligible["key"].str.rsplit("|", n=1).str[0],
+                            side=eligible["key"].str.rsplit("|", n=1).str[1])
+    wide = sides.pivot(index="pair_id", columns="side", values=["response", "grade"]).dropna()
+    prompts = sides.drop_duplicates("pair_id").set_index("pair_id")["prompt"]
+    picked = []
+    for name, sign in PAIR_BUCKETS:
+        diff = wide[("grade", "a")].astype(int) - wide[("grade", "b")].astype(int)
+        ids = [pid for pid, d in diff.items() if (d > 0) - (d < 0) == sign]
+        if not ids:
+            raise MenloDataError(f"fewshot: no exemplar pair with {name} for dimension {dimension!r} outside "
+                                 f"template group {exclude_template!r}")
+        pid = min(ids, key=lambda i: _rank(seed, i))
+        picked.append({"prompt": prompts[pid], "response_a": wide.loc[pid, ("response", "a")],
+                       "response_b": wide.loc[pid, ("response", "b")], "grade_a": int(wide.loc[pid, ("grade", "a")]),
+                       "grade_b": int(wide.loc[pid, ("grade", "b")])})
+    return picked
+
+
+def render_pair_examples(exemplars: list[dict]) -> str:
+    blocks = []
+    for i, ex in enumerate(exemplars, start=1):
+        grades = "\n".join(grade_line(ex[f"grade_{s}"]).replace("final_grade", f"final_grade_{s.upper()}")
+                           for s in ("a", "b"))
+        blocks.append(f"[Example {i}]\n[User Prompt]\n{ex['prompt']}\n\n[Response A]\n{ex['response_a']}\n\n"
+                      f"[Response B]\n{ex['response_b']}\n\n{grades}")
+    return "\n\n".join(blocks)
+
+
 def render_examples(exemplars: list[dict]) -> str:
     blocks = []
     for i, ex in enumerate(exemplars, start=1):
@@ -278,7 +321,10 @@ def build_items(pairs: pd.DataFrame, pool: pd.DataFrame, protocols: list[Protoco
             common = {"dimension": rubric["name"], "question": rubric["question"],
                       "criteria": render_criteria(rubric, protocol.rubric), "locale": pair["locale"],
                       "prompt": pair["prompt"]}
-            if protocol.fewshot:
+            if protocol.fewshot and protocol.mode == "pairwise":
+                common["examples"] = render_pair_examples(pick_pair_exemplars(pool, pair["dimension"],
+                                                                              pair["template_id"], seed))
+            elif protocol.fewshot:
                 common["examples"] = render_examples(pick_exemplars(pool, pair["dimension"], pair["template_id"],
                                                                     seed))
             for unit, values in _units(protocol, pair, seed):

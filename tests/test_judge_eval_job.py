@@ -188,7 +188,7 @@ def test_missing_exemplar_exits_2_naming_the_key(tmp_path, capsys):
 
 @pytest.mark.parametrize("override, named", [
     ("protocols.0.mode=listwise", "protocols.0.mode"),
-    ("protocols.2.fewshot=true", "protocols.2.fewshot"),
+    ("protocols.1.template=menlo_pointwise", "protocols.1.template: 'menlo_pointwise' has no 'examples'"),
     ("protocols.1.name=point+rubric", "protocols: need at least one, with unique names"),
     ("data.eval_splits=[dev]", "data.eval_splits"),
     ("data.dimensions=[style]", "data.dimensions"),

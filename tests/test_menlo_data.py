@@ -116,6 +116,7 @@ def test_items_per_protocol_and_original_identity():
     ("menlo_pairwise", parse_menlo_grades, ("final_grade_A", "final_grade_B")),
     ("menlo_pointwise", parse_menlo_grade, ("final_grade",)),
     ("menlo_pointwise_fewshot", parse_menlo_grade, ("final_grade",)),
+    ("menlo_pairwise_fewshot", parse_menlo_grades, ("final_grade_A", "final_grade_B")),
 ])
 def test_instructed_output_format_is_what_the_shared_parser_accepts(name, parse, tags):
     system = load_template(prompt_path(name)).messages[0]["content"]
@@ -127,7 +128,43 @@ def test_instructed_output_format_is_what_the_shared_parser_accepts(name, parse,
 
 
 def test_protocol_validation_names_the_key():
-    with pytest.raises(ValueError, match=r"protocols\.2\.fewshot: few-shot is implemented for pointwise"):
-        md.Protocol("x", "pairwise", fewshot=True).validate("protocols.2")
+    md.Protocol("x", "pairwise", fewshot=True).validate("protocols.2")  # menlo_pairwise_fewshot
+    with pytest.raises(ValueError, match=r"protocols\.2\.template: 'menlo_pairwise' has no 'examples'"):
+        md.Protocol("x", "pairwise", fewshot=True, template="menlo_pairwise").validate("protocols.2")
     with pytest.raises(ValueError, match=r"protocols\.0\.template: 'menlo_pointwise' has no 'response_a'"):
         md.Protocol("x", "pairwise", template="menlo_pointwise").validate("protocols.0")
+
+
+def test_fewshot_pairwise_items_show_a_win_a_tie_and_a_loss_that_parse():
+    pairs = md.read_menlo_jsonl(FIXTURE)
+    test = pairs[pairs["split"] == "test"].head(2)
+    # the fixture's train pairs have no tie: three hand-made exemplar pairs per judged dimension
+    rows = []
+    for dim in set(test["dimension"]):
+        for k, (ga, gb) in enumerate(((4.0, 2.0), (3.0, 3.0), (1.0, 5.0))):
+            rows.append({"pair_id": f"ex-{dim}-{k}", "dimension": dim, "template_id": f"ex-{k}", "prompt": f"Q{k}",
+                         "response_a": f"A{k}", "response_b": f"B{k}", "gold_a": ga, "gold_b": gb})
+    pool = md.exemplar_pool(pd.DataFrame(rows))
+    items = md.build_items(test, pool, [md.Protocol("pair-few", "pairwise", fewshot=True)],
+                           md.load_rubrics(RUBRICS), seed=0)
+    assert len(items) == 4  # 2 pairs x both orders
+    system = json.loads(items["messages_json"].iloc[0])[0]["content"]
+    assert system.count("[Example ") == 3
+    shown = system[system.index("[Example 1]"):system.index("First reason")]
+    # each exemplar's grade blocks are what the judge's own parser reads
+    for k, (ga, gb) in enumerate(((4, 2), (3, 3), (1, 5))):
+        block = shown.split(f"[Example {k + 1}]")[1].split("[Example")[0]
+        grades = parse_menlo_grades("<think> x </think>" + block[block.index("<final_grade_A>"):])
+        assert (grades.grade_a, grades.grade_b, grades.error) == (ga, gb, "")
+
+
+def test_pair_exemplar_buckets_by_hand():
+    pool = md.exemplar_pool(pd.DataFrame({
+        "pair_id": ["p1", "p2", "p3", "p4"], "dimension": ["tone"] * 4, "template_id": ["t1", "t2", "t3", "t4"],
+        "prompt": ["q1", "q2", "q3", "q4"], "response_a": ["a1", "a2", "a3", "a4"],
+        "response_b": ["b1", "b2", "b3", "b4"], "gold_a": [5.0, 2.0, 3.0, 1.0], "gold_b": [1.0, 2.4, 4.0, 1.0]}))
+    # p1: A higher; p2: 2 vs round(2.4) = 2, a tie; p3: B higher; p4: a tie too
+    picked = md.pick_pair_exemplars(pool, "tone", exclude_template="t4", seed=0)
+    assert [(p["prompt"], p["grade_a"], p["grade_b"]) for p in picked] == [("q1", 5, 1), ("q2", 2, 2), ("q3", 3, 4)]
+    with pytest.raises(md.MenloDataError, match="no exemplar pair with B higher for dimension 'tone'"):
+        md.pick_pair_exemplars(pool, "tone", exclude_template="t3", seed=0)
