@@ -3,6 +3,7 @@
     quorum run CONFIG.yaml [key=value ...] [--no-resume]    run the job named by the config's `job:` key
     quorum eval --metrics sari,bleu --orig O --sys S --refs R1 R2 ...   corpus metrics (see eval/cli.py)
     quorum serve CONFIG.yaml [key=value ...]                 start / update the reward-model Serve app
+    quorum human export RUN_DIR --out DIR | import DIR A.csv ...   blind human-rating sheet out, ratings in
 
 Exit codes: 0 success, 2 bad config or bad input (the message names the key, file or line), 1 anything else.
 """
@@ -101,11 +102,15 @@ def main(argv: list[str] | None = None) -> int:
             from eval.cli import main as eval_main
 
             return eval_main(rest)
+        if command == "human":
+            from jobs.human_cli import main as human_main
+
+            return human_main(rest)
         if command == "serve":
             from serve.cli import main as serve_main
 
             return serve_main(rest)
-        raise ConfigError(f"unknown command {command!r}; expected run, eval or serve")
+        raise ConfigError(f"unknown command {command!r}; expected run, eval, human or serve")
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2
