@@ -22,7 +22,7 @@ from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from jobs.config import ConfigError
 from jobs.runstore import RunStore, StageResult, write_table
-from train.pairs import build_pairs, preference_distribution, subsample
+from train.pairs import build_pairs, judge_disagreement, preference_distribution, subsample
 from train.trainer import TrainConfig
 
 # policy -> how the demo references file names that policy's references
@@ -146,6 +146,9 @@ def stage_pairs(store: RunStore, cfg: PairsConfig, verdicts: str = "jury") -> St
         store.write_text("pairs_status.csv", status.to_csv(index=False))
         store.write_text("preference_distribution.md",
                          preference_distribution(pairs).to_markdown(index=False, floatfmt=".1f") + "\n")
+        if judgments["judge"].nunique() > 1:  # e.g. one judge with thinking on and off: paper 000 §4.2
+            store.write_text("judge_agreement.md",
+                             judge_disagreement(judgments).to_markdown(index=False, floatfmt=".3f") + "\n")
         counts = status["status"].value_counts().to_dict() if len(status) else {}
         return {"rows_out": len(pairs), "train": int((pairs["split"] == "train").sum()),
                 "dev": int((pairs["split"] == "dev").sum()), **{f"sources_{k}": int(v) for k, v in counts.items()},

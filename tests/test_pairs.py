@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from train.pairs import assign_split, build_pairs, preference_distribution, subsample
+from train.pairs import assign_split, build_pairs, judge_disagreement, preference_distribution, subsample
 
 MODELS = ["m0", "m1", "m2", "m3"]
 PROMPTS = {"lexical": "simplify_lexical_zeroshot", "overall": "simplify_overall_zeroshot"}
@@ -126,3 +126,21 @@ def test_subsample_is_seeded_ordered_and_refuses_more_than_exist():
     assert subsample(rows, 3, seed=2) != subsample(rows, 3, seed=1)
     with pytest.raises(ValueError, match="asked for 6 training rows, only 5 exist"):
         subsample(rows, 6)
+
+
+def test_judge_disagreement_by_hand():
+    # four lexical sets judged by "think" and "nothink":
+    #   a: same pair (1 > 3)                           -> agree
+    #   b: think 0 > 1, nothink 2 > 1 (best differs)    -> disagree, not opposite
+    #   c: think 0 > 1, nothink 1 > 0                   -> disagree and opposite
+    #   d: nothink's verdict is invalid                 -> not counted
+    judgments = pd.DataFrame([
+        row("a", "lexical", "think", verdict(lex=(1, 3))), row("a", "lexical", "nothink", verdict(lex=(1, 3))),
+        row("b", "lexical", "think", verdict(lex=(0, 1))), row("b", "lexical", "nothink", verdict(lex=(2, 1))),
+        row("c", "lexical", "think", verdict(lex=(0, 1))), row("c", "lexical", "nothink", verdict(lex=(1, 0))),
+        row("d", "lexical", "think", verdict(lex=(0, 1))),
+        row("d", "lexical", "nothink", verdict(lex=(None, None), lex_error="missing")),
+    ])
+    table = judge_disagreement(judgments)
+    assert table.to_dict("records") == [{"judge_a": "nothink", "judge_b": "think", "policy": "lexical", "n": 3,
+                                         "disagree": pytest.approx(2 / 3), "opposite": pytest.approx(1 / 3)}]

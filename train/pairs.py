@@ -123,6 +123,34 @@ def panel_choices(judgments: pd.DataFrame, policy_aspect: dict[str, str] | None 
     return pd.DataFrame(rows, columns=["id", "policy", "best_model", "worst_model", "status"])
 
 
+def judge_disagreement(judgments: pd.DataFrame, policy_aspect: dict[str, str] | None = None) -> pd.DataFrame:
+    """Paper 000 §4.2's think vs no-think comparison for every two judges of a panel: of the (source, policy) sets
+    both judged validly, the share whose preference pair differs (`disagree`; paper: > 40 %) and whose pairs are
+    directly opposite, one's preferred being the other's rejected (`opposite`; paper: ~20 %).
+
+    Returns:
+        judge_a, judge_b, policy, n (sets both judged), disagree, opposite (fractions; NaN when n = 0).
+    """
+    judges = sorted(judgments["judge"].unique())
+    choices = {j: panel_choices(judgments[judgments["judge"] == j], policy_aspect).set_index(["id", "policy"])
+               for j in judges}
+    rows = []
+    for i, a in enumerate(judges):
+        for b in judges[i + 1:]:
+            both = choices[a].join(choices[b], lsuffix="_a", rsuffix="_b", how="inner")
+            both = both[both["best_model_a"].notna() & both["best_model_b"].notna()]
+            for policy, group in both.groupby(level="policy"):
+                differ = ((group["best_model_a"] != group["best_model_b"])
+                          | (group["worst_model_a"] != group["worst_model_b"]))
+                opposite = ((group["best_model_a"] == group["worst_model_b"])
+                            | (group["worst_model_a"] == group["best_model_b"]))
+                n = len(group)
+                rows.append({"judge_a": a, "judge_b": b, "policy": policy, "n": n,
+                             "disagree": float(differ.mean()) if n else float("nan"),
+                             "opposite": float(opposite.mean()) if n else float("nan")})
+    return pd.DataFrame(rows, columns=["judge_a", "judge_b", "policy", "n", "disagree", "opposite"])
+
+
 def preference_distribution(pairs: pd.DataFrame) -> pd.DataFrame:
     """Paper 000 Table 3: per policy and model, how often it was preferred / dispreferred (counts and %)."""
     rows = []
