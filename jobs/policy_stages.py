@@ -89,6 +89,9 @@ class EvalConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     # more systems to compare: name -> LoRA adapter directory (e.g. an SFT baseline trained elsewhere)
     extra_adapters: dict[str, str] = field(default_factory=dict)
+    # baselines with an engine of their own, each decoding with the policy's prompt, e.g. paper 000's GPT-4o row
+    # through `kind: openai` (configs/policy_lexical_cluster.yaml)
+    extra_systems: list[ModelConfig] = field(default_factory=list)
     n_boot: int = 1000
     # the jury judges trained vs vanilla outputs pairwise (both orders); empty = no re-judge
     rejudge: list[JudgeConfig] = field(default_factory=list)
@@ -112,6 +115,13 @@ class EvalConfig:
         for name, path in self.extra_adapters.items():
             if not (Path(path) / "adapter_config.json").is_file():
                 raise ConfigError(f"evaluate.extra_adapters.{name}: {path!r} is not a peft adapter directory")
+        names = ["vanilla", "trained", *self.extra_adapters, *(m.name for m in self.extra_systems)]
+        taken = sorted({n for n in names if names.count(n) > 1})
+        if taken:
+            raise ConfigError(f"evaluate.extra_systems / extra_adapters: system names {taken} are used twice "
+                              "(vanilla and trained are taken)")
+        for i, system in enumerate(self.extra_systems):
+            system.pool.validate(f"evaluate.extra_systems.{i}.pool")
 
 
     def check_data(self) -> None:
@@ -255,13 +265,13 @@ def demo_eval_set(refs_path: str, sources_path: str, policy: str) -> pd.DataFram
 
 
 def eval_systems(cfg: EvalConfig, store: RunStore, trained: bool) -> list[ModelConfig]:
-    """The vanilla model, the trained adapter (if the run trained one) and any extra adapters, one pool each."""
+    """The vanilla model, the trained adapter (if the run trained one), any extra adapters and extra systems."""
     systems = [("vanilla", "")]
     if trained:
         systems.append(("trained", adapter_dir(store)))
     systems += sorted(cfg.extra_adapters.items())
     return [ModelConfig(name=name, engine=dataclasses.replace(cfg.engine, adapter=path), sampling=cfg.sampling,
-                        pool=cfg.pool) for name, path in systems]
+                        pool=cfg.pool) for name, path in systems] + list(cfg.extra_systems)
 
 
 def first_sources(batch: pd.DataFrame, ids: list[str]) -> pd.DataFrame:

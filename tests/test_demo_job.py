@@ -49,6 +49,8 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
     overrides += [f"evaluate.path={turk_dir}", "evaluate.limit=4", f"evaluate.engine.model={model_dir}",
                   "evaluate.sampling.max_tokens=8", "evaluate.pool.num_cpus=0.5", "evaluate.n_boot=100",
                   "evaluate.rejudge_limit=3",
+                  # paper 000's GPT-4o row: a baseline system with its own (hosted) engine
+                  "evaluate.extra_systems=[{name: api-baseline, %s, pool: {num_cpus: 0.25}}]" % api.split(", pool:")[0],
                   "evaluate.rejudge=[{name: judge-api, template: jury_pairwise, format: pairwise, %s}]" % api]
     return overrides
 
@@ -91,15 +93,17 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     adapter = run_dir / "train" / "run" / "adapter"
     assert (adapter / "adapter_config.json").is_file()
     outputs = pd.read_parquet(run_dir / "eval_generate")
-    assert sorted(outputs["model"].unique()) == ["trained", "vanilla"] and len(outputs) == 2 * 4
+    assert sorted(outputs["model"].unique()) == ["api-baseline", "trained", "vanilla"] and len(outputs) == 3 * 4
     results = pd.read_parquet(run_dir / "results").set_index("system")
-    assert set(results.index) == {"vanilla", "trained"}
+    assert set(results.index) == {"vanilla", "trained", "api-baseline"}
     for system in results.index:
         row = results.loc[system]
         assert row["sari_lo"] <= row["sari"] <= row["sari_hi"] and row["n"] == 4
-    # 3 re-judged sources x both orders; the scripted judge grades position A higher, so each system wins once
-    assert len(pd.read_parquet(run_dir / "rejudge")) == 3 * 2
+    # 3 re-judged sources x 3 system pairs x both orders; the scripted judge grades position A higher, so in each
+    # pair each system wins once
+    assert len(pd.read_parquet(run_dir / "rejudge")) == 3 * 3 * 2
     assert results.loc["trained", "vs_vanilla_win_rate"] == pytest.approx(0.5)
+    assert results.loc["api-baseline", "vs_vanilla_win_rate"] == pytest.approx(0.5)
     summary = (run_dir / "summary.md").read_text()
     signal = pd.read_parquet(run_dir / "judge_signal")  # the demo references rank the candidates
     assert len(signal) == sets and signal["chance_best"].notna().any()
