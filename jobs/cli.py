@@ -29,6 +29,7 @@ JOBS = {
     "judge_eval": "jobs.judge_eval",
     "serve_grm": "serve.cli",
     "judge_grpo": "jobs.judge_grpo",
+    "judge_sft": "jobs.judge_sft",
     "policy_grpo": "jobs.policy_grpo",
 }
 

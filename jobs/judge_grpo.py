@@ -77,6 +77,17 @@ class Config(JobSections):
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def validate(self) -> None:
+        self.validate_inputs()
+        try:
+            self.reward.validate()
+        except ValueError as exc:
+            raise ConfigError(f"reward.{exc}") from None
+        self.wandb.validate()
+        check_local_root(self.run.root)
+        validate_grpo(self.grpo)
+
+    def validate_inputs(self) -> None:
+        """The data and prompt sections (judge_sft shares them)."""
         require_file(self.data.path, "data.path")
         require_file(self.prompt.rubrics, "prompt.rubrics")
         check_splits(self.data.splits, self.data.val_splits, SPLITS)
@@ -88,18 +99,18 @@ class Config(JobSections):
                 raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self.data, key)}")
         try:
             self.protocol().validate("prompt")
-            self.reward.validate()
         except ValueError as exc:
-            raise ConfigError(str(exc) if str(exc).startswith("prompt.") else f"reward.{exc}") from None
-        self.wandb.validate()
-        if "://" in self.run.root:
-            raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
-                              "or shared-filesystem path")
-        validate_grpo(self.grpo)
+            raise ConfigError(str(exc)) from None
 
     def protocol(self) -> Protocol:
         return Protocol(name="grpo", mode="pairwise", rubric=self.prompt.rubric, both_orders=self.data.both_orders,
                         template=self.prompt.template)
+
+
+def check_local_root(root: str) -> None:
+    if "://" in root:
+        raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
+                          "or shared-filesystem path")
 
 
 def judge_rows(cfg: Config) -> pd.DataFrame:

@@ -1,0 +1,133 @@
+"""Judge SFT (paper 003 Table 5 "SFT"): a pairwise MENLO judge learns to write the gold grades directly.
+
+The paper's SFT baseline: "models directly predict 5-point grades for response pairs without generating intermediate
+reasoning, trained with cross-entropy loss under teacher forcing" (TRL, lr 2e-5). The prompts are judge_grpo's (same
+template, rubrics, both A/B orders with the gold grades swapped); the target is the verdict in MENLO's output format
+with an empty think block, `<think> </think>` then the A and B grade blocks of the gold classes, which the judge's
+parser reads as format_ok. Evaluate the adapter with `judge_eval` (`judges.N.engine.adapter=RUN/train/run/adapter`).
+
+Local (SmolLM2-135M, 2 Ray Train workers with DeepSpeed ZeRO-2 on CPU, LoRA):
+
+    quorum run configs/judge_sft_demo.yaml
+    python -m jobs.judge_sft configs/judge_sft_demo.yaml train.max_steps=2 run.id=short
+
+On a cluster (the paper's lr 2e-5; Qwen3-4B on GPU workers):
+
+    ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \\
+        quorum run configs/judge_sft_demo.yaml run.root=/shared/runs data.path=/shared/menlo/train.jsonl \\
+        train.model=hf:Qwen/Qwen3-4B train.use_gpu=true train.num_workers=8
+
+Stages (under <run.root>/judge_sft/<run-id>/): rows (prompt + target per pair and shown order) -> train (SFT) ->
+summary.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+
+from eval.menlo_data import gold_class
+from eval.menlo_parse import MENLO_LABELS
+from jobs.cli import entry
+from jobs.config import ConfigError
+from jobs.grpo_stages import file_sha, stage_rows
+from jobs.jobrun import JobSections, open_run
+from jobs.judge_grpo import DataConfig, PromptConfig, check_local_root, judge_rows
+from jobs.judge_grpo import Config as GRPOJobConfig
+from jobs.ray_env import init_ray
+from jobs.runstore import RunStore, StageResult, write_table
+from train.trainer import TrainConfig
+
+log = logging.getLogger("quorum.judge_sft")
+JOB = "judge_sft"
+
+
+def verdict_target(grade_a: float, grade_b: float) -> str:
+    """The gold verdict in MENLO's pairwise format, without reasoning (the paper's SFT target).
+
+    >>> print(verdict_target(4.6, 2.0))
+    <think> </think>
+    <final_grade_A> FINAL GRADE: 5 - EXCELLENT </final_grade_A>
+    <final_grade_B> FINAL GRADE: 2 - MINOR FAILURE </final_grade_B>
+    """
+    a, b = gold_class(grade_a), gold_class(grade_b)
+    return (f"<think> </think>\n<final_grade_A> FINAL GRADE: {a} - {MENLO_LABELS[a]} </final_grade_A>\n"
+            f"<final_grade_B> FINAL GRADE: {b} - {MENLO_LABELS[b]} </final_grade_B>")
+
+
+@dataclass
+class Config(JobSections):
+    data: DataConfig = field(default_factory=DataConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    # the preference trainer with loss sft (paper: TRL, lr 2e-5)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(loss="sft", lr=2e-5))
+
+    def validate(self) -> None:
+        # the data and prompt sections are judge_grpo's: the same checks
+        GRPOJobConfig(data=self.data, prompt=self.prompt).validate_inputs()
+        self.wandb.validate()
+        check_local_root(self.run.root)
+        if self.train.loss != "sft":
+            raise ConfigError(f"train.loss: judge SFT trains with 'sft', got {self.train.loss!r}")
+        try:
+            self.train.validate()
+        except ValueError as exc:
+            raise ConfigError(f"train.{exc}") from None
+
+
+def sft_rows(cfg: Config) -> pd.DataFrame:
+    rows = judge_rows(GRPOJobConfig(data=cfg.data, prompt=cfg.prompt))
+    return rows.assign(target=[verdict_target(a, b) for a, b in zip(rows["gold_a"], rows["gold_b"])])
+
+
+def stage_train(store: RunStore, cfg: Config, wandb_on: bool) -> StageResult:
+    def produce(out_dir: str) -> dict:
+        from train.trainer import run_training
+
+        rows = store.read_stage("rows").to_pandas()
+        train, val = ([{"prompt_messages": p, "target": t} for p, t in zip(part["prompt_messages"], part["target"])]
+                      for part in (rows[rows["role"] == "train"], rows[rows["role"] == "val"]))
+        if len(train) < cfg.train.global_batch_size:
+            raise ConfigError(f"train: {len(train)} training rows, fewer than one global batch "
+                              f"({cfg.train.global_batch_size}); lower train.micro_batch_size / grad_accum")
+        trainer = dataclasses.replace(cfg.train, run_name="judge-sft", wandb=wandb_on,
+                                      wandb_project=cfg.wandb.project)
+        started = time.time()
+        result = run_training(trainer, train, val or None, run_dir=f"{out_dir}/run", wandb_dir=store.path)
+        metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+        write_table(pa.Table.from_pylist([metrics]), out_dir)
+        return {"train_rows": len(train), "val_rows": len(val), "steps": metrics.get("step"),
+                "loss": metrics.get("loss"), "seconds": round(time.time() - started, 3)}
+
+    wandb_on = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
+    return store.run_stage("train", {"train": dataclasses.asdict(cfg.train), "wandb": wandb_on}, produce)
+
+
+def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    sft_rows(cfg)  # bad data fails before the run directory (and its manifest) exists
+    run = open_run(JOB, cfg, config_path)
+    store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
+    key = {"data": dataclasses.asdict(cfg.data), "prompt": dataclasses.asdict(cfg.prompt), "target": "no_cot_v1",
+           "data_sha": file_sha(cfg.data.path), "rubrics_sha": file_sha(cfg.prompt.rubrics)}
+    results = [stage_rows(store, key, lambda: sft_rows(cfg))]
+    init_ray(cfg.ray)
+    results.append(stage_train(store, cfg, cfg.wandb.enabled and cfg.wandb.mode != "disabled"))
+    table = pd.DataFrame([{"stage": r.name, "skipped": r.skipped, "rows": r.rows, "seconds": round(r.seconds, 3),
+                           **{k: v for k, v in r.summary.items() if isinstance(v, (int, float, str))}}
+                          for r in results])
+    store.write_text("summary.md", "# Judge SFT (paper 003 Table 5)\n\n" + table.to_markdown(index=False) + "\n\n"
+                     f"Adapter: `{store.path}/train/run/adapter`\n")
+    for result in results:
+        tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+    store.finish({"adapter": f"{store.path}/train/run/adapter"})
+    tracker.finish()
+    return table
+
+
+if __name__ == "__main__":
+    entry("jobs.judge_sft")
