@@ -89,9 +89,13 @@ def initial_lora(model_dir: str, cfg: job.Config) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
 
 
-def history(train_dir: Path) -> list[dict]:
-    (run_file,) = find_run_files(train_dir / "run" / "ray")  # rank 0's offline run
-    return [row for row in read_run(run_file)["history"] if "reward/groups" in row]
+def history(run_dir: Path) -> list[dict]:
+    """Rank 0's training history: W&B writes it in the run directory (beside the driver's run, which has no
+    reward/groups rows), so `wandb sync <run>/wandb/...` finds it after the stage folder is renamed."""
+    runs = [rows for rows in ([row for row in read_run(f)["history"] if "reward/groups" in row]
+                              for f in find_run_files(run_dir)) if rows]
+    (rows,) = runs
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +122,7 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
 
     assert "grm-grpo-test" not in serve.status().applications, "the job must delete the app it deployed"
     run = Path(cfg.run.root) / "policy_grpo" / "served"
-    steps = history(run / "train")
+    steps = history(run)
     assert [row["step"] for row in steps] == [1, 2]
     # 4 prompts x 1 epoch: 4 groups of 3 rollouts; the UNJUDGEABLE one fails inside the service (null rewards)
     assert sum(row["reward/groups"] for row in steps) == 4

@@ -303,7 +303,7 @@ def test_bad_requests_are_named(tiny_engine):
 
 
 def test_prompt_longer_than_context_is_an_error_completion(tiny_engine):
-    [completion] = tiny_engine.generate([ask("word " * 3000)])
+    [completion] = tiny_engine.generate([ask("word " * 9000)])  # past the tiny model's 8192 positions
     assert completion.finish_reason == "error"
     assert "context" in completion.error
 

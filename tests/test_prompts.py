@@ -34,7 +34,8 @@ TEMPLATE_FILES = sorted(PROMPTS_DIR.glob("*.yaml"))
 EXPECTED_TEMPLATES = {
     "simplify_lexical", "simplify_overall", "simplify_lexical_zeroshot", "simplify_overall_zeroshot",
     "judge_policy", "parse_ptb", "jury_score", "synth_complex", "synth_simplify", "jury_pairwise",
-    "judge_policy_brief", "jury_pairwise_brief", "menlo_pairwise", "menlo_pointwise", "menlo_pointwise_fewshot", "menlo_grpo_grm",
+    "judge_policy_brief", "jury_pairwise_brief", "menlo_pairwise", "menlo_pointwise", "menlo_pointwise_fewshot",
+    "menlo_grpo_grm", "menlo_pairwise_fewshot", "jury_score_1shot", "jury_score_norationale",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -104,12 +105,16 @@ def test_jury_keeps_and_counts_unparseable_outputs(ray_local, tiny_model_dir, tm
                           "generation_error": ""})
     judge = JudgeConfig(name="j", engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
                         sampling=SamplingConfig(max_tokens=6), pool=PoolConfig(num_cpus=0.5, batch_size=4),
-                        max_parse_retries=2)
+                        max_parse_retries=2, constrained=False)
     out = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge]), "").to_pandas()
-    # a random model never writes "Answer: [k]": every judgment is kept, retried twice, and marked
+    # decoding freely, a random model never writes "Answer: [k]": every judgment is kept, retried twice, and marked
     assert len(out) == 4
     assert (out["parse_error"] != "").all() and (out["attempts"] == 3).all()
     assert out["score"].isna().all()
+    # under the score grammar (the default) the same model's every judgment parses at the first attempt
+    judge = dataclasses.replace(judge, constrained=True)
+    out = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge]), "").to_pandas()
+    assert (out["parse_error"] == "").all() and (out["attempts"] == 1).all() and out["score"].between(1, 5).all()
 
 
 def test_best_worst_order_is_fixed_by_default_or_shuffled_reproducibly(ray_local, tiny_model_dir):
