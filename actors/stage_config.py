@@ -27,7 +27,7 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
     def check(self, where: str) -> None:
-        """Called on every sampling section of every job config (jobs.config.check_tree) with its dotted key."""
+        """Called on every sampling section of every job config (core.config.check_tree) with its dotted key."""
         check_sampling(self, where)
 
     def to_params(self) -> SamplingParams:

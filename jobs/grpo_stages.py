@@ -4,7 +4,7 @@
     train  `train.grpo_trainer.run_grpo` on Ray Train; the stage holds one row of final metrics and, under
            train/run/, the adapter (train/run/adapter), Ray Train's checkpoints and the workers' W&B files
 
-Both are skipped on resume when their config hash is unchanged, like every stage (`jobs/runstore.py`).
+Both are skipped on resume when their config hash is unchanged, like every stage (`core/runstore.py`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.config import ConfigError
-from jobs.runstore import RunStore, StageResult, write_table
-from jobs.tracking import Tracker, WandbConfig
+from core.config import ConfigError
+from core.runstore import RunStore, StageResult, write_table
+from core.tracking import Tracker, WandbConfig
 from train.grpo_trainer import GRPOConfig
 
 log = logging.getLogger("quorum.grpo")

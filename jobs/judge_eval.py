@@ -46,12 +46,12 @@ from eval import judge_report as rep
 from eval import menlo_data as md
 from eval.jury_meta import Bootstrap
 from jobs.cli import entry
-from jobs.config import ConfigError, require_file
+from core.config import ConfigError, require_file
 from jobs.jury_eval import stage_frame, to_dataset
 from jobs.policy_simplify import model_key
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
-from jobs.runstore import RunStore
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from core.runstore import RunStore
 
 log = logging.getLogger("quorum.judge_eval")
 JOB = "judge_eval"

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from eval.menlo_data import DIMENSIONS, SPLITS, Protocol, build_items, load_rubrics, read_menlo_jsonl
+from eval.prompts import TemplateName
 from jobs.cli import entry
-from jobs.config import ConfigError, require_file
+from core.config import ConfigError, require_file
 from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
                               validate_grpo)
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
 from train.grpo_trainer import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 
@@ -61,7 +62,7 @@ class DataConfig:
 @dataclass
 class PromptConfig:
     # pairwise judge template with the variables of configs/prompts/menlo_pairwise.yaml
-    template: str = "menlo_pairwise"
+    template: TemplateName = "menlo_pairwise"
     rubrics: str = "configs/data/menlo_rubrics.yaml"
     # the dimension's graded rubric (true) or only the five labels (false: a much shorter prompt)
     rubric: bool = True

@@ -39,11 +39,11 @@ import pandas as pd
 
 from eval.menlo_data import DIMENSIONS, SPLITS, load_rubrics, read_menlo_jsonl
 from jobs.cli import entry
-from jobs.config import ConfigError, load_config, require_file
+from core.config import ConfigError, load_config, require_file
 from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
                               validate_grpo)
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
 from serve.config import ServeConfig
 from serve.reward_client import RewardServiceConfig
 from train.grpo_trainer import GRPOConfig
@@ -176,7 +176,7 @@ def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
     from ray import serve
 
     from serve.app import make_app
-    from serve.cli import wait_until_running
+    from jobs.serve_grm import wait_until_running
 
     http = serve_cfg.serve
     serve.start(http_options={"host": http.host, "port": http.port})

@@ -34,14 +34,15 @@ from actors.selector import SelectorConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from eval.jury_tables import candidate_scores, system_table
 from jobs.cli import entry
-from jobs.config import ConfigError, check_template, one_of, require_file
+from core.config import ConfigError, one_of, require_file
+from eval.prompts import check_template
 from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, first_sources,
                                 load_eval_set, rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
-from jobs.jobrun import JobSections, open_run
+from core.jobrun import JobSections, open_run
 from jobs.policy_references import (SIGNAL_BOOT, corpus_has_references, references_json, stage_judge_signal,
                                     stage_oracle_select, stage_sft_data)
-from jobs.ray_env import init_ray
-from jobs.runstore import RunStore, write_table
+from core.ray_env import init_ray
+from core.runstore import RunStore, write_table
 
 log = logging.getLogger("quorum.policy_simplify")
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from actors.corpus import CorpusError, read_corpus, read_standard
+from actors.corpus import read_corpus, read_standard
+from core.errors import CorpusError
 from actors.engine import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
-from jobs.config import ConfigError
-from jobs.runstore import RunStore, StageResult, write_table
+from core.config import ConfigError
+from core.runstore import RunStore, StageResult, write_table
 from train.pairs import build_pairs, preference_distribution
 from train.trainer import TrainConfig
 

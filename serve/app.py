@@ -35,7 +35,7 @@ from actors.engine import ChatRequest, Completion
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
 from eval.judge_grammar import judge_grammar
-from jobs.config import ConfigError, build, with_defaults
+from core.config import ConfigError, build, with_defaults
 from serve import protocol as P
 from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name

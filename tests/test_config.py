@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main as cli_main
-from jobs.config import ConfigError, apply_override, config_hash, load_config
+from core.config import ConfigError, apply_override, config_hash, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from jobs.config import load_config
+from core.config import load_config
 from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
 from train.trainer import DeepSpeedSection, TrainConfig, worker_env
 

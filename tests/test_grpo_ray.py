@@ -26,7 +26,7 @@ from wandb_reader import find_run_files, read_run
 
 import jobs.policy_grpo as job
 from eval.menlo_parse import MENLO_LABELS
-from jobs.config import load_config
+from core.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -12,7 +12,7 @@ PURE = sorted(
     [f"eval.{p.stem}" for p in (REPO / "eval").glob("*.py") if p.stem != "__init__"]
     + ["train.losses", "train.logprobs", "train.advantages", "train.pairs", "train.pairs_data", "train.ds_config",
        "train.judge_reward", "train.grpo_batch",
-       "actors.engine", "actors.token_sampling", "actors.corpus", "actors.ratings", "actors.cache", "jobs.config",
+       "actors.engine", "actors.token_sampling", "actors.corpus", "actors.ratings", "actors.cache", "core.config",
        "serve.protocol", "serve.rewards"]
 )
 FORBIDDEN = ("ray", "vllm", "deepspeed")

@@ -157,7 +157,7 @@ def test_stop_during_jury_then_resubmit_resumes(head, tiny_model_dir, tmp_path):
 
 JOIN_CHECK = """
 import ray
-from jobs.ray_env import RayConfig, init_ray
+from core.ray_env import RayConfig, init_ray
 
 ray.init()  # what a bare ray.init() does on a machine where `ray start` recorded a cluster
 print("bare", ray.get_runtime_context().gcs_address, flush=True)

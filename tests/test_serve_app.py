@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.config import load_config
+from core.config import load_config
 from serve.config import ServeConfig
 
 pytestmark = pytest.mark.slow
@@ -302,7 +302,7 @@ def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
     from ray import serve
 
     from serve.app import build_app
-    from serve.cli import app_args
+    from jobs.serve_grm import app_args
 
     cfg = load_config(ServeConfig, REPO / "configs" / "grm.yaml", [
         f"judge.engine.model={smollm2_dir}", "judge.engine.num_threads=1", "serve.auth_token_env=",

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from actors.engine import Completion, SamplingParams
-from jobs.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from serve import protocol as P
 from serve import rewards as R
 from serve.config import ServeConfig
@@ -319,7 +319,7 @@ def test_print_config_is_a_valid_serve_config_without_secrets(monkeypatch, capsy
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    from serve.cli import main
+    from jobs.serve_grm import main
 
     monkeypatch.setenv("QUORUM_SERVE_TOKEN", "very-secret-token")
     assert main([str(REPO / "configs" / "grm.yaml"), "serve.port=8123", "--print-config"]) == 0

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from jobs.config import ConfigError, apply_override, read_yaml, with_defaults
+from core.config import ConfigError, apply_override, read_yaml, with_defaults
 
 HOME_ENV = "QUORUM_HOME"
 # set by Ray's job supervisor for a submitted job's entrypoint (and only there)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.config import config_hash
+from core.config import config_hash
 
 log = logging.getLogger(__name__)
 
