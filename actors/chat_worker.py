@@ -20,7 +20,8 @@ from typing import Callable
 import pandas as pd
 
 from actors.cache import RequestCache, request_key
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, build_engine
+from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.engines import build_engine
 from actors.secrets import Secrets
 
 COMPLETION_COLUMNS = (

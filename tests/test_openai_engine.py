@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams, build_engine
+from actors.engine import ChatRequest, EngineSpec, SamplingParams
+from actors.engines import build_engine
 from actors.openai_engine import (
     OpenAIEngine,
     build_chat_body,
