@@ -45,7 +45,7 @@ from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
 from serve.config import ServeConfig
-from serve.reward_client import RewardServiceConfig
+from train.reward_client import RewardServiceConfig
 from train.grpo_trainer import GRPOConfig
 
 log = logging.getLogger("quorum.policy_grpo")
