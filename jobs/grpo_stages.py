@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from core.config import ConfigError
 from core.runstore import RunStore, StageResult, write_table
 from core.tracking import Tracker, WandbConfig
-from train.grpo_trainer import GRPOConfig
+from train.config import GRPOConfig
 
 log = logging.getLogger("quorum.grpo")
 

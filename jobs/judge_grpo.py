@@ -35,7 +35,7 @@ from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage
                               validate_grpo)
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
-from train.grpo_trainer import GRPOConfig
+from train.config import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 
 log = logging.getLogger("quorum.judge_grpo")

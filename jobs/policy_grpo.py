@@ -46,7 +46,7 @@ from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
 from serve.config import ServeConfig
 from train.reward_client import RewardServiceConfig
-from train.grpo_trainer import GRPOConfig
+from train.config import GRPOConfig
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"

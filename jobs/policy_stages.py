@@ -24,7 +24,7 @@ from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from core.config import ConfigError
 from core.runstore import RunStore, StageResult, write_table
 from train.pairs import build_pairs, preference_distribution
-from train.trainer import TrainConfig
+from train.config import TrainConfig
 
 # policy -> how the demo references file names that policy's references
 REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewriting"}

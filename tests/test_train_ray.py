@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 from wandb_reader import find_run_files, read_run
 
-from train.trainer import DeepSpeedSection, LoraSection, TrainConfig, run_training
+from train.config import DeepSpeedSection, LoraSection, TrainConfig
+from train.trainer import run_training
 
 # the timeout turns a wait for CPUs held by another test's Ray actors into a failure instead of a hang
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -44,7 +44,7 @@ from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, w
 from train.logprobs import sequence_logps
 from train.losses import compute_preference_loss
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
-from train.trainer import TrainConfig
+from train.config import TrainConfig
 
 Metrics = dict[str, float]
 
