@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 

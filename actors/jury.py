@@ -30,8 +30,14 @@ from eval.aggregate import shuffle_order, to_original_index
 from eval.judge_grammar import judge_grammar
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_pairwise
-from eval.prompts import (TemplateName, load_template, prompt_path, render_alignments_section, render_candidates_block,
-                          render_parses_section)
+from eval.prompts import (
+    TemplateName,
+    load_template,
+    prompt_path,
+    render_alignments_section,
+    render_candidates_block,
+    render_parses_section,
+)
 
 ASPECTS = ("Lexical", "Structural", "Overall")
 

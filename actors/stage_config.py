@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from actors.engine import EngineSpec, SamplingParams, check_sampling
 from actors.secrets import Secrets
 
-
 # CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
 # model pools reserve every core (two 1-CPU pools on a 2-core box) and starve these tasks: the stage would hang.
 LIGHT_CPU = 0.25

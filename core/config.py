@@ -19,13 +19,13 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 import yaml
 
 from core.errors import ConfigError
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading YAML and applying overrides

@@ -17,8 +17,9 @@ way when it is set, and nothing changes when it is not. Pure: no Ray import.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from core.config import ConfigError, apply_override, read_yaml, with_defaults
 

@@ -21,10 +21,10 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -86,7 +86,7 @@ def _alive(pid: int) -> bool:
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=Path(__file__).resolve().parents[1], check=False)
         return out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""

@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib
 import sys
 
+from core.config import ConfigError, load_config, read_yaml
 from core.errors import CorpusError
+from core.paths import path_overrides
 from eval.menlo_data import MenloDataError
 from eval.prompts import PromptError
-from core.config import ConfigError, load_config, read_yaml
-from core.paths import path_overrides
 
 # bad input files: each message names the file and line; exit 2 like a config error
 INPUT_ERRORS = (CorpusError, MenloDataError, PromptError)

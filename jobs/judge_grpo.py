@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from core.config import ConfigError, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
 from eval.menlo_data import DIMENSIONS, SPLITS, Protocol, build_items, load_rubrics, read_menlo_jsonl
 from eval.prompts import TemplateName
 from jobs.cli import entry
-from core.config import ConfigError, require_file
-from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
-                              validate_grpo)
-from core.jobrun import JobSections, open_run
-from core.ray_env import init_ray
+from jobs.grpo_stages import adapter_dir, check_splits, file_sha, report, stage_rows, stage_train, validate_grpo
 from train.config import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 

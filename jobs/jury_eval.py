@@ -29,19 +29,19 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 
-from actors.ratings import read_asset_ratings, read_simpeval
 from actors.jury import JuryConfig
+from actors.ratings import read_asset_ratings, read_simpeval
 from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names, engine_secrets
+from core.config import ConfigError, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from core.runstore import RunStore, write_table
 from eval import jury_meta as meta
 from eval import report_html as rep
 from eval import synth_bench as bench
 from eval.prompts import TemplateName
 from jobs.cli import entry
-from core.config import ConfigError, require_file
 from jobs.policy_simplify import model_key
-from core.jobrun import JobSections, open_run
-from core.ray_env import init_ray
-from core.runstore import RunStore, write_table
 
 log = logging.getLogger("quorum.jury_eval")
 JOB = "jury_eval"

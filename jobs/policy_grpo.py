@@ -37,16 +37,15 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from eval.menlo_data import DIMENSIONS, SPLITS, load_rubrics, read_menlo_jsonl
-from jobs.cli import entry
 from core.config import ConfigError, load_config, require_file
-from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
-                              validate_grpo)
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
+from eval.menlo_data import DIMENSIONS, SPLITS, load_rubrics, read_menlo_jsonl
+from jobs.cli import entry
+from jobs.grpo_stages import adapter_dir, check_splits, file_sha, report, stage_rows, stage_train, validate_grpo
 from serve.config import ServeConfig
-from train.reward_client import RewardServiceConfig
 from train.config import GRPOConfig
+from train.reward_client import RewardServiceConfig
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
@@ -175,8 +174,8 @@ def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
     """Deploy the GRM app in the connected Ray cluster (as `quorum serve --detach` would); return its base URL."""
     from ray import serve
 
-    from serve.app import make_app
     from jobs.serve_grm import wait_until_running
+    from serve.app import make_app
 
     http = serve_cfg.serve
     serve.start(http_options={"host": http.host, "port": http.port})

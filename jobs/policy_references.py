@@ -20,8 +20,8 @@ import json
 import pandas as pd
 import pyarrow as pa
 
-from jobs.policy_stages import demo_eval_set
 from core.runstore import RunStore, StageResult, write_table
+from jobs.policy_stages import demo_eval_set
 
 REFERENCE_FORMATS = ("turkcorpus", "asset")
 # bootstrap resamples of the judge-signal CIs: fixed, not evaluate.n_boot, because the stage sits before pairs and

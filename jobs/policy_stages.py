@@ -17,14 +17,14 @@ import pandas as pd
 import pyarrow as pa
 
 from actors.corpus import read_corpus, read_standard
-from core.errors import CorpusError
 from actors.engine import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from core.config import ConfigError
+from core.errors import CorpusError
 from core.runstore import RunStore, StageResult, write_table
-from train.pairs import build_pairs, preference_distribution
 from train.config import TrainConfig
+from train.pairs import build_pairs, preference_distribution
 
 # policy -> how the demo references file names that policy's references
 REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewriting"}

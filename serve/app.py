@@ -34,8 +34,8 @@ from actors.cache import request_key
 from actors.engine import ChatRequest, Completion
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
-from eval.judge_grammar import judge_grammar
 from core.config import ConfigError, build, with_defaults
+from eval.judge_grammar import judge_grammar
 from eval.reward_wire import GroupRewardResponse
 from serve import protocol as P
 from serve import rewards as R

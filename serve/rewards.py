@@ -20,8 +20,7 @@ import itertools
 
 from actors.engine import Completion
 from eval.menlo_parse import parse_menlo_grades
-from eval.reward_wire import (REWARD_DEFINITIONS, SCHEMES, GroupCounts, GroupRewardResponse, ItemReward,
-                              JudgmentOut)
+from eval.reward_wire import REWARD_DEFINITIONS, SCHEMES, GroupCounts, GroupRewardResponse, ItemReward, JudgmentOut
 from serve.protocol import extract_rationale, judge_text, status_of, usage_of
 
 REFERENCE = -1

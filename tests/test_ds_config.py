@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from core.config import load_config
-from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
 from train.config import DeepSpeedSection, TrainConfig
+from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
 from train.trainer import worker_env
 
 

@@ -6,7 +6,6 @@ GPU run: `python -m pytest tests/test_vllm_engine.py -m gpu -q` (needs `pip inst
 from __future__ import annotations
 
 import dataclasses
-
 import subprocess
 import sys
 from types import SimpleNamespace

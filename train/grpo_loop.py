@@ -38,10 +38,18 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from train.advantages import aggregate_token_losses, grpo_policy_loss
-from train.grpo_batch import (GroupOutcome, completion_logps, completion_window, finish_outcome_metrics,
-                              micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
-from train.grpo_rewards import build_reward
 from train.config import GRPOConfig
+from train.grpo_batch import (
+    GroupOutcome,
+    completion_logps,
+    completion_window,
+    finish_outcome_metrics,
+    micro_batch_slices,
+    outcome_advantages,
+    outcome_sums,
+    trim_completion,
+)
+from train.grpo_rewards import build_reward
 from train.grpo_validate import BestAdapter, validate
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint

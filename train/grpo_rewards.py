@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
-from train.reward_client import GroupRewardClient, RewardServiceConfig
 from train.grpo_batch import GroupOutcome
 from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward
+from train.reward_client import GroupRewardClient, RewardServiceConfig
 
 REWARD_KINDS = ("judge", "grm")
 ROW_KEYS = {"judge": ("gold_a", "gold_b"), "grm": ("judge_prompt",)}

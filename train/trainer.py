@@ -31,6 +31,7 @@ from typing import Any
 
 from train.config import TrainConfig, TrainerBase
 
+
 @dataclasses.dataclass
 class TrainResult:
     """What a finished run leaves behind."""
