@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from core.config import config_hash
+from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,12 @@ class RunConfig:
         key = f"{where}.id" if where else "id"
         if self.id and (self.id in (".", "..") or any(c in self.id for c in "/\\\0")):
             raise ValueError(f"{key}: {self.id!r} must be a plain directory name (no '/', '\\' or '..')")
+
+    def require_local(self, when: str = "") -> None:
+        """A job that trains writes its adapter under the run directory, which later stages and workers read."""
+        if "://" in self.root:
+            raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
+                              f"or shared-filesystem path{' ' + when if when else ''}")
 
 
 @dataclass

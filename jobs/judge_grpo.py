@@ -30,10 +30,10 @@ import pandas as pd
 from core.config import ConfigError, require_file
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
-from eval.menlo_data import DIMENSIONS, SPLITS, Protocol, build_items, load_rubrics, read_menlo_jsonl
+from eval.menlo_data import DIMENSIONS, Protocol, build_items, load_rubrics, read_menlo_jsonl
 from eval.prompts import TemplateName
 from jobs.cli import entry
-from jobs.grpo_stages import adapter_dir, check_splits, file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.grpo_stages import GRPOData, adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
 from train.config import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 
@@ -42,18 +42,9 @@ JOB = "judge_grpo"
 
 
 @dataclass
-class DataConfig:
-    # MENLO-format JSONL (fields: eval/menlo_data.py)
-    path: str = "configs/data/menlo_grpo_train.jsonl"
-    splits: list[str] = field(default_factory=lambda: ["train"])
-    # held-out pairs validated every grpo.eval_every steps (best adapter kept); [] = no validation
-    val_splits: list[str] = field(default_factory=list)
-    # keep the first N validation pairs (0 = all)
-    val_limit: int = 0
-    # [] = all four dimensions (the paper trains one multi-task judge)
-    dimensions: list[str] = field(default_factory=list)
-    # keep the first N pairs after filtering (0 = all)
-    limit: int = 0
+class DataConfig(GRPOData):
+    """MENLO pairs (rows = judge prompts); all four dimensions by default: the paper trains one multi-task judge."""
+
     # both A/B orders of every pair, gold grades swapped with them (paper 003 §3.1, after J1)
     both_orders: bool = True
 
@@ -77,24 +68,18 @@ class Config(JobSections):
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def validate(self) -> None:
-        require_file(self.data.path, "data.path")
+        self.data.validate_data()
         require_file(self.prompt.rubrics, "prompt.rubrics")
-        check_splits(self.data.splits, self.data.val_splits, SPLITS)
         for dim in self.data.dimensions:
             if dim not in DIMENSIONS:
                 raise ConfigError(f"data.dimensions: {dim!r} is not one of {list(DIMENSIONS)}")
-        for key in ("limit", "val_limit"):
-            if getattr(self.data, key) < 0:
-                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self.data, key)}")
         try:
             self.protocol().validate("prompt")
             self.reward.validate()
         except ValueError as exc:
             raise ConfigError(str(exc) if str(exc).startswith("prompt.") else f"reward.{exc}") from None
         self.wandb.validate()
-        if "://" in self.run.root:
-            raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
-                              "or shared-filesystem path")
+        self.run.require_local()
         validate_grpo(self.grpo)
 
     def protocol(self) -> Protocol:

@@ -144,9 +144,7 @@ class Config(JobSections):
             if self.train.policy not in self.policies:
                 raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies "
                                   f"{list(self.policies)}")
-            if "://" in self.run.root:
-                raise ConfigError("run.root: training writes its adapter under the run directory, which must be a "
-                                  "local or shared-filesystem path when train.enabled is true")
+            self.run.require_local("when train.enabled is true")
             try:
                 self.train.trainer.validate()
             except ValueError as exc:
