@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 
 from actors.cache import RequestCache, request_key
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, build_engine
+from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.engines import build_engine
 from actors.secrets import Secrets
 
 COMPLETION_COLUMNS = (

@@ -10,7 +10,6 @@ The module is pure (pandas + pyarrow); the Ray Data wrapping lives elsewhere. Tr
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -19,13 +18,12 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from actors.corpus_files import check_file, csv_line_number, read_csv_frame
+from actors.ratings import read_asset_ratings, read_simpeval
+from core.errors import CorpusError
+
 FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 STANDARD_KINDS = ("jsonl", "parquet", "csv", "turkcorpus", "asset", "asset_ratings", "simpeval", "cord")
-MISSING_TOKENS = {"", "nan", "na", "n/a", "null", "none"}
-
-
-class CorpusError(ValueError):
-    """Raised when a corpus file is missing, malformed or empty; the message names the file and line."""
 
 
 # ----------------------------------------------------------------------------- generic corpora
@@ -51,7 +49,7 @@ def read_corpus(path, fmt="auto", text_column="text", id_column=None, limit=None
         CorpusError: missing file, unknown format, malformed line, missing column, empty or
             non-string text, duplicate ids, or an empty corpus.
     """
-    path = _check_file(path)
+    path = check_file(path)
     fmt = _resolve_format(path, fmt)
     if fmt == "jsonl":
         raw, positions = _load_jsonl(path, limit, offset)
@@ -60,13 +58,6 @@ def read_corpus(path, fmt="auto", text_column="text", id_column=None, limit=None
     else:
         raw, positions = _load_parquet(path, limit, offset)
     return _finish_corpus(raw, positions, path, fmt, text_column, id_column)
-
-
-def _check_file(path) -> Path:
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: file not found")
-    return path
 
 
 def _resolve_format(path: Path, fmt: str) -> str:
@@ -128,19 +119,10 @@ def _parse_json_line(path: Path, line: str, number: int) -> dict:
     return record
 
 
-def _read_csv_frame(path: Path, **kw) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path, keep_default_na=False, **kw)
-    except pd.errors.EmptyDataError as err:
-        raise CorpusError(f"{path} is empty (no header, no rows)") from err
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise CorpusError(f"{path}: malformed CSV: {str(err).strip()}") from err
-
-
 def _load_csv(path: Path, limit, offset, text_column, id_column) -> tuple[pd.DataFrame, list[int]]:
     """Read a CSV corpus. Only empty cells become NaN; text and id cells are read as strings."""
     str_columns = {name: str for name in (text_column, id_column) if name is not None}
-    frame = _read_csv_frame(path, na_values=[""], dtype=str_columns)
+    frame = read_csv_frame(path, na_values=[""], dtype=str_columns)
     window = _slice_window(len(frame), limit, offset, path)
     return frame.iloc[window.start:window.stop].reset_index(drop=True), list(window)
 
@@ -159,20 +141,8 @@ def _place(path: Path, fmt: str, position: int) -> str:
     if fmt == "jsonl":
         return f"line {position + 1}"
     if fmt == "csv":
-        return f"line {_csv_line_number(path, position)}"
+        return f"line {csv_line_number(path, position)}"
     return f"row {position + 1}"
-
-
-def _csv_line_number(path: Path, row: int) -> int:
-    """Return the 1-based physical line where data row ``row`` (0-based) starts; the header is line 1."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        start = 1
-        for index, _ in enumerate(reader):
-            if index == row + 1:
-                return start
-            start = reader.line_num + 1
-    return start
 
 
 def _finish_corpus(raw, positions, path, fmt, text_column, id_column) -> pd.DataFrame:
@@ -234,7 +204,7 @@ def _read_aligned(source: Path, references: list[Path]) -> tuple[list[str], list
     """Read a source file and its line-aligned reference files; counts must match, lines be non-empty."""
     columns = []
     for path in [source, *references]:
-        lines = _read_lines(_check_file(path))
+        lines = _read_lines(check_file(path))
         if columns and len(lines) != len(columns[0]):
             raise CorpusError(f"{path} has {len(lines)} lines but {source} has {len(columns[0])}")
         for number, line in enumerate(lines, start=1):
@@ -316,8 +286,6 @@ def read_standard(kind, path, **kw) -> pd.DataFrame:
     if kind == "asset":
         return read_asset(path, **kw)
     if kind in ("asset_ratings", "simpeval"):
-        from actors.ratings import read_asset_ratings, read_simpeval  # ratings build on this module
-
         return (read_asset_ratings if kind == "asset_ratings" else read_simpeval)(path, **kw)
     if kind == "cord":
         return read_cord(path, **kw)

@@ -2,7 +2,8 @@
 
 Pure module (no ray, no torch at import time) so that parsers, caches and tests can use the types freely.
 Implementations: `actors.hf_engine.HFEngine` (transformers, CPU/GPU), `actors.vllm_engine.VLLMEngine` (GPU),
-`actors.openai_engine.OpenAIEngine` (any OpenAI-compatible endpoint). `build_engine` picks one from an `EngineSpec`.
+`actors.openai_engine.OpenAIEngine` (any OpenAI-compatible endpoint). `actors.engines.build_engine` picks one from an
+`EngineSpec`; the implementations import this module, never the factory.
 """
 
 from __future__ import annotations
@@ -210,20 +211,3 @@ def split_thinking(text: str) -> tuple[str, str]:
         answer, tail = answer.split("<think>", 1)
         reasoning.append(tail.strip())
     return answer.strip(), "\n".join(r for r in reasoning if r)
-
-
-def build_engine(spec: EngineSpec) -> Engine:
-    """Instantiate the engine named by `spec.kind`. Heavy imports happen here, not at module import."""
-    if spec.kind == "hf":
-        from actors.hf_engine import HFEngine
-
-        return HFEngine(spec)
-    if spec.kind == "vllm":
-        from actors.vllm_engine import VLLMEngine
-
-        return VLLMEngine(spec)
-    if spec.kind == "openai":
-        from actors.openai_engine import OpenAIEngine
-
-        return OpenAIEngine(spec)
-    raise ValueError(f"engine.kind: unknown engine kind {spec.kind!r} (expected hf, vllm or openai)")

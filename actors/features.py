@@ -20,6 +20,7 @@ import ray.data
 
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, PoolConfig, engine_secrets
+from eval.prompts import TemplateName
 
 
 @dataclass
@@ -37,7 +38,7 @@ class AlignConfig:
 class ParseConfig:
     enabled: bool = False
     model: ModelConfig = field(default_factory=lambda: ModelConfig(name="parser"))
-    template: str = "parse_ptb"
+    template: TemplateName = "parse_ptb"
 
 
 @dataclass

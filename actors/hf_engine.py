@@ -198,18 +198,22 @@ def validate_spec(spec: EngineSpec) -> None:
 
 
 def validate_request(index: int, request: ChatRequest) -> None:
-    """Raise ValueError naming the field of `requests[index]` that is malformed."""
+    """Raise ValueError naming the field of `requests[index]` that is malformed.
+
+    A wrong type is a ValueError too (TRY004 is silenced below): callers catch one error type for any bad request.
+    """
     where = f"requests[{index}]"
     if not isinstance(request, ChatRequest):
-        raise ValueError(f"{where}: expected a ChatRequest, got {type(request).__name__}")
+        raise ValueError(f"{where}: expected a ChatRequest, got {type(request).__name__}")  # noqa: TRY004
     if not isinstance(request.messages, list) or not request.messages:
         raise ValueError(f"{where}.messages: expected a non-empty list of {{role, content}} dicts")
     for j, message in enumerate(request.messages):
         if not isinstance(message, dict):
-            raise ValueError(f"{where}.messages[{j}]: expected a dict, got {type(message).__name__}")
+            raise ValueError(f"{where}.messages[{j}]: expected a dict, got {type(message).__name__}")  # noqa: TRY004
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
-                raise ValueError(f"{where}.messages[{j}].{key}: expected a string, got {message.get(key)!r}")
+                raise ValueError(  # noqa: TRY004
+                    f"{where}.messages[{j}].{key}: expected a string, got {message.get(key)!r}")
     validate_sampling(f"{where}.sampling", request.sampling)
 
 

@@ -30,8 +30,14 @@ from eval.aggregate import shuffle_order, to_original_index
 from eval.judge_grammar import judge_grammar
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_pairwise
-from eval.prompts import (load_template, prompt_path, render_alignments_section, render_candidates_block,
-                          render_parses_section)
+from eval.prompts import (
+    TemplateName,
+    load_template,
+    prompt_path,
+    render_alignments_section,
+    render_candidates_block,
+    render_parses_section,
+)
 
 ASPECTS = ("Lexical", "Structural", "Overall")
 
@@ -39,7 +45,7 @@ ASPECTS = ("Lexical", "Structural", "Overall")
 @dataclass
 class JudgeConfig(ModelConfig):
     # prompt template name in configs/prompts (or a path)
-    template: str = "jury_score"
+    template: TemplateName = "jury_score"
     format: Literal["score", "best_worst", "pairwise"] = "score"
     max_parse_retries: int = 2
     retry_temperature: float = 0.7

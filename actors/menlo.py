@@ -18,8 +18,8 @@ import ray.data
 from actors.chat_worker import ChatWorker
 from actors.jury import with_grammar
 from actors.stage_config import LIGHT_CPU, ModelConfig, engine_secrets
-from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 from eval.menlo_data import to_original
+from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 
 
 @dataclass

@@ -21,8 +21,8 @@ import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
-from typing import NamedTuple
+from datetime import UTC, datetime
+from typing import NamedTuple, Self
 
 import httpx
 
@@ -155,8 +155,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def compute_backoff_s(attempt: int, base_s: float, retry_after_s: float | None, jitter: float) -> float:
@@ -223,7 +223,7 @@ class OpenAIEngine:
     def __repr__(self) -> str:
         return f"OpenAIEngine(model={self._model!r}, url={self._url!r}, api_key_env={self.spec.api_key_env!r})"
 
-    def __enter__(self) -> OpenAIEngine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

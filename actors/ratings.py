@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from actors.corpus import MISSING_TOKENS, CorpusError, _check_file, _csv_line_number, _read_csv_frame
+from actors.corpus_files import MISSING_TOKENS, check_file, csv_line_number, read_csv_frame
+from core.errors import CorpusError
 
 ASSET_ASPECTS = ("fluency", "meaning", "simplicity")
 ASSET_RATING_COLUMNS = ("original", "simplification", "original_sentence_id", "aspect", "worker_id", "rating")
@@ -24,8 +25,8 @@ SIMPEVAL_SYSTEMS = ("GPT-3-zero-shot", "GPT-3-few-shot", "Muss", "T5-3B", "Human
 
 def _read_ratings_csv(path, required, texts) -> pd.DataFrame:
     """Read a ratings CSV as strings; check the ``required`` columns exist and ``texts`` cells are non-empty."""
-    path = _check_file(path)
-    frame = _read_csv_frame(path, dtype=str)
+    path = check_file(path)
+    frame = read_csv_frame(path, dtype=str)
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise CorpusError(f"{path}: missing column(s) {missing}; columns are {list(frame.columns)}")
@@ -34,7 +35,7 @@ def _read_ratings_csv(path, required, texts) -> pd.DataFrame:
     for column in texts:
         for row, cell in enumerate(frame[column]):
             if not cell.strip():
-                raise CorpusError(f"{path}: line {_csv_line_number(path, row)}, column {column!r}: empty text")
+                raise CorpusError(f"{path}: line {csv_line_number(path, row)}, column {column!r}: empty text")
     return frame
 
 
@@ -51,9 +52,9 @@ def _parse_numbers(frame, column, path, kind="float", low=None, high=None) -> li
             value = int(text) if kind == "int" else float(text)
         except ValueError:
             problem = "missing value" if not text else f"non-numeric value {cell!r}"
-            raise CorpusError(f"{path}: line {_csv_line_number(path, row)}, column {column!r}: {problem}") from None
+            raise CorpusError(f"{path}: line {csv_line_number(path, row)}, column {column!r}: {problem}") from None
         if (low is not None and not value >= low) or (high is not None and not value <= high):
-            raise CorpusError(f"{path}: line {_csv_line_number(path, row)}, column {column!r}: "
+            raise CorpusError(f"{path}: line {csv_line_number(path, row)}, column {column!r}: "
                               f"value {value} outside [{low}, {high}]")
         values.append(value)
     return values
@@ -70,7 +71,7 @@ def read_asset_ratings(path) -> pd.DataFrame:
     frame = _read_ratings_csv(path, ASSET_RATING_COLUMNS, ("original", "simplification"))
     for row, aspect in enumerate(frame["aspect"]):
         if aspect not in ASSET_ASPECTS:
-            raise CorpusError(f"{path}: line {_csv_line_number(Path(path), row)}, column 'aspect': "
+            raise CorpusError(f"{path}: line {csv_line_number(Path(path), row)}, column 'aspect': "
                               f"{aspect!r} is not one of {list(ASSET_ASPECTS)}")
     for column in ("original_sentence_id", "worker_id"):
         frame[column] = _parse_numbers(frame, column, Path(path), kind="int")
@@ -93,7 +94,7 @@ def read_simpeval(path, systems: Sequence[str] | None = SIMPEVAL_SYSTEMS) -> pd.
     if systems is not None:
         for row, name in enumerate(frame["system"]):
             if name not in systems:
-                raise CorpusError(f"{path}: line {_csv_line_number(Path(path), row)}, column 'system': unknown "
+                raise CorpusError(f"{path}: line {csv_line_number(Path(path), row)}, column 'system': unknown "
                                   f"system {name!r}; expected one of {list(systems)}")
     frame["original_id"] = _parse_numbers(frame, "original_id", Path(path), kind="int")
     for column in ("rating_1", "rating_2", "rating_3"):

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from actors.engine import EngineSpec, SamplingParams, check_sampling
 from actors.secrets import Secrets
 
-
 # CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
 # model pools reserve every core (two 1-CPU pools on a 2-core box) and starve these tasks: the stage would hang.
 LIGHT_CPU = 0.25
@@ -27,7 +26,7 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
     def check(self, where: str) -> None:
-        """Called on every sampling section of every job config (jobs.config.check_tree) with its dotted key."""
+        """Called on every sampling section of every job config (core.config.check_tree) with its dotted key."""
         check_sampling(self, where)
 
     def to_params(self) -> SamplingParams:

@@ -6,17 +6,21 @@ which other requests share its batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from actors.engine import SamplingParams
 
-if TYPE_CHECKING:
-    from actors.hf_decode import DecodeRow
+
+class SampledRow(Protocol):
+    """What choosing a token needs of a decode row (`actors.hf_decode.DecodeRow`, which imports this module)."""
+
+    sampling: SamplingParams
+    generator: torch.Generator | None
 
 
-def choose_tokens(logits: torch.Tensor, rows: list[DecodeRow]) -> torch.Tensor:
+def choose_tokens(logits: torch.Tensor, rows: list[SampledRow]) -> torch.Tensor:
     """Greedy argmax for rows at temperature 0, a seeded draw for the others.
 
     Args:

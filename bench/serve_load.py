@@ -32,7 +32,7 @@ import time
 
 import httpx
 
-from jobs.config import load_config
+from core.config import load_config
 from serve.config import ServeConfig
 
 APP, PREFIX = "grm-bench", "/bench"

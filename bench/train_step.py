@@ -92,7 +92,8 @@ def measured_tokens_per_s(history: list[dict], warmup: int) -> float:
 
 
 def run(model_dir: str, workers: int, args, out: Path) -> float:
-    from train.trainer import DeepSpeedSection, TrainConfig, run_training
+    from train.config import DeepSpeedSection, TrainConfig
+    from train.trainer import run_training
 
     total = args.warmup + args.steps
     cfg = TrainConfig(model=model_dir, loss="arpo", num_workers=workers, cpus_per_worker=1,
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from actors.models import build_tiny_random_model, resolve_model_dir
-    from train.trainer import LoraSection, TrainConfig
+    from train.config import LoraSection, TrainConfig
 
     out = Path(tempfile.mkdtemp(prefix="bench-train-"))
     model_dir = build_tiny_random_model(out / "tiny") if args.model == "tiny" else resolve_model_dir(args.model)

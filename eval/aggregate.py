@@ -247,7 +247,7 @@ def shuffle_order(n: int, seed: int, key: str) -> list[int]:
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    digest = hashlib.sha256(f"{seed}:{key}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
     order = list(range(n))
     random.Random(int.from_bytes(digest[:8], "big")).shuffle(order)
     return order

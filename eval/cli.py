@@ -108,8 +108,7 @@ def _write_sentence_scores(path: Path, rows: list[dict]) -> None:
     """Written under a temporary name and renamed: a partial file is never mistaken for the scores."""
     partial = _partial_path(path)
     with open(partial, "w", encoding="utf-8") as f:
-        for i, row in enumerate(rows):
-            f.write(json.dumps({"line": i + 1, **row}) + "\n")
+        f.writelines(json.dumps({"line": i + 1, **row}) + "\n" for i, row in enumerate(rows))
     partial.replace(path)
 
 
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # argparse exits on --help and on usage errors; report a code instead
         return int(stop.code or 0)
     metrics = [m for m in args.metrics.split(",") if m.strip()]
-    options = dict(lowercase=args.lowercase, tokenizer=args.tokenizer, bleu_lowercase=args.bleu_lowercase)
+    options = {"lowercase": args.lowercase, "tokenizer": args.tokenizer, "bleu_lowercase": args.bleu_lowercase}
     try:
         orig, out, refs = _load_inputs(args)
         if args.sentence_level is not None:

@@ -31,8 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_THINK_OPEN_RE = re.compile(r"<\s*think\s*>", re.I)
-_THINK_CLOSE_RE = re.compile(r"<\s*/\s*think\s*>", re.I)
+_THINK_OPEN_RE = re.compile(r"<\s*think\s*>", re.IGNORECASE)
+_THINK_CLOSE_RE = re.compile(r"<\s*/\s*think\s*>", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def split_think(text: str) -> tuple[str, bool]:
 # -----------------------------------------------------------------------------
 # Jury score: "... Answer: [k]" (paper 001)
 
-_ANSWER_RE = re.compile(r"answer[\s*_]*:[\s*_]*\[\s*(\d+)\s*\]", re.I)
+_ANSWER_RE = re.compile(r"answer[\s*_]*:[\s*_]*\[\s*(\d+)\s*\]", re.IGNORECASE)
 # a bracketed integer followed by ":" is the rubric being quoted ("[5]: The sentence is fully simplified ..."), which
 # a rationale cut off by max_tokens often ends with: never an answer
 _BRACKET_RE = re.compile(r"\[\s*(\d+)\s*\](?!\s*:)")
@@ -131,9 +131,9 @@ def parse_score(text: str | None, lo: int = 1, hi: int = 5) -> Parsed:
 # Best/worst selection: "Aspect: X, Best: i, Worst: j" (paper 000)
 
 _DECOR = r"[\s*_]*"  # whitespace and markdown emphasis allowed around keys and colons
-_ASPECT_RE = re.compile(rf"\baspect{_DECOR}:{_DECOR}([a-z]+)", re.I)
-_BEST_RE = re.compile(rf"\bbest{_DECOR}:[\s*_{{\[(]*(\d+)", re.I)
-_WORST_RE = re.compile(rf"\bworst{_DECOR}:[\s*_{{\[(]*(\d+)", re.I)
+_ASPECT_RE = re.compile(rf"\baspect{_DECOR}:{_DECOR}([a-z]+)", re.IGNORECASE)
+_BEST_RE = re.compile(rf"\bbest{_DECOR}:[\s*_{{\[(]*(\d+)", re.IGNORECASE)
+_WORST_RE = re.compile(rf"\bworst{_DECOR}:[\s*_{{\[(]*(\d+)", re.IGNORECASE)
 _ASPECT_LINES = 3  # Best/Worst may sit on the header line or the two lines after it
 
 

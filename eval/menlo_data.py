@@ -41,7 +41,7 @@ import pandas as pd
 import yaml
 
 from eval.menlo_parse import MENLO_LABELS
-from eval.prompts import load_template, prompt_path
+from eval.prompts import TemplateName, load_template, prompt_path
 
 DIMENSIONS = ("fluency", "tone", "localized_tone", "localized_factuality")
 REQUIRED = ("pair_id", "dimension", "locale", "prompt", "response_a", "response_b", "gold_a", "gold_b")
@@ -73,7 +73,7 @@ class Protocol:
     # pairwise only: judge (A, B) and (B, A) (needed for the position-bias rate); false = one seeded random order
     both_orders: bool = True
     # prompt template; "" = menlo_pointwise / menlo_pointwise_fewshot / menlo_pairwise / menlo_pairwise_fewshot
-    template: str = ""
+    template: TemplateName = ""
 
     def template_name(self) -> str:
         return self.template or DEFAULT_TEMPLATES[(self.mode, self.fewshot)]

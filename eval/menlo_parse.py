@@ -49,11 +49,11 @@ class MenloGrades:
     raw: str | None = None
 
 
-_STRICT_TAG_RE = re.compile(r"<\s*(/?)\s*(think|final_grade_a|final_grade_b|final_grade)\s*>", re.I)
+_STRICT_TAG_RE = re.compile(r"<\s*(/?)\s*(think|final_grade_a|final_grade_b|final_grade)\s*>", re.IGNORECASE)
 _GRADE_CONTENT_RE = re.compile(
     r"^(?P<prefix>final\s*grade\s*:\s*)?\[?\s*(?P<grade>\d+)\b(?!\.\d)\s*\]?\s*"
     r"(?P<sep>[-–—:])?\s*(?P<label>.*?)[\s.]*$",
-    re.I | re.S,
+    re.IGNORECASE | re.DOTALL,
 )
 
 
@@ -61,7 +61,7 @@ def _grade_block_re(side: str) -> re.Pattern:
     # Lenient on purpose: "_" vs "." (seen in MENLO's printed Qwen3 outputs), "\_", spaces, case.
     sep = r"[\s_.\\-]*"
     name = rf"final{sep}grade{sep}{side}"
-    return re.compile(rf"<\s*{name}\s*>(.*?)<\s*/\s*{name}\s*>", re.I | re.S)
+    return re.compile(rf"<\s*{name}\s*>(.*?)<\s*/\s*{name}\s*>", re.IGNORECASE | re.DOTALL)
 
 
 # side "" is the pointwise block: "<final_grade>" (the separator run cannot swallow an "_A" side letter)

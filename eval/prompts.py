@@ -33,8 +33,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+
+from core.config import ConfigError, FieldCheck
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "configs" / "prompts"
 ROLES = ("system", "user", "assistant")
@@ -173,6 +176,18 @@ def load_template(path: str | Path) -> PromptTemplate:
     messages = tuple(_check_message(path, i, m) for i, m in enumerate(_as_list(path, data["messages"])))
     _check_placeholders(path, variables, messages)
     return PromptTemplate(path.stem, data["description"], data["source"], variables, messages)
+
+
+def check_template(name: str, key: str) -> None:
+    """A prompt template name (configs/prompts/<name>.yaml) or path must load; the error names config key `key`."""
+    try:
+        load_template(prompt_path(name))
+    except PromptError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+# a config field naming a prompt template ("" = the job's default); checked with every config (core.config)
+TemplateName = Annotated[str, FieldCheck(check_template)]
 
 
 def _check_keys(path: Path, data: dict) -> None:

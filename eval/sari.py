@@ -129,13 +129,13 @@ def _order_stats(orig: Counter, sys: Counter, refs: Counter, n_refs: int) -> lis
     # Conditional expressions instead of min()/max(): this loop is the hot spot of corpus SARI.
     for gram, count in orig.items():
         o, s, r = count * n_refs, sys_get(gram, 0) * n_refs, refs_get(gram, 0)
-        kept = o if o < s else s
-        keep_correct += kept if kept < r else r
+        kept = o if o < s else s  # noqa: FURB136
+        keep_correct += kept if kept < r else r  # noqa: FURB136
         keep_sys += kept
-        keep_ref += o if o < r else r
+        keep_ref += o if o < r else r  # noqa: FURB136
         d_sys = o - s if o > s else 0
         d_ref = o - r if o > r else 0
-        del_correct += d_sys if d_sys < d_ref else d_ref
+        del_correct += d_sys if d_sys < d_ref else d_ref  # noqa: FURB136
         del_sys += d_sys
         del_ref += d_ref
     add_correct = len(added & refs.keys())

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from actors.corpus import CorpusError
+from core.errors import CorpusError
 from eval.prompts import load_template, prompt_path
 from eval.text_clean import clean_simplification
 

@@ -175,7 +175,7 @@ def _lcs_length(a: str, b: str) -> int:
     for ch in b:
         matches = row & masks.get(ch, 0)
         row = ((row + matches) | (row - matches)) & full
-    return len(a) - bin(row).count("1")
+    return len(a) - row.bit_count()
 
 
 def levenshtein_similarity(a: str, b: str) -> float:
@@ -357,7 +357,8 @@ def _text_column(df, col: str, where: str) -> list[str]:
     values = df[col].tolist()
     for i, value in zip(df.index, values):
         if not isinstance(value, str):
-            raise ValueError(f"{where}: row {i}, column {col!r}: expected text, got {value!r}")
+            # kept a ValueError: callers catch ValueError for every bad input cell
+            raise ValueError(f"{where}: row {i}, column {col!r}: expected text, got {value!r}")  # noqa: TRY004
     return values
 
 

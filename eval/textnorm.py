@@ -31,21 +31,22 @@ line; on messy text it can differ by a sentence here and there.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 
 TOKENIZERS = ("13a", "intl", "none", "plain")
 
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al no nos vol fig figs inc ltd co corp "
-    "dept est approx gen gov sen rep rev lt col sgt capt cmdr adm maj pres u.s u.k u.n a.m p.m "
-    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
-)
+_ABBREVIATIONS = frozenset([
+    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "vs", "etc", "e.g", "i.e", "cf", "al", "no", "nos",
+    "vol", "fig", "figs", "inc", "ltd", "co", "corp", "dept", "est", "approx", "gen", "gov", "sen", "rep", "rev", "lt",
+    "col", "sgt", "capt", "cmdr", "adm", "maj", "pres", "u.s", "u.k", "u.n", "a.m", "p.m", "jan", "feb", "mar", "apr",
+    "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+])
 _CLOSERS = "\"')]}»”’"
 _OPENERS = "\"'([{«“‘"
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_tokenizer(name: str):
     # sacrebleu's tokenizers keep their own lru_cache per instance, so one shared instance per
     # name makes repeated normalisation of the same corpus (tests, benches) nearly free.
@@ -95,7 +96,7 @@ def _ends_sentence(token: str, next_token: str | None) -> bool:
     core = token.rstrip(_CLOSERS)
     if not core or core[-1] not in ".!?…":
         return False
-    if core.endswith("...") or core.endswith("…"):
+    if core.endswith(("...", "…")):
         return next_token is not None and next_token.lstrip(_OPENERS)[:1].isupper()
     if core[-1] != ".":
         return True

@@ -13,11 +13,11 @@ from __future__ import annotations
 import importlib
 import sys
 
-from actors.corpus import CorpusError
+from core.config import ConfigError, load_config, read_yaml
+from core.errors import CorpusError
+from core.paths import path_overrides
 from eval.menlo_data import MenloDataError
 from eval.prompts import PromptError
-from jobs.config import ConfigError, load_config, read_yaml
-from jobs.paths import path_overrides
 
 # bad input files: each message names the file and line; exit 2 like a config error
 INPUT_ERRORS = (CorpusError, MenloDataError, PromptError)
@@ -27,7 +27,7 @@ JOBS = {
     "policy_simplify": "jobs.policy_simplify",
     "jury_eval": "jobs.jury_eval",
     "judge_eval": "jobs.judge_eval",
-    "serve_grm": "serve.cli",
+    "serve_grm": "jobs.serve_grm",
     "judge_grpo": "jobs.judge_grpo",
     "judge_sft": "jobs.judge_sft",
     "policy_grpo": "jobs.policy_grpo",
@@ -72,7 +72,7 @@ def run_job(module, argv: list[str]) -> int:
 
 def print_run_locations(failed: bool) -> None:
     """The job's last lines (`ray job logs` shows them): where its run directory and summary are."""
-    from jobs.jobrun import OPENED
+    from core.jobrun import OPENED
 
     for run in OPENED:
         where = run.location
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return human_main(rest)
         if command == "serve":
-            from serve.cli import main as serve_main
+            from jobs.serve_grm import main as serve_main
 
             return serve_main(rest)
         raise ConfigError(f"unknown command {command!r}; expected run, eval, human or serve")

@@ -4,7 +4,7 @@
     train  `train.grpo_trainer.run_grpo` on Ray Train; the stage holds one row of final metrics and, under
            train/run/, the adapter (train/run/adapter), Ray Train's checkpoints and the workers' W&B files
 
-Both are skipped on resume when their config hash is unchanged, like every stage (`jobs/runstore.py`).
+Both are skipped on resume when their config hash is unchanged, like every stage (`core/runstore.py`).
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.config import ConfigError
-from jobs.runstore import RunStore, StageResult, write_table
-from jobs.tracking import Tracker, WandbConfig
-from train.grpo_trainer import GRPOConfig
+from core.config import ConfigError, require_file
+from core.runstore import RunStore, StageResult, write_table
+from core.tracking import Tracker, WandbConfig
+from eval.menlo_data import SPLITS
+from train.config import GRPOConfig
 
 log = logging.getLogger("quorum.grpo")
 
@@ -35,6 +37,31 @@ SUMMARY_KEYS = ("step", "reward/mean", "reward/std_within_group", "reward/groups
                 "response_length/mean", "response_length/truncated_fraction", "kl", "approx_kl", "clip_fraction",
                 "entropy", "loss", "grad_norm", "updates_skipped", "tokens_per_s", "generate_tokens_per_s",
                 "time/step_s")
+
+
+@dataclass
+class GRPOData:
+    """The `data` section both GRPO jobs start from: MENLO-format pairs, training and held-out splits."""
+
+    # MENLO-format JSONL (fields: eval/menlo_data.py)
+    path: str = "configs/data/menlo_grpo_train.jsonl"
+    splits: list[str] = field(default_factory=lambda: ["train"])
+    # held-out rows validated every grpo.eval_every steps (best adapter kept); [] = no validation
+    val_splits: list[str] = field(default_factory=list)
+    # keep the first N validation rows (0 = all)
+    val_limit: int = 0
+    # [] = all four dimensions
+    dimensions: list[str] = field(default_factory=list)
+    # keep the first N rows after filtering (0 = all)
+    limit: int = 0
+
+    def validate_data(self) -> None:
+        """The file exists, the splits are known and held out; the job checks its own dimensions."""
+        require_file(self.path, "data.path")
+        check_splits(self.splits, self.val_splits, SPLITS)
+        for key in ("limit", "val_limit"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self, key)}")
 
 
 def validate_grpo(grpo: GRPOConfig, n_rows: int | None = None) -> None:

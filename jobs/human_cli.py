@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.config import ConfigError
 from eval import human_eval as he
-from jobs.config import ConfigError
 
 
 def run_outputs(run_dir: Path) -> tuple[pd.DataFrame, tuple[str, ...]]:
@@ -76,9 +76,9 @@ def import_(args) -> int:
     against = tuple(c for c in ("size_b", "jury") if c in items.columns)
     means = he.system_means(items, args.n_boot, args.seed)
     stats = he.statistics(items, against, args.n_boot, args.seed)
-    text = ["# Human evaluation", "",
-            f"{len(ratings)} ratings, {ratings['annotator'].nunique()} annotators, {key['id'].nunique()} sources; "
-            "95% CIs by bootstrap over sources.", "", "## Mean rating per system (1-5; normalised = (mean - 1) / 4)",
+    counts = (f"{len(ratings)} ratings, {ratings['annotator'].nunique()} annotators, {key['id'].nunique()} sources; "
+              "95% CIs by bootstrap over sources.")
+    text = ["# Human evaluation", "", counts, "", "## Mean rating per system (1-5; normalised = (mean - 1) / 4)",
             "", means.to_markdown(index=False, floatfmt=".3f"), ""]
     if len(stats):
         text += ["## Agreement", "", stats.to_markdown(index=False, floatfmt=".3f"), ""]

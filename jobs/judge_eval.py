@@ -41,17 +41,17 @@ import pandas as pd
 
 from actors.menlo import MenloJudgeConfig
 from actors.stage_config import LIGHT_CPU, SamplingConfig, check_unique_names
+from core.config import ConfigError, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from core.runstore import RunStore
 from eval import judge_metrics as jm
 from eval import judge_report as rep
 from eval import menlo_data as md
 from eval.jury_meta import Bootstrap
 from jobs.cli import entry
-from jobs.config import ConfigError, require_file
 from jobs.jury_eval import stage_frame, to_dataset
 from jobs.policy_simplify import model_key
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
-from jobs.runstore import RunStore
 
 log = logging.getLogger("quorum.judge_eval")
 JOB = "judge_eval"

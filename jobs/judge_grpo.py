@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from eval.menlo_data import DIMENSIONS, SPLITS, Protocol, build_items, load_rubrics, read_menlo_jsonl
+from core.config import ConfigError, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from eval.menlo_data import DIMENSIONS, Protocol, build_items, load_rubrics, read_menlo_jsonl
+from eval.prompts import TemplateName
 from jobs.cli import entry
-from jobs.config import ConfigError, require_file
-from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
-                              validate_grpo)
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
-from train.grpo_trainer import GRPOConfig
+from jobs.grpo_stages import GRPOData, adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
+from train.config import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 
 log = logging.getLogger("quorum.judge_grpo")
@@ -42,18 +42,9 @@ JOB = "judge_grpo"
 
 
 @dataclass
-class DataConfig:
-    # MENLO-format JSONL (fields: eval/menlo_data.py)
-    path: str = "configs/data/menlo_grpo_train.jsonl"
-    splits: list[str] = field(default_factory=lambda: ["train"])
-    # held-out pairs validated every grpo.eval_every steps (best adapter kept); [] = no validation
-    val_splits: list[str] = field(default_factory=list)
-    # keep the first N validation pairs (0 = all)
-    val_limit: int = 0
-    # [] = all four dimensions (the paper trains one multi-task judge)
-    dimensions: list[str] = field(default_factory=list)
-    # keep the first N pairs after filtering (0 = all)
-    limit: int = 0
+class DataConfig(GRPOData):
+    """MENLO pairs (rows = judge prompts); all four dimensions by default: the paper trains one multi-task judge."""
+
     # both A/B orders of every pair, gold grades swapped with them (paper 003 §3.1, after J1)
     both_orders: bool = True
 
@@ -61,7 +52,7 @@ class DataConfig:
 @dataclass
 class PromptConfig:
     # pairwise judge template with the variables of configs/prompts/menlo_pairwise.yaml
-    template: str = "menlo_pairwise"
+    template: TemplateName = "menlo_pairwise"
     rubrics: str = "configs/data/menlo_rubrics.yaml"
     # the dimension's graded rubric (true) or only the five labels (false: a much shorter prompt)
     rubric: bool = True
@@ -83,20 +74,16 @@ class Config(JobSections):
         except ValueError as exc:
             raise ConfigError(f"reward.{exc}") from None
         self.wandb.validate()
-        check_local_root(self.run.root)
+        self.run.require_local()
         validate_grpo(self.grpo)
 
     def validate_inputs(self) -> None:
         """The data and prompt sections (judge_sft shares them)."""
-        require_file(self.data.path, "data.path")
+        self.data.validate_data()
         require_file(self.prompt.rubrics, "prompt.rubrics")
-        check_splits(self.data.splits, self.data.val_splits, SPLITS)
         for dim in self.data.dimensions:
             if dim not in DIMENSIONS:
                 raise ConfigError(f"data.dimensions: {dim!r} is not one of {list(DIMENSIONS)}")
-        for key in ("limit", "val_limit"):
-            if getattr(self.data, key) < 0:
-                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self.data, key)}")
         try:
             self.protocol().validate("prompt")
         except ValueError as exc:
@@ -105,12 +92,6 @@ class Config(JobSections):
     def protocol(self) -> Protocol:
         return Protocol(name="grpo", mode="pairwise", rubric=self.prompt.rubric, both_orders=self.data.both_orders,
                         template=self.prompt.template)
-
-
-def check_local_root(root: str) -> None:
-    if "://" in root:
-        raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
-                          "or shared-filesystem path")
 
 
 def judge_rows(cfg: Config) -> pd.DataFrame:

@@ -31,17 +31,17 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
+from core.config import ConfigError
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from core.runstore import RunStore, StageResult, write_table
 from eval.menlo_data import gold_class
 from eval.menlo_parse import MENLO_LABELS
 from jobs.cli import entry
-from jobs.config import ConfigError
 from jobs.grpo_stages import file_sha, stage_rows
-from jobs.jobrun import JobSections, open_run
-from jobs.judge_grpo import DataConfig, PromptConfig, check_local_root, judge_rows
 from jobs.judge_grpo import Config as GRPOJobConfig
-from jobs.ray_env import init_ray
-from jobs.runstore import RunStore, StageResult, write_table
-from train.trainer import TrainConfig
+from jobs.judge_grpo import DataConfig, PromptConfig, judge_rows
+from train.config import TrainConfig
 
 log = logging.getLogger("quorum.judge_sft")
 JOB = "judge_sft"
@@ -71,7 +71,7 @@ class Config(JobSections):
         # the data and prompt sections are judge_grpo's: the same checks
         GRPOJobConfig(data=self.data, prompt=self.prompt).validate_inputs()
         self.wandb.validate()
-        check_local_root(self.run.root)
+        self.run.require_local()
         if self.train.loss != "sft":
             raise ConfigError(f"train.loss: judge SFT trains with 'sft', got {self.train.loss!r}")
         try:

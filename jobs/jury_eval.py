@@ -29,18 +29,19 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 
-from actors.ratings import read_asset_ratings, read_simpeval
 from actors.jury import JudgeConfig, JuryConfig
+from actors.ratings import read_asset_ratings, read_simpeval
 from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names, engine_secrets
+from core.config import ConfigError, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from core.runstore import RunStore, write_table
 from eval import jury_meta as meta
 from eval import report_html as rep
 from eval import synth_bench as bench
+from eval.prompts import TemplateName
 from jobs.cli import entry
-from jobs.config import ConfigError, require_file
 from jobs.policy_simplify import model_key
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
-from jobs.runstore import RunStore, write_table
 
 log = logging.getLogger("quorum.jury_eval")
 JOB = "jury_eval"
@@ -51,7 +52,7 @@ class SimplifierConfig(ModelConfig):
     # parameter count in billions: the expected-trend check correlates scores with it (paper: 1, 3, 8, 70)
     size_b: float = 1.0
     # prompt template with exactly one variable, filled with the complex sentence
-    template: str = "synth_simplify"
+    template: TemplateName = "synth_simplify"
 
 
 @dataclass
@@ -64,7 +65,7 @@ class SynthConfig:
     strategy: Literal["stratified", "uniform"] = "stratified"
     domains_path: str = "configs/data/synth_domains.txt"
     nouns_path: str = "configs/data/synth_nouns.txt"
-    template: str = "synth_complex"
+    template: TemplateName = "synth_complex"
     writer: ModelConfig = field(default_factory=lambda: ModelConfig(
         name="writer", sampling=SamplingConfig(temperature=0.7, max_tokens=64)))
     simplifiers: list[SimplifierConfig] = field(default_factory=lambda: [SimplifierConfig(name="simplifier")])

@@ -37,34 +37,26 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from eval.menlo_data import DIMENSIONS, SPLITS, load_rubrics, read_menlo_jsonl
+from core.config import ConfigError, load_config, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from eval.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl
 from jobs.cli import entry
-from jobs.config import ConfigError, load_config, require_file
-from jobs.grpo_stages import (adapter_dir, check_splits, file_sha, report, stage_rows, stage_train,
-                              validate_grpo)
-from jobs.jobrun import JobSections, open_run
-from jobs.ray_env import init_ray
+from jobs.grpo_stages import GRPOData, adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
 from serve.config import ServeConfig
-from serve.reward_client import RewardServiceConfig
-from train.grpo_trainer import GRPOConfig
+from train.config import GRPOConfig
+from train.reward_client import RewardServiceConfig
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
 
 
 @dataclass
-class DataConfig:
-    # MENLO-format JSONL; the policy trains on the pairs' prompts (paper: 3,000 prompts sampled from MENLO)
-    path: str = "configs/data/menlo_grpo_train.jsonl"
-    splits: list[str] = field(default_factory=lambda: ["train"])
-    # held-out prompts validated every grpo.eval_every steps (best adapter kept); [] = no validation
-    val_splits: list[str] = field(default_factory=list)
-    # keep the first N validation prompts (0 = all)
-    val_limit: int = 0
+class DataConfig(GRPOData):
+    """The policy trains on the pairs' prompts (rows = distinct prompts; paper: 3,000 prompts sampled from MENLO)."""
+
     # paper §5 trains on Fluency, Tone and Localized Tone (localized factuality excluded)
     dimensions: list[str] = field(default_factory=lambda: ["fluency", "tone", "localized_tone"])
-    # keep the first N prompts (0 = all)
-    limit: int = 0
     # dimension names and key questions shown to the GRM
     rubrics: str = "configs/data/menlo_rubrics.yaml"
 
@@ -89,12 +81,8 @@ class Config(JobSections):
                                                                 normalize_std=False, max_completion_length=1024))
 
     def validate(self) -> None:
-        require_file(self.data.path, "data.path")
+        self.data.validate_data()
         require_file(self.data.rubrics, "data.rubrics")
-        check_splits(self.data.splits, self.data.val_splits, SPLITS)
-        for key in ("limit", "val_limit"):
-            if getattr(self.data, key) < 0:
-                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self.data, key)}")
         if not self.data.dimensions or any(d not in DIMENSIONS for d in self.data.dimensions):
             raise ConfigError(f"data.dimensions: need a non-empty subset of {list(DIMENSIONS)}, "
                               f"got {self.data.dimensions}")
@@ -105,9 +93,7 @@ class Config(JobSections):
         if not self.reward.url:
             self.serve_config()  # a bad GRM config stops the run here, before any work
         self.wandb.validate()
-        if "://" in self.run.root:
-            raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
-                              "or shared-filesystem path")
+        self.run.require_local()
         validate_grpo(self.grpo)
 
     def serve_config(self) -> ServeConfig:
@@ -175,8 +161,8 @@ def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
     """Deploy the GRM app in the connected Ray cluster (as `quorum serve --detach` would); return its base URL."""
     from ray import serve
 
+    from jobs.serve_grm import wait_until_running
     from serve.app import make_app
-    from serve.cli import wait_until_running
 
     http = serve_cfg.serve
     serve.start(http_options={"host": http.host, "port": http.port})

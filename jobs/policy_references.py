@@ -20,8 +20,8 @@ import json
 import pandas as pd
 import pyarrow as pa
 
+from core.runstore import RunStore, StageResult, write_table
 from jobs.policy_stages import demo_eval_set
-from jobs.runstore import RunStore, StageResult, write_table
 
 REFERENCE_FORMATS = ("turkcorpus", "asset")
 # bootstrap resamples of the judge-signal CIs: fixed, not evaluate.n_boot, because the stage sits before pairs and

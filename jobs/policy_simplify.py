@@ -32,16 +32,35 @@ from actors.features import FeaturesConfig
 from actors.jury import JuryConfig
 from actors.selector import SelectorConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
+from core.config import ConfigError, one_of, require_file
+from core.jobrun import JobSections, open_run
+from core.ray_env import init_ray
+from core.runstore import RunStore, write_table
 from eval.jury_tables import candidate_scores, system_table
+from eval.prompts import check_template
 from jobs.cli import entry
-from jobs.config import ConfigError, check_template, one_of, require_file
-from jobs.policy_stages import (EvalConfig, PairsConfig, TrainStageConfig, cost_table, eval_systems, first_sources,
-                                load_eval_set, rejudge_config, stage_eval_set, stage_pairs, stage_results, stage_train)
-from jobs.jobrun import JobSections, open_run
-from jobs.policy_references import (SIGNAL_BOOT, corpus_has_references, references_json, stage_judge_signal,
-                                    stage_oracle_select, stage_sft_data)
-from jobs.ray_env import init_ray
-from jobs.runstore import RunStore, write_table
+from jobs.policy_references import (
+    SIGNAL_BOOT,
+    corpus_has_references,
+    references_json,
+    stage_judge_signal,
+    stage_oracle_select,
+    stage_sft_data,
+)
+from jobs.policy_stages import (
+    EvalConfig,
+    PairsConfig,
+    TrainStageConfig,
+    cost_table,
+    eval_systems,
+    first_sources,
+    load_eval_set,
+    rejudge_config,
+    stage_eval_set,
+    stage_pairs,
+    stage_results,
+    stage_train,
+)
 
 log = logging.getLogger("quorum.policy_simplify")
 
@@ -125,9 +144,7 @@ class Config(JobSections):
             if self.train.policy not in self.policies:
                 raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies "
                                   f"{list(self.policies)}")
-            if "://" in self.run.root:
-                raise ConfigError("run.root: training writes its adapter under the run directory, which must be a "
-                                  "local or shared-filesystem path when train.enabled is true")
+            self.run.require_local("when train.enabled is true")
             try:
                 self.train.trainer.validate()
             except ValueError as exc:
@@ -359,8 +376,8 @@ def report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
 
             rows = store.read_stage("judge_signal").to_pandas()
             signal = judge_signal(rows, n_boot=SIGNAL_BOOT, seed=cfg.jury.seed)
-            sections.append(("Judge signal: panel Best / Worst = the reference oracle's (95% bootstrap CIs; chance "
-                             "= a uniform pick among the shown candidates)", signal))
+            sections.append((("Judge signal: panel Best / Worst = the reference oracle's (95% bootstrap CIs; chance "
+                             "= a uniform pick among the shown candidates)"), signal))
             sections.append(("Oracle Table 3: how often each model is the reference oracle's Best / Worst",
                              oracle_distribution(rows)))
         if "results" in stages:

@@ -16,14 +16,15 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from actors.corpus import CorpusError, read_corpus, read_standard
+from actors.corpus import read_corpus, read_standard
 from actors.engine import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
-from jobs.config import ConfigError
-from jobs.runstore import RunStore, StageResult, write_table
+from core.config import ConfigError
+from core.errors import CorpusError
+from core.runstore import RunStore, StageResult, write_table
+from train.config import TrainConfig
 from train.pairs import build_pairs, judge_disagreement, preference_distribution, subsample
-from train.trainer import TrainConfig
 
 # policy -> how the demo references file names that policy's references
 REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewriting"}

@@ -19,7 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from actors.engine import Engine, build_engine
+from actors.engine import Engine
+from actors.engines import build_engine
 
 log = logging.getLogger(__name__)
 _HASH_CHUNK = 1 << 20

@@ -34,8 +34,9 @@ from actors.cache import request_key
 from actors.engine import ChatRequest, Completion
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
+from core.config import ConfigError, build, with_defaults
 from eval.judge_grammar import judge_grammar
-from jobs.config import ConfigError, build, with_defaults
+from eval.reward_wire import GroupRewardResponse
 from serve import protocol as P
 from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
@@ -294,7 +295,7 @@ class GRMServer:
         return P.compare_response(completion, self.model_name, cached)
 
     @api.post("/reward/group")
-    async def reward_group(self, body: P.GroupRewardRequest) -> R.GroupRewardResponse:
+    async def reward_group(self, body: P.GroupRewardRequest) -> GroupRewardResponse:
         settings = self._ready_settings()
         P.check_group(body, settings.limits)
         texts = {R.REFERENCE: body.reference}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from actors.engine import EngineSpec
 from actors.stage_config import SamplingConfig
-from jobs.config import check_tree
-from jobs.ray_env import RayConfig
+from core.config import check_tree
+from core.ray_env import RayConfig
 from serve import protocol
 
 
@@ -131,7 +131,7 @@ class ServeConfig:
     cache_size: int = 1024
 
     def validate(self) -> None:
-        """Raise ValueError naming the first invalid key (jobs.config turns it into ConfigError)."""
+        """Raise ValueError naming the first invalid key (core.config turns it into ConfigError)."""
         http = self.serve
         if not 1 <= http.port <= 65535:
             raise ValueError(f"serve.port: must be in 1..65535, got {http.port}")

@@ -27,6 +27,7 @@ from eval.judge_parse import parse_score
 from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
 from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
 from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
+from eval.reward_wire import Usage
 
 POINTWISE_FORMATS = ("answer", "menlo")
 # template variables filled from the rubric of the request's `dimension`, and from its `locale`
@@ -319,12 +320,6 @@ def clean_response(text: str, strip_think: bool) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Responses
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
 
 
 class ScoreResponse(BaseModel):

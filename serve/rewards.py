@@ -18,60 +18,12 @@ from __future__ import annotations
 
 import itertools
 
-from pydantic import BaseModel
-
 from actors.engine import Completion
 from eval.menlo_parse import parse_menlo_grades
-from serve.protocol import Usage, extract_rationale, judge_text, status_of, usage_of
+from eval.reward_wire import REWARD_DEFINITIONS, SCHEMES, GroupCounts, GroupRewardResponse, ItemReward, JudgmentOut
+from serve.protocol import extract_rationale, judge_text, status_of, usage_of
 
 REFERENCE = -1
-SCHEMES = ("all_pairs", "vs_reference")
-REWARD_DEFINITIONS = {
-    "all_pairs": "mean over judgments of grade_i - grade_opponent (range -4..4)",
-    "vs_reference": "mean over judgments of grade_i - grade_reference (range -4..4)",
-}
-
-
-class JudgmentOut(BaseModel):
-    # response indices shown as A and B; -1 is the reference
-    a: int
-    b: int
-    grade_a: int | None
-    grade_b: int | None
-    parse_status: str
-    rationale: str
-    cached: bool = False
-
-
-class ItemReward(BaseModel):
-    index: int
-    reward: float | None
-    mean_grade: float | None
-    n_judgments: int
-    n_failed: int
-    errors: list[str]
-
-
-class GroupCounts(BaseModel):
-    n_responses: int
-    n_judgments: int
-    n_failed_judgments: int
-    n_null_rewards: int
-
-
-class GroupRewardResponse(BaseModel):
-    scheme: str
-    reward_definition: str
-    rewards: list[float | None]
-    items: list[ItemReward]
-    judgments: list[JudgmentOut]
-    counts: GroupCounts
-    model: str
-    usage: Usage
-
-
-
-
 def plan_pairs(n: int, scheme: str, both_orders: bool = False) -> list[tuple[int, int]]:
     """(A, B) index pairs to judge; `REFERENCE` (-1) stands for the reference.
 

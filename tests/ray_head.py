@@ -88,7 +88,7 @@ class Head:
             self.env[name] = out.stdout
             return out
         result = subprocess.run(["bash", "-c", cmd], env=self.env, cwd=REPO, capture_output=True, text=True,
-                                timeout=timeout)
+                                timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"`{cmd}` exited {result.returncode}:\n{result.stdout[-4000:]}\n"
                                  f"{result.stderr[-4000:]}")

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from eval.agreement import (
-    accuracy, bootstrap_ci, icc_2_1, kendall_tau_b, krippendorff_alpha, macro_f1, pearson, preference_accuracy,
+    accuracy,
+    bootstrap_ci,
+    icc_2_1,
+    kendall_tau_b,
+    krippendorff_alpha,
+    macro_f1,
+    pearson,
+    preference_accuracy,
     spearman,
 )
 

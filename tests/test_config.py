@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from core.config import ConfigError, apply_override, config_hash, load_config
 from jobs.cli import main as cli_main
-from jobs.config import ConfigError, apply_override, config_hash, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_cli_exit_code_2_names_the_key(tmp_path, capsys):
 
 def test_console_script_exit_code_is_2_for_missing_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jobs.policy_simplify", str(tmp_path / "missing.yaml")],
-                          capture_output=True, text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode == 2
     assert "missing.yaml" in proc.stderr
 

@@ -10,7 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from actors.corpus import CorpusError, read_asset, read_cord, read_corpus, read_standard, read_turkcorpus, source_filter
+from actors.corpus import (
+    CorpusError,
+    read_asset,
+    read_cord,
+    read_corpus,
+    read_standard,
+    read_turkcorpus,
+    source_filter,
+)
 from actors.ratings import read_asset_ratings, read_simpeval
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "data"

@@ -37,12 +37,14 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
     for i in range(4):
         overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.engine.num_threads=1",
                       f"generate.{i}.sampling.max_tokens=8", f"generate.{i}.pool.num_cpus=0.5"]
-    api = ("engine: {kind: openai, model: remote-judge, base_url: '%s', api_key_env: QUORUM_TEST_JUDGE_KEY, "
-           "max_concurrency: 4, structured_outputs: true}, pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1" % server_url)
-    local = "engine: {kind: hf, model: %s, num_threads: 1}, pool: {num_cpus: 0.5, batch_size: 16}" % model_dir
-    overrides.append("jury.judges=[{name: judge-tiny, template: judge_policy_brief, format: best_worst, %s, "
-                     "sampling: {max_tokens: 48}, max_parse_retries: 0}, {name: judge-api, template: judge_policy_brief, "
-                     "format: best_worst, %s}]" % (local, api))
+    api = (f"engine: {{kind: openai, model: remote-judge, base_url: '{server_url}', "
+           "api_key_env: QUORUM_TEST_JUDGE_KEY, max_concurrency: 4, structured_outputs: true}, "
+           "pool: {num_cpus: 0.25, batch_size: 16}, max_parse_retries: 1")
+    local = f"engine: {{kind: hf, model: {model_dir}, num_threads: 1}}, pool: {{num_cpus: 0.5, batch_size: 16}}"
+    overrides.append(f"jury.judges=[{{name: judge-tiny, template: judge_policy_brief, format: best_worst, {local}, "
+                     "sampling: {max_tokens: 48}, max_parse_retries: 0}, "
+                     "{name: judge-api, template: judge_policy_brief, "
+                     f"format: best_worst, {api}}}]")
     overrides += [f"train.trainer.model={model_dir}", "train.trainer.max_steps=2", "train.trainer.micro_batch_size=1",
                   "train.trainer.checkpoint_every=2", "train.trainer.lora.r=4", "train.trainer.lora.alpha=8",
                   "train.trainer.max_prompt_length=48", "train.trainer.max_completion_length=16"]
@@ -50,8 +52,8 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
                   "evaluate.sampling.max_tokens=8", "evaluate.pool.num_cpus=0.5", "evaluate.n_boot=100",
                   "evaluate.rejudge_limit=3",
                   # paper 000's GPT-4o row: a baseline system with its own (hosted) engine
-                  "evaluate.extra_systems=[{name: api-baseline, %s, pool: {num_cpus: 0.25}}]" % api.split(", pool:")[0],
-                  "evaluate.rejudge=[{name: judge-api, template: jury_pairwise, format: pairwise, %s}]" % api]
+                  f"evaluate.extra_systems=[{{name: api-baseline, {api.split(', pool:')[0]}, pool: {{num_cpus: 0.25}}}}]",
+                  f"evaluate.rejudge=[{{name: judge-api, template: jury_pairwise, format: pairwise, {api}}}]"]
     return overrides
 
 

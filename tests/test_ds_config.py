@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from jobs.config import load_config
+from core.config import load_config
+from train.config import DeepSpeedSection, TrainConfig
 from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
-from train.trainer import DeepSpeedSection, TrainConfig, worker_env
+from train.trainer import worker_env
 
 
 def test_ds_config_batch_sizes_zero_stage_and_precision():

@@ -8,10 +8,18 @@ import math
 import pytest
 import torch
 
-from train.grpo_batch import (GroupOutcome, completion_logps, failed, finish_outcome_metrics, micro_batch_slices,
-                              outcome_advantages, outcome_sums, trim_completion)
+from train.config import GRPOConfig
+from train.grpo_batch import (
+    GroupOutcome,
+    completion_logps,
+    failed,
+    finish_outcome_metrics,
+    micro_batch_slices,
+    outcome_advantages,
+    outcome_sums,
+    trim_completion,
+)
 from train.grpo_rewards import JudgeGroupReward, check_reward_spec, check_rows
-from train.grpo_trainer import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 
 

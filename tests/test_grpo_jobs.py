@@ -9,8 +9,8 @@ import pytest
 
 import jobs.judge_grpo as judge_job
 import jobs.policy_grpo as policy_job
+from core.config import ConfigError, load_config
 from jobs.cli import job_module
-from jobs.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 JUDGE_DEMO, POLICY_DEMO = REPO / "configs" / "judge_grpo_demo.yaml", REPO / "configs" / "policy_grpo_demo.yaml"

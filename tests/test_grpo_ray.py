@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 from wandb_reader import find_run_files, read_run
 
 import jobs.policy_grpo as job
+from core.config import load_config
 from eval.menlo_parse import MENLO_LABELS
-from jobs.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -36,7 +36,7 @@ PROMPTS = [("de_DE", "fluency", "Wie bleibe ich beim Lernen konzentriert?"),
            ("ja_JP", "tone", "UNJUDGEABLE 最近とても疲れています。"),
            ("es_MX", "localized_tone", "Escribe un saludo para mi abuela."),
            ("en_US", "fluency", "How do I keep basil alive indoors?")]
-_RESPONSES = re.compile(r"\[Response A\]\n(.*)\n\n\[Response B\]\n(.*)\Z", re.S)
+_RESPONSES = re.compile(r"\[Response A\]\n(.*)\n\n\[Response B\]\n(.*)\Z", re.DOTALL)
 
 
 def free_port() -> int:

@@ -8,6 +8,7 @@ greedy token); the thinking test uses a 1-layer model whose weights are set by h
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 from pathlib import Path
 
@@ -16,10 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
 from actors.hf_decode import common_prefix_length
-from actors.token_sampling import sample_token
+from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
 from actors.models import build_tiny_random_model, resolve_model_dir
+from actors.token_sampling import sample_token
 
 PROMPTS = [
     "Simplify: The committee postponed its decision.",
@@ -85,7 +86,7 @@ def build_scripted_model(out_dir: Path, script: list[str]) -> str:
             layer.mlp.down_proj.weight.zero_()
         embeddings = model.model.embed_tokens.weight
         head = torch.zeros(len(tokenizer), embeddings.shape[1])
-        for current, following in zip(chain, chain[1:]):
+        for current, following in itertools.pairwise(chain):
             head[following] += 20 * embeddings[current] / embeddings[current].norm()
         model.lm_head.weight = torch.nn.Parameter(head)
     model.save_pretrained(out_dir)

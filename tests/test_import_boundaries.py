@@ -1,4 +1,8 @@
-"""The pure core never imports ray, vllm or deepspeed (checked in a fresh interpreter per module)."""
+"""The pure modules never import ray, vllm or deepspeed, checked at run time in a fresh interpreter.
+
+`lint-imports` (tests/test_layers.py) checks our own import statements; this test covers what it cannot see:
+third-party packages that import the distributed stack on our behalf, and imports made when a module loads.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ PURE = sorted(
     [f"eval.{p.stem}" for p in (REPO / "eval").glob("*.py") if p.stem != "__init__"]
     + ["train.losses", "train.logprobs", "train.advantages", "train.pairs", "train.pairs_data", "train.ds_config",
        "train.judge_reward", "train.grpo_batch",
-       "actors.engine", "actors.token_sampling", "actors.corpus", "actors.ratings", "actors.cache", "jobs.config",
-       "serve.protocol", "serve.rewards"]
+       "train.config", "train.reward_client",
+       "actors.engine", "actors.token_sampling", "actors.corpus", "actors.corpus_files", "actors.ratings",
+       "actors.cache", "serve.protocol", "serve.rewards"]
+    + [f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if p.stem != "__init__"]
 )
 FORBIDDEN = ("ray", "vllm", "deepspeed")
 
@@ -29,7 +35,8 @@ def test_pure_modules_import_no_distributed_stack():
         f"    seen[name] = sorted(m for m in {FORBIDDEN!r} if m in sys.modules)\n"
         "print(json.dumps(seen))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                         check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     offenders = {name: mods for name, mods in seen.items() if mods}

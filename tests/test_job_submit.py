@@ -29,7 +29,7 @@ SOURCES, POLICIES = 4, 2  # the README command's data.limit=4; demo_scores' two 
 
 def tiny_overrides(model_dir: str) -> str:
     """One generator and one judge, both the tiny random model, no alignments: under a minute of work."""
-    engine = "{kind: hf, model: %s, num_threads: 1}" % model_dir
+    engine = f"{{kind: hf, model: {model_dir}, num_threads: 1}}"
     pool = "{concurrency: 1, num_cpus: 0.5, batch_size: 16}"
     generate = (f"generate=[{{name: tiny-gen, engine: {engine}, sampling: {{temperature: 0.0, max_tokens: 8}}, "
                 f"pool: {pool}}}]")
@@ -157,7 +157,7 @@ def test_stop_during_jury_then_resubmit_resumes(head, tiny_model_dir, tmp_path):
 
 JOIN_CHECK = """
 import ray
-from jobs.ray_env import RayConfig, init_ray
+from core.ray_env import RayConfig, init_ray
 
 ray.init()  # what a bare ray.init() does on a machine where `ray start` recorded a cluster
 print("bare", ray.get_runtime_context().gcs_address, flush=True)
@@ -177,7 +177,7 @@ def test_local_mode_never_joins_a_cluster_recorded_by_ray_start(head):
     (tmp / "ray" / "ray_current_cluster").write_text(gcs)
     env = {**head.env, "RAY_TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", JOIN_CHECK], env=env, cwd=tmp, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     addresses = dict(line.split() for line in out.stdout.splitlines() if line.startswith(("bare ", "quorum ")))
     assert addresses["bare"] == gcs  # the hazard is real

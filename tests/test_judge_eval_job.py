@@ -25,8 +25,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from eval.menlo_parse import MENLO_LABELS
 from eval.menlo_data import read_menlo_jsonl
+from eval.menlo_parse import MENLO_LABELS
 from jobs.cli import main as cli_main
 from tests.fake_openai_server import FakeOpenAIServer
 from tests.wandb_reader import read_run
@@ -34,7 +34,7 @@ from tests.wandb_reader import read_run
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "configs" / "data" / "menlo_fixture.jsonl"
 BLOCK = re.compile(r"\[Locale\]\n(?P<locale>\S+)\n\n\[User Prompt\]\n(?P<prompt>.*?)\n\n\[Response(?: A)?\]\n"
-                   r"(?P<first>.*?)(?:\n\n\[Response B\]\n(?P<second>.*))?$", re.S)
+                   r"(?P<first>.*?)(?:\n\n\[Response B\]\n(?P<second>.*))?$", re.DOTALL)
 
 
 def gold_lookup() -> dict[tuple[str, str], int]:
@@ -142,7 +142,7 @@ def test_judge_eval_end_to_end(ray_local, tiny_model_dir, tmp_path):
     markdown = (run / "metrics.md").read_text()
     assert "## Paired differences vs tiny / point+rubric" in markdown
     headline_rows = re.findall(r"^\|\s*(tiny|api)\s*\|\s*(\S+)\s*\|", markdown.split("## Paired differences")[0],
-                               re.M)
+                               re.MULTILINE)
     assert headline_rows == [(j, p) for j in ("tiny", "api") for p in ("point+rubric", "fewshot", "pair+rubric")]
     assert re.search(r"\|\s*api\s*\|\s*pair\+rubric\s*\|.*\|\s*0\.286 \[", markdown)  # position bias cell
     assert re.search(r"\|\s*tiny\s*\|\s*fewshot\s*\|\s*16\s*\|\s*16\s*\|", markdown)  # parse health: calls, failures

@@ -17,8 +17,15 @@ from transformers import AutoTokenizer
 
 from actors.constrained import GrammarCompiler, advance, mask_logits, unpack_bitmask
 from actors.models import resolve_model_dir
-from eval.judge_grammar import (best_worst_grammar, free_budget, judge_grammar, lark_string, menlo_grammar,
-                                reserve_tokens, score_grammar)
+from eval.judge_grammar import (
+    best_worst_grammar,
+    free_budget,
+    judge_grammar,
+    lark_string,
+    menlo_grammar,
+    reserve_tokens,
+    score_grammar,
+)
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 

@@ -6,7 +6,7 @@ import doctest
 
 import pytest
 
-import eval.judge_parse as judge_parse
+from eval import judge_parse
 from eval.judge_parse import Parsed, parse_best_worst, parse_score, split_think
 from eval.menlo_parse import MENLO_LABELS, check_menlo_tags, parse_menlo_grades, parse_pairwise
 
@@ -97,8 +97,8 @@ BEST_WORST_CASES = [
     ("aspect :  LEXICAL ,best:1,   worst :0\nASPECT: overall, BEST: 2, WORST: 3",
      {"Lexical": ok(1, 0), "Overall": ok(2, 3)}),
     # markdown bold, bullets, text around the line
-    ("Final verdicts:\n- **Aspect:** Lexical, **Best:** 1, **Worst:** 0 (see above)\n"
-     "* **Aspect: Overall**, **Best**: 2, **Worst**: 3.\nThanks!",
+    (("Final verdicts:\n- **Aspect:** Lexical, **Best:** 1, **Worst:** 0 (see above)\n"
+     "* **Aspect: Overall**, **Best**: 2, **Worst**: 3.\nThanks!"),
      {"Lexical": ok(1, 0), "Overall": ok(2, 3)}),
     # echoed braces/brackets from the format line
     ("Aspect: Lexical, Best: {1}, Worst: [0]\nAspect: Overall, Best: (2), Worst: 3",
@@ -110,12 +110,12 @@ BEST_WORST_CASES = [
     ("Aspect: Lexical, Best: 1, Worst: 0; Aspect: Overall, Best: 2, Worst: 3",
      {"Lexical": ok(1, 0), "Overall": ok(2, 3)}),
     # duplicated aspect: the LAST one is the decision
-    ("Aspect: Lexical, Best: 1, Worst: 0\nAspect: Overall, Best: 2, Worst: 3\nOn reflection:\n"
-     "Aspect: Lexical, Best: 3, Worst: 2",
+    (("Aspect: Lexical, Best: 1, Worst: 0\nAspect: Overall, Best: 2, Worst: 3\nOn reflection:\n"
+     "Aspect: Lexical, Best: 3, Worst: 2"),
      {"Lexical": ok(3, 2), "Overall": ok(2, 3)}),
     # a later passing mention does not override the complete decision
-    ("Aspect: Lexical, Best: 1, Worst: 0\nAspect: Overall, Best: 2, Worst: 3\n"
-     "Note on the aspect: lexical choice of 2 was close.",
+    (("Aspect: Lexical, Best: 1, Worst: 0\nAspect: Overall, Best: 2, Worst: 3\n"
+     "Note on the aspect: lexical choice of 2 was close."),
      {"Lexical": ok(1, 0), "Overall": ok(2, 3)}),
     # no complete occurrence: the last one is reported
     ("Aspect: Lexical, Best: 1\nAspect: Lexical, Worst: 0\nAspect: Overall, Best: 2, Worst: 3",

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from actors.corpus import CorpusError
+from core.errors import CorpusError
 from eval import jury_meta as meta
 from eval.report_html import Figure, Section, build_report, fmt, pivot_cells, render_html
 from eval.synth_bench import (

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams, build_engine
+from actors.engine import ChatRequest, EngineSpec, SamplingParams
+from actors.engines import build_engine
 from actors.openai_engine import (
     OpenAIEngine,
     build_chat_body,
@@ -36,15 +37,15 @@ def fresh_server(server):
 
 
 def make_spec(server, **overrides) -> EngineSpec:
-    fields = dict(
-        kind="openai",
-        model="fake-model",
-        base_url=server.base_url,
-        max_concurrency=4,
-        timeout_s=5.0,
-        max_retries=2,
-        retry_backoff_s=0.01,
-    )
+    fields = {
+        "kind": "openai",
+        "model": "fake-model",
+        "base_url": server.base_url,
+        "max_concurrency": 4,
+        "timeout_s": 5.0,
+        "max_retries": 2,
+        "retry_backoff_s": 0.01,
+    }
     fields.update(overrides)
     return EngineSpec(**fields)
 
@@ -301,7 +302,7 @@ def test_backoff_is_exponential_with_jitter_and_honours_retry_after():
 
 
 def test_parse_retry_after_forms():
-    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
     assert parse_retry_after("2", now) == 2.0
     assert parse_retry_after("Thu, 01 Jan 2026 12:00:05 GMT", now) == 5.0
     assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now) == 0.0  # past date: go now

@@ -8,8 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval.oracle import (ORACLE_JUDGE, candidate_sari, judge_signal, oracle_distribution, oracle_verdict_rows,
-                         signal_rows)
+from eval.oracle import (
+    ORACLE_JUDGE,
+    candidate_sari,
+    judge_signal,
+    oracle_distribution,
+    oracle_verdict_rows,
+    signal_rows,
+)
 from train.pairs import build_pairs, panel_choices
 
 SOURCE = "About 95 species are currently accepted."

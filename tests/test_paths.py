@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from core.config import ConfigError, apply_override
+from core.paths import SUBMITTED_JOB_ENV, as_overrides, resolve_paths
 from jobs.cli import main as cli_main
-from jobs.config import ConfigError, apply_override
-from jobs.paths import SUBMITTED_JOB_ENV, as_overrides, resolve_paths
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = {SUBMITTED_JOB_ENV: "{}"}
@@ -74,9 +74,9 @@ def test_cli_in_a_submitted_job_without_home_exits_2_naming_run_root(monkeypatch
 
 def test_cli_resolves_against_home(monkeypatch, tmp_path):
     """Config loading (validation included) sees the resolved paths: a data file only under QUORUM_HOME is found."""
+    from core.config import load_config
+    from core.paths import path_overrides
     from jobs.cli import job_module
-    from jobs.config import load_config
-    from jobs.paths import path_overrides
 
     (tmp_path / "mine.jsonl").write_text('{"id": "a", "text": "x"}\n')
     monkeypatch.setenv(SUBMITTED_JOB_ENV, "{}")

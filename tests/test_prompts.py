@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import eval.prompts as prompts
+from eval import prompts
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import MENLO_LABELS, parse_menlo_grades
 from eval.prompts import (

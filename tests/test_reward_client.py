@@ -17,7 +17,7 @@ import pytest
 
 from actors.engine import Completion
 from serve import rewards as R
-from serve.reward_client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig, backoff_delay
+from train.reward_client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig, backoff_delay
 
 MENLO = ("<think>ok</think><final_grade_A> FINAL GRADE: {a} - X </final_grade_A>"
          "<final_grade_B> FINAL GRADE: {b} - X </final_grade_B>")

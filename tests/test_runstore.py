@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from jobs.runstore import RunStore, write_table
+from core.runstore import RunStore, write_table
 
 
 def producer(calls: list, rows: int = 3, fail: bool = False):

@@ -189,7 +189,8 @@ def test_document_sari_without_penalties_is_xu_sari():
     # keep 100, delete (0.75 + 3)/4 = 93.75, add 0 -> (100 + 93.75)/3 = 64.583
     score = document_sari("The cat sat. It was happy.", "The cat sat.", ["The cat sat."], return_components=True)
     assert score == pytest.approx((193.75 / 3, 0.0, 100.0, 93.75))
-    plain = score_xu2016("the cat sat . it was happy .".split(), "the cat sat .".split(), [["the", "cat", "sat", "."]])
+    plain = score_xu2016(["the", "cat", "sat", ".", "it", "was", "happy", "."], ["the", "cat", "sat", "."],
+                         [["the", "cat", "sat", "."]])
     assert plain == pytest.approx(tuple(score))
 
 
@@ -197,8 +198,8 @@ def test_document_sari_penalises_a_too_long_output():
     # Output with 9 words against a 4-word reference: L_O > L_R, LP_2 = exp((4 - 9)/max(9 - 4, 1)) = e^-1,
     # and 2 sentences against 1: SLP = exp(-1/2).
     orig, out, ref = "The cat sat. It was happy.", "The cat sat. It was happy.", "The cat sat."
-    base = score_xu2016("the cat sat . it was happy .".split(), "the cat sat . it was happy .".split(),
-                        [["the", "cat", "sat", "."]])
+    tokens = ["the", "cat", "sat", ".", "it", "was", "happy", "."]
+    base = score_xu2016(tokens, list(tokens), [["the", "cat", "sat", "."]])
     score = document_sari(orig, out, [ref], return_components=True)
     assert score.keep == pytest.approx(base.keep * math.exp(-1) * math.exp(-0.5))
     assert score.delete == pytest.approx(base.delete * math.exp(-1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from jobs.tracking import RedactSecrets, secret_env_names
+from core.tracking import RedactSecrets, secret_env_names
 
 
 def test_secret_env_names_come_from_env_keys_only():

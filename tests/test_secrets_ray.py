@@ -65,8 +65,8 @@ def test_a_job_writes_no_secret(ray_tmp, tmp_path):
             [sys.executable, "-m", "jobs.cli", "run", "configs/demo_scores.yaml", f"run.root={tmp_path}",
              "data.limit=2", "ray.num_cpus=2", "wandb.mode=offline",
              f"generate=[{{name: api-gen, engine: {engine}, pool: {{num_cpus: 0.25}}}}]",
-             f"jury.judges=[{{name: api-judge, engine: {engine}, template: jury_score, format: score, "
-             "pool: {num_cpus: 0.25}}]"],
+             (f"jury.judges=[{{name: api-judge, engine: {engine}, template: jury_score, format: score, "
+             "pool: {num_cpus: 0.25}}]")],
             cwd=REPO, env=child_env(ray_tmp), capture_output=True, text=True, timeout=600, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert server.calls, "the hosted engine was never called"

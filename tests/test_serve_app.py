@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.config import load_config
+from core.config import load_config
 from serve.config import ServeConfig
 
 pytestmark = pytest.mark.slow
@@ -190,8 +190,8 @@ POISON = [
     ("/reward/group", '{"prompt": "P", "responses": ["ok", "bad \\ud800"]}', "responses.1"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\udfff"}], "max_tokens": 4}',
      "messages.0.content"),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, '
-                             '"seed": 1180591620717411303424, "max_tokens": 4}', "seed"),
+    ("/v1/chat/completions", ('{"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, '
+                             '"seed": 1180591620717411303424, "max_tokens": 4}'), "seed"),
 ]
 
 
@@ -301,8 +301,8 @@ def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
     """configs/grm.yaml as shipped: MENLO pointwise /score with the request's dimension rubric and locale."""
     from ray import serve
 
+    from jobs.serve_grm import app_args
     from serve.app import build_app
-    from serve.cli import app_args
 
     cfg = load_config(ServeConfig, REPO / "configs" / "grm.yaml", [
         f"judge.engine.model={smollm2_dir}", "judge.engine.num_threads=1", "serve.auth_token_env=",

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from actors.engine import Completion, SamplingParams
-from jobs.config import ConfigError, load_config
+from core.config import ConfigError, load_config
+from eval.reward_wire import JudgmentOut
 from serve import protocol as P
 from serve import rewards as R
 from serve.config import ServeConfig
@@ -18,10 +19,10 @@ MENLO_OK = ("<think>{why}</think>\n<final_grade_A> FINAL GRADE: {a} - {la} </fin
             "<final_grade_B> FINAL GRADE: {b} - {lb} </final_grade_B>")
 
 
-def judgment(a: int, b: int, grade_a: int | None, grade_b: int | None) -> R.JudgmentOut:
+def judgment(a: int, b: int, grade_a: int | None, grade_b: int | None) -> JudgmentOut:
     ok = grade_a is not None and grade_b is not None
-    return R.JudgmentOut(a=a, b=b, grade_a=grade_a, grade_b=grade_b, parse_status="ok" if ok else "missing_grade_b",
-                         rationale="")
+    return JudgmentOut(a=a, b=b, grade_a=grade_a, grade_b=grade_b, parse_status="ok" if ok else "missing_grade_b",
+                       rationale="")
 
 
 def menlo(a: int, b: int, why: str = "because") -> Completion:
@@ -319,7 +320,7 @@ def test_print_config_is_a_valid_serve_config_without_secrets(monkeypatch, capsy
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    from serve.cli import main
+    from jobs.serve_grm import main
 
     monkeypatch.setenv("QUORUM_SERVE_TOKEN", "very-secret-token")
     assert main([str(REPO / "configs" / "grm.yaml"), "serve.port=8123", "--print-config"]) == 0

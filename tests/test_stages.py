@@ -22,7 +22,8 @@ POLICIES = {"lexical": "simplify_lexical", "overall": "simplify_overall"}
 
 
 def sources(n: int) -> pd.DataFrame:
-    words = "the committee postponed its deliberations because several members were unavoidably detained".split()
+    words = ["the", "committee", "postponed", "its", "deliberations", "because", "several", "members", "were",
+             "unavoidably", "detained"]
     return pd.DataFrame({"id": [f"s{i:03d}" for i in range(n)],
                          "source": [" ".join(words[: 5 + i % 7]) + f" number {i}." for i in range(n)]})
 

@@ -10,8 +10,18 @@ import pytest
 
 from eval import lens
 from eval.textmetrics import (
-    compression_ratio, corpus_bleu, corpus_fkgl, count_syllables, is_split, levenshtein_distance,
-    levenshtein_similarity, score_corpus, score_sentences, score_table, sentence_bleu, sentence_fkgl,
+    compression_ratio,
+    corpus_bleu,
+    corpus_fkgl,
+    count_syllables,
+    is_split,
+    levenshtein_distance,
+    levenshtein_similarity,
+    score_corpus,
+    score_sentences,
+    score_table,
+    sentence_bleu,
+    sentence_fkgl,
 )
 from eval.textnorm import split_sentences
 

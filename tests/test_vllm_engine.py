@@ -6,7 +6,6 @@ GPU run: `python -m pytest tests/test_vllm_engine.py -m gpu -q` (needs `pip inst
 from __future__ import annotations
 
 import dataclasses
-
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -14,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams, build_engine
+from actors.engine import ChatRequest, EngineSpec, SamplingParams
+from actors.engines import build_engine
 from actors.vllm_engine import VLLMEngine, build_llm_kwargs, to_completion, to_vllm_sampling_kwargs
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

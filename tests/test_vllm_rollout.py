@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.grpo_trainer import GRPOConfig, RolloutSection
+from train.config import GRPOConfig, RolloutSection
 from train.vllm_rollout import adapter_version_dir, read_group_outputs, rollout_sampling_kwargs
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -38,14 +38,22 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from train.advantages import aggregate_token_losses, grpo_policy_loss
-from train.grpo_batch import (GroupOutcome, completion_logps, completion_window, finish_outcome_metrics,
-                              micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
+from train.config import GRPOConfig
+from train.grpo_batch import (
+    GroupOutcome,
+    completion_logps,
+    completion_window,
+    finish_outcome_metrics,
+    micro_batch_slices,
+    outcome_advantages,
+    outcome_sums,
+    trim_completion,
+)
 from train.grpo_rewards import build_reward
-from train.grpo_trainer import GRPOConfig
 from train.grpo_validate import BestAdapter, validate
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
-from train.pairs_data import collate_sequences, parse_messages, render_prompt, step_row_indices
+from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
 
 Metrics = dict[str, float]
 
@@ -149,12 +157,6 @@ class HFRollout:
             model.train(was_training)
         trimmed = [trim_completion(row.tolist(), stops, self.pad_id) for row in out[:, width:]]
         return [t[0] for t in trimmed], [t[1] for t in trimmed]
-
-
-def encode_prompt(tokenizer, row: dict, cfg: GRPOConfig) -> list[int]:
-    """Chat-templated prompt ids, keeping the last `max_prompt_length` (the assistant header must survive)."""
-    text = render_prompt(tokenizer, parse_messages(row["prompt_messages"]), cfg.system_instruction)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])[-cfg.max_prompt_length:]
 
 
 # ---------------------------------------------------------------------------------------------------------------

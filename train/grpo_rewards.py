@@ -8,7 +8,7 @@ Kinds:
     judge  MENLO judge training (`train.judge_reward`): each rollout is a judge answer for the row's A/B pair,
            scored against the row's ``gold_a`` / ``gold_b``. Local and pure; never fails.
     grm    policy training against the served generative reward model: each row's G rollouts go to the Serve
-           app's ``/reward/group`` in one request (`serve.reward_client`), ``concurrency`` groups at a time so the
+           app's ``/reward/group`` in one request (`train.reward_client`), ``concurrency`` groups at a time so the
            server can batch their judge calls. The GRM sees ``row["judge_prompt"]`` as the prompt (and
            ``row["reference"]`` for the vs_reference scheme).
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
-from serve.reward_client import GroupRewardClient, RewardServiceConfig
 from train.grpo_batch import GroupOutcome
 from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward
+from train.reward_client import GroupRewardClient, RewardServiceConfig
 
 REWARD_KINDS = ("judge", "grm")
 ROW_KEYS = {"judge": ("gold_a", "gold_b"), "grm": ("judge_prompt",)}

@@ -42,7 +42,7 @@ def validation_shard(n_rows: int, rank: int, world: int) -> list[tuple[int, bool
 def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank: int, world: int,
              reduce_sums) -> Metrics:
     """Mean reward of G rollouts per validation prompt, reduced over workers (see module docstring)."""
-    from train.grpo_loop import encode_prompt
+    from train.pairs_data import encode_prompt
 
     shard = validation_shard(len(rows), rank, world)
     batch = max(cfg.prompts_per_worker, 1)

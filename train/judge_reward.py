@@ -91,7 +91,7 @@ def _gold_class(gold: float, side: str) -> int:
     # gold grades are data, but a wrong one would silently corrupt every reward: stop loudly
     if isinstance(gold, bool) or not isinstance(gold, (int, float)) or not 1 <= gold <= 5:
         raise ValueError(f"gold_{side}: expected a grade in [1, 5], got {gold!r}")
-    return int(math.floor(gold + 0.5))
+    return math.floor(gold + 0.5)
 
 
 def _grade_credit(pred: int, gold: int, cfg: JudgeRewardConfig) -> tuple[float, float]:

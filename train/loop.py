@@ -40,11 +40,11 @@ import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from train.config import TrainConfig
 from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
 from train.logprobs import sequence_logps
 from train.losses import compute_preference_loss
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
-from train.trainer import TrainConfig
 
 Metrics = dict[str, float]
 

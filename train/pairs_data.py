@@ -270,3 +270,12 @@ def step_row_indices(
     chunk = order[offset * global_batch:(offset + 1) * global_batch]
     return [chunk[(a * world_size + rank) * micro_batch:(a * world_size + rank + 1) * micro_batch]
             for a in range(grad_accum)]
+
+
+def encode_prompt(tokenizer, row: dict, cfg) -> list[int]:
+    """Chat-templated prompt ids, keeping the last `max_prompt_length` (the assistant header must survive).
+
+    `cfg` is a trainer config (`train.config`): its `system_instruction` and `max_prompt_length` are read.
+    """
+    text = render_prompt(tokenizer, parse_messages(row["prompt_messages"]), cfg.system_instruction)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])[-cfg.max_prompt_length:]

@@ -1,6 +1,7 @@
 """Driver side of preference training: `TrainConfig` -> Ray Train `TorchTrainer` (DeepSpeed + LoRA) -> `TrainResult`.
 
-    from train.trainer import TrainConfig, run_training
+    from train.config import TrainConfig
+    from train.trainer import run_training
     cfg = TrainConfig(model="smollm2-135m", loss="arpo", num_workers=2, micro_batch_size=4, grad_accum=16)
     result = run_training(cfg, rows, run_dir="runs/po-lexical")    # rows: [{prompt_messages, chosen, rejected}]
     result.adapter_dir                                             # runs/po-lexical/adapter (peft save_pretrained)
@@ -28,145 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
-from train.losses import PreferenceLossConfig
-
-LOSSES = ("dpo", "cpo", "simpo", "cpo_simpo", "arpo", "sft")
-
-
-@dataclasses.dataclass
-class LoraSection:
-    """LoRA adapter (paper 000: r=16, alpha=32; dropout and target modules not stated)."""
-
-    r: int = 16
-    alpha: int = 32
-    # the authors' training code disables LoRA dropout (paper 000 does not state it)
-    dropout: float = 0.0
-    # module names, or "all-linear" (peft's shorthand for every linear layer but the output head)
-    target_modules: list[str] | str = dataclasses.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj",
-                                                                                 "o_proj"])
-
-
-@dataclasses.dataclass
-class DeepSpeedSection:
-    """DeepSpeed ZeRO stage and host offload (see `train.ds_config.build_ds_config`)."""
-
-    zero_stage: int = 2
-    offload_optimizer: bool = False
-    offload_params: bool = False
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """One preference (or SFT) training run. Defaults are paper 000's ARPO-SimPO settings where it states them.
-
-    Global batch = micro_batch_size × grad_accum × num_workers (paper: 128).
-    """
-
-    model: str = "smollm2-135m"
-    # dpo | cpo | simpo | cpo_simpo | arpo | sft
-    loss: str = "arpo"
-    loss_config: PreferenceLossConfig = dataclasses.field(default_factory=PreferenceLossConfig)
-    lora: LoraSection = dataclasses.field(default_factory=LoraSection)
-    deepspeed: DeepSpeedSection = dataclasses.field(default_factory=DeepSpeedSection)
-    lr: float = 1e-4
-    warmup_ratio: float = 0.0
-    # constant | linear | cosine
-    scheduler: str = "linear"
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    epochs: int = 1
-    # > 0 overrides epochs
-    max_steps: int = 0
-    micro_batch_size: int = 4
-    grad_accum: int = 32
-    max_prompt_length: int = 256
-    max_completion_length: int = 128
-    # right | left
-    padding_side: str = "right"
-    # system turn added to rows whose prompt_messages have none
-    system_instruction: str = ""
-    seed: int = 0
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: int = 1
-    # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
-    precision: str = "auto"
-    gradient_checkpointing: bool = False
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    max_failures: int = 0
-    # "" = <run_dir>/ray
-    storage_path: str = ""
-    run_name: str = "train"
-    log_every: int = 1
-    # 0 = evaluate the eval rows only at the end
-    eval_every: int = 0
-    wandb: bool = False
-    wandb_project: str = "quorum"
-    # extra environment variables for the workers
-    env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
-    # TEST HOOK: the last rank raises after finishing this step, only in an attempt that started from step 0
-    fail_at_step: int = 0
-
-    @property
-    def global_batch_size(self) -> int:
-        """Pairs per optimizer step over all workers."""
-        return self.micro_batch_size * self.grad_accum * self.num_workers
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first field that is out of range or inconsistent."""
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss: {self.loss!r} is not one of {list(LOSSES)}")
-        positive = ("lr", "epochs", "micro_batch_size", "grad_accum", "max_prompt_length", "max_completion_length",
-                    "num_workers", "cpus_per_worker", "checkpoint_every", "keep_checkpoints", "log_every")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("max_steps", "max_failures", "eval_every", "weight_decay", "max_grad_norm", "fail_at_step"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio: must be in [0, 1), got {self.warmup_ratio}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler: {self.scheduler!r} is not one of {list(SCHEDULERS)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision: {self.precision!r} is not one of {list(PRECISIONS)}")
-        if self.padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side: {self.padding_side!r} is not 'left' or 'right'")
-        if not self.model or not self.run_name:
-            raise ValueError("model: and run_name: must be non-empty")
-        if 0 < self.fail_at_step < self.checkpoint_every:
-            raise ValueError(f"fail_at_step: {self.fail_at_step} < checkpoint_every ({self.checkpoint_every}) would "
-                             "fail again on every restart (the hook fires only in attempts that start at step 0)")
-        self._validate_sections()
-
-    def _validate_sections(self) -> None:
-        if self.deepspeed.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"deepspeed.zero_stage: {self.deepspeed.zero_stage} is not one of {list(ZERO_STAGES)}")
-        if self.deepspeed.offload_params and self.deepspeed.zero_stage != 3:
-            raise ValueError("deepspeed.offload_params: needs deepspeed.zero_stage 3")
-        if self.deepspeed.offload_optimizer and self.deepspeed.zero_stage == 0:
-            raise ValueError("deepspeed.offload_optimizer: needs deepspeed.zero_stage 2 or 3")
-        if self.lora.r <= 0 or self.lora.alpha <= 0:
-            raise ValueError(f"lora.r / lora.alpha: must be > 0, got {self.lora.r} / {self.lora.alpha}")
-        if not 0.0 <= self.lora.dropout < 1.0:
-            raise ValueError(f"lora.dropout: must be in [0, 1), got {self.lora.dropout}")
-        modules = self.lora.target_modules
-        if not modules or (isinstance(modules, str) and modules != "all-linear"):
-            raise ValueError(f"lora.target_modules: expected a non-empty list or 'all-linear', got {modules!r}")
-        if self.loss_config.nll_reduction not in ("token_mean", "seq_mean"):
-            raise ValueError(f"loss_config.nll_reduction: {self.loss_config.nll_reduction!r} is not "
-                             "'token_mean' or 'seq_mean'")
-        if self.loss_config.beta <= 0:
-            raise ValueError(f"loss_config.beta: must be > 0, got {self.loss_config.beta}")
-
-    @classmethod
-    def from_dict(cls, data: dict) -> TrainConfig:
-        """Inverse of `dataclasses.asdict` (how the config travels to the workers)."""
-        sections = {"loss_config": PreferenceLossConfig, "lora": LoraSection, "deepspeed": DeepSpeedSection}
-        kwargs = {k: sections[k](**v) if k in sections else v for k, v in data.items()}
-        return cls(**kwargs)
+from train.config import TrainConfig, TrainerBase
 
 
 @dataclasses.dataclass
@@ -202,7 +65,7 @@ def _materialise(rows: Any) -> list[dict]:
     raise TypeError(f"rows: expected a list of dicts or a ray.data.Dataset, got {type(rows).__name__}")
 
 
-def worker_env(cfg: TrainConfig) -> dict[str, str]:
+def worker_env(cfg: TrainerBase) -> dict[str, str]:
     """Environment of every Ray Train worker: DeepSpeed's CPU accelerator off-GPU and one BLAS thread per CPU."""
     env = {"OMP_NUM_THREADS": str(cfg.cpus_per_worker)}
     if not cfg.use_gpu:
@@ -211,12 +74,14 @@ def worker_env(cfg: TrainConfig) -> dict[str, str]:
     return env
 
 
-def build_trainer(cfg: TrainConfig, loop_config: dict, storage_path: str) -> Any:
-    """The `TorchTrainer` for `cfg`; `loop_config` is the worker function's whole input."""
+def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: Any = None) -> Any:
+    """The `TorchTrainer` for `cfg` (either trainer's config); `loop_config` is the worker function's whole input,
+    `loop` the worker function (default: preference training's `train.loop.train_loop_per_worker`)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from train.loop import train_loop_per_worker
+    if loop is None:
+        from train.loop import train_loop_per_worker as loop
 
     scaling = ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                             resources_per_worker={"CPU": cfg.cpus_per_worker})
@@ -228,7 +93,7 @@ def build_trainer(cfg: TrainConfig, loop_config: dict, storage_path: str) -> Any
         worker_runtime_env={"env_vars": worker_env(cfg)},
     )
     return TorchTrainer(
-        train_loop_per_worker,
+        loop,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         scaling_config=scaling,

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import httpx
 
+from eval.reward_wire import SCHEMES
 from train.grpo_batch import GroupOutcome, failed
 
 RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
@@ -57,8 +58,8 @@ class RewardServiceConfig:
     concurrency: int = 8
 
     def validate(self, where: str = "reward") -> None:
-        if self.scheme not in ("all_pairs", "vs_reference"):
-            raise ValueError(f"{where}.scheme: {self.scheme!r} is not one of all_pairs, vs_reference")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"{where}.scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"{where}.url: expected http(s)://host:port[/prefix], got {self.url!r}")
         for name in ("timeout_s", "concurrency"):

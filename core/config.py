@@ -5,6 +5,9 @@ missing file raises `ConfigError` naming the dotted key (and the file), which th
 before any work starts.
 
     cfg = load_config(DemoConfig, "configs/demo.yaml", ["generate.batch_size=8", "run.root=/tmp/runs"])
+
+A field whose values need a check this floor cannot make (a prompt template must load: `eval.prompts`) declares it
+in its type, `Annotated[str, FieldCheck(fn)]`; `check_tree` runs it with the field's dotted key.
 """
 
 from __future__ import annotations
@@ -16,15 +19,13 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config problem the user must fix; the message names the key and, when known, the file."""
-
+from core.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading YAML and applying overrides
@@ -211,6 +212,14 @@ def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -
 # ---------------------------------------------------------------------------------------------------------------
 # Checks every job shares, run on the whole built config tree before the job's own `validate`
 
+@dataclasses.dataclass(frozen=True)
+class FieldCheck:
+    """`fn(value, key)` raises ConfigError naming `key`; declared by the layer that owns the check, so this module
+    imports nothing of ours (see `eval.prompts.TemplateName`)."""
+
+    fn: Callable[[Any, str], None]
+
+
 # numeric keys that may be negative, with their floor (-1 = "no top-k filter")
 NEGATIVE_OK = {"top_k": -1}
 # keys naming an input file or directory, wherever a job nests them: when set, it must exist now
@@ -223,7 +232,7 @@ _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$", re.IGNOR
 
 def check_env_vars(env_vars: dict, key: str) -> None:
     """A runtime-env map must not carry secrets: Ray writes its variables to runtime_env_agent.log."""
-    from jobs.tracking import ALWAYS_SECRET
+    from core.tracking import ALWAYS_SECRET
 
     for name in env_vars:
         if name in ALWAYS_SECRET or _SECRET_NAME.search(name):
@@ -240,9 +249,10 @@ def check_tree(node: Any, where: str = "") -> None:
     """
     if not dataclasses.is_dataclass(node):
         return
+    hints = typing.get_type_hints(type(node), include_extras=True)
     for f in dataclasses.fields(node):
         key = f"{where}.{f.name}" if where else f.name
-        _check_value(getattr(node, f.name), key, f.name)
+        _check_value(getattr(node, f.name), key, f.name, _field_checks(hints.get(f.name)))
     check = getattr(node, "check", None)
     if callable(check):
         try:
@@ -253,12 +263,22 @@ def check_tree(node: Any, where: str = "") -> None:
             raise ConfigError(str(exc)) from None
 
 
-def _check_value(value: Any, key: str, name: str) -> None:
+def _field_checks(tp: Any) -> tuple[FieldCheck, ...]:
+    """The `FieldCheck`s in an `Annotated[...]` field type (also inside `X | None`)."""
+    if typing.get_origin(tp) is typing.Annotated:
+        return tuple(m for m in tp.__metadata__ if isinstance(m, FieldCheck))
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return tuple(c for arg in typing.get_args(tp) for c in _field_checks(arg))
+    return ()
+
+
+def _check_value(value: Any, key: str, name: str, checks: tuple[FieldCheck, ...] = ()) -> None:
     if isinstance(value, bool):
         return
-    if name == "template" and isinstance(value, str) and value:
-        # every `template` key of every job names a prompt template ("" = the job's default)
-        check_template(value, key)
+    if checks and value not in (None, ""):
+        # "" = the job's default (e.g. a template)
+        for check in checks:
+            check.fn(value, key)
     elif name in INPUT_PATHS and isinstance(value, str) and value and "://" not in value:
         if not Path(value).expanduser().exists():
             raise ConfigError(f"{key}: no such file or directory: {value}")
@@ -290,16 +310,6 @@ def in_range(value: float, low: float, high: float, key: str, *, low_open: bool 
 def one_of(value: Any, allowed: tuple, key: str) -> None:
     if value not in allowed:
         raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
-
-
-def check_template(name: str, key: str) -> None:
-    """A prompt template name (configs/prompts/<name>.yaml) or path must load."""
-    from eval.prompts import PromptError, load_template, prompt_path
-
-    try:
-        load_template(prompt_path(name))
-    except PromptError as exc:
-        raise ConfigError(f"{key}: {exc}") from None
 
 
 def to_dict(cfg: Any) -> dict:

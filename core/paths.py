@@ -17,10 +17,11 @@ way when it is set, and nothing changes when it is not. Pure: no Ray import.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from jobs.config import ConfigError, apply_override, read_yaml, with_defaults
+from core.config import ConfigError, apply_override, read_yaml, with_defaults
 
 HOME_ENV = "QUORUM_HOME"
 # set by Ray's job supervisor for a submitted job's entrypoint (and only there)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from jobs.ray_env import RayConfig
-from jobs.runstore import RunConfig, RunStore
-from jobs.tracking import Tracker, WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
+from core.ray_env import RayConfig
+from core.runstore import RunConfig, RunStore
+from core.tracking import Tracker, WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
 
 
 @dataclass

@@ -21,16 +21,17 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.config import config_hash
+from core.config import config_hash
+from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,12 @@ class RunConfig:
         key = f"{where}.id" if where else "id"
         if self.id and (self.id in (".", "..") or any(c in self.id for c in "/\\\0")):
             raise ValueError(f"{key}: {self.id!r} must be a plain directory name (no '/', '\\' or '..')")
+
+    def require_local(self, when: str = "") -> None:
+        """A job that trains writes its adapter under the run directory, which later stages and workers read."""
+        if "://" in self.root:
+            raise ConfigError("run.root: training writes its adapter under the run directory, which must be a local "
+                              f"or shared-filesystem path{' ' + when if when else ''}")
 
 
 @dataclass
@@ -86,7 +93,7 @@ def _alive(pid: int) -> bool:
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=Path(__file__).resolve().parents[1], check=False)
         return out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from jobs.config import ConfigError, load_config
-from jobs.ray_env import WORKER_ENV_DEFAULTS, RayConfig, init_ray
-from jobs.tracking import install_redaction, secret_env_names
+from core.config import ConfigError, load_config
+from core.ray_env import WORKER_ENV_DEFAULTS, RayConfig, init_ray
+from core.tracking import install_redaction, secret_env_names
 from serve.config import ServeConfig
 
 # `quorum run` / tests/test_config.py find a job's config class under this name
