@@ -16,6 +16,26 @@ sources -> generate -> features (word alignments, optional LLM parses) -> jury (
 -> train (LoRA on Ray Train + DeepSpeed) -> eval_set -> eval_generate (vanilla vs trained) -> rejudge (pairwise)
 -> results (SARI with bootstrap CIs, win rate, cost per stage) -> summary.md.
 With a `score` jury (no pairs) the run stops after the jury and reports jury scores per model.
+
+The paper, top to bottom: each stage, its paper section (the arXiv text's numbering), the function that runs it,
+and the maths it calls (two hops to the formula):
+
+==============  ============  ===========================================  =============================================
+stage           paper 000     runs in                                      the maths / format
+==============  ============  ===========================================  =============================================
+sources         §4.2          ``stage_sources`` (below)                    ``actors.corpus.source_filter``
+generate        §2.2, A.2.2   ``actors.generate.build_generate_dataset``   ``configs/prompts/simplify_*.yaml``
+features        §2.2, A.2.3   ``stage_features`` (below)                   ``eval.align`` (OT aligner), ``parse_ptb``
+jury            §2.2, A.2.1   ``actors.jury.build_jury_dataset``           ``eval.judge_parse.parse_best_worst``;
+                                                                           ``eval.judge_grammar`` (constrained verdict)
+judge_signal    (ours)        ``jobs.policy_references``                   ``eval.oracle.judge_signal``
+pairs           §2.2, Tab. 3  ``jobs.policy_stages.stage_pairs``           ``train.pairs.build_pairs`` ->
+                                                                           ``eval.aggregate.vote_best_worst``
+train           §2.2, §4.1    ``jobs.policy_stages.stage_train``           ``train.losses.arpo_loss`` / ``arpo_penalty``
+eval_generate   §4.1          ``actors.generate.build_generate_dataset``   greedy, ``simplify_*_zeroshot``
+rejudge         (ours)        ``actors.jury.build_jury_dataset``           ``eval.judge_parse.parse_pairwise``
+results         §4.4, Fig. 2  ``jobs.policy_stages.build_results``         ``eval.results.results_table``, ``eval.sari``
+==============  ============  ===========================================  =============================================
 """
 
 from __future__ import annotations
