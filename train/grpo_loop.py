@@ -38,7 +38,7 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from train.advantages import aggregate_token_losses, grpo_policy_loss
-from train.grpo_batch import (GroupOutcome, completion_logps, completion_window, finish_outcome_metrics,
+from train.grpo_batch import (GroupOutcome, completion_logps, completion_window, finish_outcome_metrics, fit_prompt,
                               micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
 from train.grpo_rewards import build_reward
 from train.grpo_trainer import GRPOConfig
@@ -65,15 +65,19 @@ def grpo_loop_per_worker(config: dict) -> None:
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
     val_rows = config.get("val_rows") or []
-    best = BestAdapter(config["best_dir"], rank) if val_rows else None
+    best = BestAdapter(config["best_dir"], rank, cfg.val_metric) if val_rows else None
+    baselines: dict[int, str] = {}  # vs_baseline validation: the base model's answer per val row, made once
+    # prompts over max_prompt_length lose the tail of their user turn (fit_prompt): counted once over all rows
+    rows_truncated = float(sum(encode_prompt(tokenizer, row, cfg)[1] for row in rows))
     failed_streak = 0
     try:
         for step in range(start, total):
             metrics, samples = grpo_step(engine, tokenizer, cfg, rows, reward_fn, rollout, step, rank, world)
             done = step + 1
-            metrics |= {"step": done, "start_step": start}
+            metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated}
             if best is not None and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
-                metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums)
+                metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums,
+                                    baselines)
                 metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done))
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
@@ -151,10 +155,18 @@ class HFRollout:
         return [t[0] for t in trimmed], [t[1] for t in trimmed]
 
 
-def encode_prompt(tokenizer, row: dict, cfg: GRPOConfig) -> list[int]:
-    """Chat-templated prompt ids, keeping the last `max_prompt_length` (the assistant header must survive)."""
-    text = render_prompt(tokenizer, parse_messages(row["prompt_messages"]), cfg.system_instruction)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])[-cfg.max_prompt_length:]
+def encode_prompt(tokenizer, row: dict, cfg: GRPOConfig) -> tuple[list[int], bool]:
+    """Chat-templated prompt ids within `max_prompt_length`, and whether the user turn had to be shortened
+    (`fit_prompt`: the system turn, e.g. a judge's rubric, is never cut). ``enable_thinking`` = `cfg.thinking`."""
+    def encode(messages: list[dict]) -> list[int]:
+        text = render_prompt(tokenizer, messages, cfg.system_instruction, enable_thinking=cfg.thinking)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def content_ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return fit_prompt(parse_messages(row["prompt_messages"]), encode, content_ids, tokenizer.decode,
+                      cfg.max_prompt_length)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,7 +179,8 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
     began = time.perf_counter()
     indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
     batch_rows = [rows[i] for i in indices]
-    prompts = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
+    encoded = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
+    prompts = [ids for ids, _ in encoded]
     seed = cfg.seed * 1_000_003 + step * 1_009 + rank  # resumable, distinct per rank
     torch.manual_seed(seed)
     rollout.sync(engine)
@@ -187,6 +200,7 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
         sums = {"lr": engine.get_lr()[0], "grad_norm_max": math.nan, "train_tokens": 0.0, "updates_skipped": 1.0}
     sums |= outcome_sums(outcomes) | _length_sums(completions, finished)
     sums["generated_tokens"] = float(sum(len(c) for c in completions))
+    sums["prompts_truncated"] = float(sum(truncated for _, truncated in encoded))
     sums["generate_s_max"], sums["step_s_max"] = generate_s, time.perf_counter() - began
     metrics = _finish(reduce_sums(sums))
     samples = [{"prompt_id": str(batch_rows[i // cfg.group_size].get("id", "")), "completion": text,
@@ -314,6 +328,7 @@ def _finish(totals: Metrics) -> Metrics:
         "response_length/mean": totals["length_sum"] / rollouts if rollouts else 0.0,
         "response_length/max": totals["length_max"],
         "response_length/truncated_fraction": totals["truncated"] / rollouts if rollouts else 0.0,
+        "prompt/truncated": totals.get("prompts_truncated", 0.0),
         "tokens": totals["train_tokens"], "tokens_per_s": totals["train_tokens"] / step_s,
         "generate_tokens_per_s": totals["generated_tokens"] / max(totals["generate_s_max"], 1e-9),
         "time/step_s": step_s, "time/generate_s": totals["generate_s_max"],

@@ -28,6 +28,7 @@ from train.trainer import DeepSpeedSection, LoraSection, TrainResult
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3")
 ROLLOUT_KINDS = ("hf", "vllm")
+VAL_METRICS = ("reward", "vs_baseline")
 
 
 @dataclasses.dataclass
@@ -71,6 +72,9 @@ class GRPOConfig:
     max_completion_length: int = 4096
     # system turn added to rows whose prompt_messages have none
     system_instruction: str = ""
+    # the chat template's enable_thinking (Qwen3): false = non-thinking rollouts (MENLO §5's policy); the judge
+    # configs set true (its output format opens with a <think> block); templates without the switch ignore it
+    thinking: bool = False
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     # β of the KL-to-reference term (reference = the base model: LoRA disabled); 0 = no reference forward
@@ -100,6 +104,10 @@ class GRPOConfig:
     # with validation prompts: mean reward of G rollouts each (val/reward/mean) every this many steps and after the
     # last; the best adapter so far is kept in <run_dir>/best_adapter. 0 = only after the last step
     eval_every: int = 0
+    # what picks the best adapter: reward (mean training reward of G rollouts per prompt, val/reward/mean) or
+    # vs_baseline (GRM reward only: one answer per prompt judged against the LoRA-disabled base model's answer in
+    # both orders, val/vs_baseline/score = win rate with ties counted half; MENLO §5.2)
+    val_metric: str = "reward"
     wandb: bool = False
     wandb_project: str = "quorum"
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -137,7 +145,7 @@ class GRPOConfig:
 
     def _validate_choices(self) -> None:
         choices = (("loss_agg", LOSS_AGGS), ("kl_kind", KL_KINDS), ("scheduler", SCHEDULERS),
-                   ("precision", PRECISIONS))
+                   ("precision", PRECISIONS), ("val_metric", VAL_METRICS))
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {list(allowed)}")
@@ -207,7 +215,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         cfg: The run config (validated here).
         rows: Prompt rows (see the module docstring).
         val_rows: Held-out prompt rows of the same shape: validated every ``eval_every`` steps and after the last;
-            the best adapter by ``val/reward/mean`` lands in ``<run_dir>/best_adapter`` (with ``best.json``).
+            the best adapter by the ``val_metric`` score lands in ``<run_dir>/best_adapter`` (with ``best.json``).
         reward: Reward spec for `train.grpo_rewards.build_reward` (``{"kind": "judge" | "grm", ...}``).
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
@@ -228,6 +236,9 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
 
     cfg.validate()
     check_reward_spec(reward)
+    if cfg.val_metric == "vs_baseline" and reward["kind"] != "grm":
+        raise ValueError(f"val_metric: vs_baseline needs the served GRM to compare answers, not a {reward['kind']} "
+                         "reward (use val_metric: reward)")
     check_rows(reward, rows)
     if val_rows:
         check_rows(reward, val_rows)
