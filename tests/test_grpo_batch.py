@@ -314,7 +314,8 @@ def test_encode_prompt_truncates_the_user_turn_and_passes_the_thinking_switch(ti
     ids, truncated = encode_prompt(tokenizer, row, GRPOConfig(max_prompt_length=40))
     text = tokenizer.decode(ids)
     assert truncated and len(ids) <= 40
-    assert text.startswith("<system>Grade with the rubric.\n<user>word") and text.endswith("<assistant><think></think>")
+    assert text.startswith("<system>Grade with the rubric.\n<user>word")
+    assert text.endswith("<assistant><think></think>")
     ids, truncated = encode_prompt(tokenizer, row, GRPOConfig(max_prompt_length=4096, thinking=True))
     assert not truncated and tokenizer.decode(ids).endswith("<assistant>")
     assert GRPOConfig().thinking is False

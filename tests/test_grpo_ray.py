@@ -167,11 +167,11 @@ def scripted_grm(judge: FakeOpenAIServer, app: str) -> list[str]:
 
 
 def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_cleanup, tmp_path, monkeypatch):
+    from ray import serve
+
     import jobs.judge_grpo as judge_job
     from serve.reward_client import RewardServiceConfig
     from train.grpo_rewards import GRMGroupReward
-
-    from ray import serve
 
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     serve.shutdown()  # a Serve instance left by an earlier test keeps its HTTP port; the job starts its own
