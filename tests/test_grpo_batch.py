@@ -184,6 +184,19 @@ def test_only_a_strictly_better_finite_score_is_a_new_best():
     assert not improved(-0.6, -0.5) and not improved(math.nan, None) and not improved(math.nan, -1.0)
 
 
+def test_baseline_answers_are_kept_on_disk_for_a_restarted_worker(tmp_path):
+    from train.grpo_validate import BaselineAnswers
+
+    rank0, rank1 = BaselineAnswers(str(tmp_path / "b"), 0), BaselineAnswers(str(tmp_path / "b"), 1)
+    assert rank0.answers == {}
+    rank0.add({0: "zero"})
+    rank0.add({2: "two"})
+    rank1.add({1: "one"})
+    # a restarted worker (any rank, any world size) reads every rank's answers back
+    assert BaselineAnswers(str(tmp_path / "b"), 0).answers == {0: "zero", 1: "one", 2: "two"}
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["rank0.json", "rank1.json"]
+
+
 def test_validation_shards_cover_every_row_once_with_equal_lengths():
     from train.grpo_validate import validation_shard
 

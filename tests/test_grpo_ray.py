@@ -157,6 +157,9 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
     assert best["score_key"] == "val/vs_baseline/score" and best["step"] == 2
     assert best["score"] == pytest.approx(final["val/vs_baseline/score"])
     assert "Best adapter by val/vs_baseline/score" in summary
+    # the base model's answers, one per val prompt, kept for the run (a restarted worker reads them back)
+    kept = [json.loads(p.read_text()) for p in sorted((run / "train" / "run" / "val_baseline").glob("rank*.json"))]
+    assert [sorted(k) for k in kept] == [["0"], ["1"]]
 
 
 def scripted_grm(judge: FakeOpenAIServer, app: str) -> list[str]:

@@ -31,6 +31,7 @@ import contextlib
 import math
 import tempfile
 import time
+from pathlib import Path
 
 import ray.train
 import torch
@@ -42,7 +43,7 @@ from train.grpo_batch import (GroupOutcome, completion_logps, completion_window,
                               micro_batch_slices, outcome_advantages, outcome_sums, trim_completion)
 from train.grpo_rewards import build_reward
 from train.grpo_trainer import GRPOConfig
-from train.grpo_validate import BestAdapter, validate
+from train.grpo_validate import BaselineAnswers, BestAdapter, validate
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
 from train.pairs_data import collate_sequences, parse_messages, render_prompt, step_row_indices
@@ -66,7 +67,8 @@ def grpo_loop_per_worker(config: dict) -> None:
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
     val_rows = config.get("val_rows") or []
     best = BestAdapter(config["best_dir"], rank, cfg.val_metric) if val_rows else None
-    baselines: dict[int, str] = {}  # vs_baseline validation: the base model's answer per val row, made once
+    # vs_baseline validation: the base model's answer per val row, sampled once per run
+    baselines = BaselineAnswers(str(Path(config["best_dir"]).parent / "val_baseline"), rank) if val_rows else None
     # prompts over max_prompt_length lose the tail of their user turn (fit_prompt): counted once over all rows
     rows_truncated = float(sum(encode_prompt(tokenizer, row, cfg)[1] for row in rows))
     failed_streak = 0

@@ -9,7 +9,8 @@ the current policy, by `grpo.val_metric`:
   baseline's answer in both orders; win / tie / loss rates and mean grades under `val/vs_baseline/`, the score is
   the win rate with ties counted half (`train.grpo_batch.versus_metrics`). The baseline is the initial policy, i.e.
   the model with its LoRA adapter disabled; its answers are sampled once per run with the same per-prompt seeds
-  and kept (`baselines`). A mean-margin reward cannot serve here: its group means are 0 by construction.
+  and kept (`BaselineAnswers`, also on disk, so a restarted worker judges against the very same answers). A
+  mean-margin reward cannot serve here: its group means are 0 by construction.
 
 Validation samples at the rollout temperature with seeds that depend on the prompt only, never on the step, so
 successive validations compare policies on the same random draws (common random numbers), and it runs inside a
@@ -48,10 +49,10 @@ def validation_shard(n_rows: int, rank: int, world: int) -> list[tuple[int, bool
 
 
 def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank: int, world: int,
-             reduce_sums, baselines: dict[int, str] | None = None) -> Metrics:
+             reduce_sums, baselines: BaselineAnswers | None = None) -> Metrics:
     """`val/` metrics of the current policy by `cfg.val_metric`, reduced over workers (see module docstring).
 
-    `baselines` (vs_baseline) caches the base model's answer per validation row index across calls."""
+    `baselines` (vs_baseline) holds the base model's answer per validation row index across calls."""
     from train.grpo_loop import encode_prompt
 
     shard = validation_shard(len(rows), rank, world)
@@ -68,15 +69,14 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
             if versus:
                 if baselines is None:
                     raise ValueError("val_metric vs_baseline: validate() needs the baselines cache")
-                if any(i not in baselines for i, _ in part):
-                    # the same on every rank (all missing at the first validation), so ZeRO-3's collective
-                    # generate stays in step
+                if _any_rank(any(i not in baselines.answers for i, _ in part)):
+                    # every rank generates when one must: ZeRO-3's generate is collective
                     texts = _base_answers(engine, tokenizer, cfg, prompts, seed, world)
-                    baselines.update({i: text for (i, _), text in zip(part, texts)})
+                    baselines.add({i: text for (i, _), text in zip(part, texts)})
                 torch.manual_seed(seed)
                 ids, _ = rollout.generate(engine.module, prompts, 1, seed)
                 answers = tokenizer.batch_decode(ids, skip_special_tokens=True)
-                scored = reward_fn.versus(picked, answers, [baselines[i] for i, _ in part])
+                scored = reward_fn.versus(picked, answers, [baselines.answers[i] for i, _ in part])
             else:
                 torch.manual_seed(seed)
                 ids, _ = rollout.generate(engine.module, prompts, cfg.group_size, seed)
@@ -87,6 +87,32 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
     if versus:
         return versus_metrics(reduce_sums(versus_sums(outcomes)))
     return validation_metrics(reduce_sums(outcome_sums(outcomes)))
+
+
+class BaselineAnswers:
+    """The base model's validation answers by val row index: in memory, and in ``<dir>/rank<r>.json`` so a
+    restarted worker reads them back instead of sampling new ones (all ranks' files are read: any world size)."""
+
+    def __init__(self, directory: str, rank: int):
+        self.dir, self.rank = Path(directory), rank
+        self.answers: dict[int, str] = {}
+        for path in sorted(self.dir.glob("rank*.json")):
+            self.answers |= {int(k): v for k, v in json.loads(path.read_text()).items()}
+        self._mine: dict[int, str] = {}
+
+    def add(self, answers: dict[int, str]) -> None:
+        self.answers |= answers
+        self._mine |= answers
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".rank{self.rank}.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({str(k): v for k, v in sorted(self._mine.items())}, ensure_ascii=False))
+        os.replace(tmp, self.dir / f"rank{self.rank}.json")
+
+
+def _any_rank(flag: bool) -> bool:
+    tensor = torch.tensor([float(flag)])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item() > 0)
 
 
 def _base_answers(engine, tokenizer, cfg, prompts: list[list[int]], seed: int, world: int) -> list[str]:
