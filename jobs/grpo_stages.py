@@ -34,9 +34,10 @@ log = logging.getLogger("quorum.grpo")
 # final metrics shown in summary.md, in this order (those present)
 SUMMARY_KEYS = ("step", "reward/mean", "reward/std_within_group", "reward/groups", "reward/groups_failed",
                 "reward/groups_failed_fraction", "reward_service/latency_s_mean", "reward_service/retries",
-                "response_length/mean", "response_length/truncated_fraction", "kl", "approx_kl", "clip_fraction",
-                "entropy", "loss", "grad_norm", "updates_skipped", "tokens_per_s", "generate_tokens_per_s",
-                "time/step_s")
+                "response_length/mean", "response_length/truncated_fraction", "prompt/rows_truncated", "kl",
+                "approx_kl", "clip_fraction", "entropy", "loss", "grad_norm", "updates_skipped", "tokens_per_s",
+                "generate_tokens_per_s", "time/step_s")
+SAMPLES = ("random", "head")
 
 
 @dataclass
@@ -87,6 +88,18 @@ def check_splits(splits: list[str], val_splits: list[str], known: tuple[str, ...
         raise ConfigError(f"data.val_splits: {shared} are training splits too; validation prompts must be held out")
 
 
+def limit_rows(frame: pd.DataFrame, limit: int, how: str, seed: int, key: str) -> pd.DataFrame:
+    """At most `limit` rows (0 = all): a seeded random sample (``random``, MENLO's "randomly sample 3,000 prompts")
+    or the first ones (``head``). The sample ranks rows by a hash of (seed, row[key]), so it does not depend on the
+    file's order and adding rows to the file moves few of the chosen ones; the kept rows keep their file order."""
+    if not limit or len(frame) <= limit:
+        return frame
+    if how == "head":
+        return frame.head(limit)
+    ranks = frame[key].map(lambda value: hashlib.sha256(f"{seed}|{value}".encode()).hexdigest())
+    return frame.loc[ranks.sort_values(kind="stable").index[:limit].sort_values()]
+
+
 def stage_rows(store: RunStore, key: object, build: Callable[[], pd.DataFrame]) -> StageResult:
     """The prompts, as built by `build` (a frame with at least id, prompt_messages and role: train | val)."""
     def produce(out_dir: str) -> dict:
@@ -126,8 +139,10 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
                 "groups_failed": metrics.get("reward/groups_failed"), "seconds": round(seconds, 3),
                 "actor_seconds": round(seconds * trainer.num_workers, 3),
                 "val_reward_mean": _finite(metrics.get("val/reward/mean")),
-                "best_step": result.best.get("step"), "best_val_reward_mean": result.best.get("score"),
-                "best_adapter": result.best_adapter_dir}
+                "val_vs_baseline_score": _finite(metrics.get("val/vs_baseline/score")),
+                "prompt_rows_truncated": metrics.get("prompt/rows_truncated"),
+                "best_step": result.best.get("step"), "best_score_key": result.best.get("score_key"),
+                "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir}
 
     return store.run_stage("train", key, produce)
 
@@ -154,8 +169,8 @@ def report(store: RunStore, tracker: Tracker, results: list[StageResult], title:
     stages = pd.DataFrame([{"stage": r.name, "skipped": r.skipped, "rows": r.rows, "seconds": round(r.seconds, 1)}
                            for r in results])
     train = next((r.summary for r in results if r.name == "train"), {})
-    best = (f"Best adapter by val/reward/mean: `{best_adapter_dir(store)}` (step {train['best_step']}, "
-            f"{train['best_val_reward_mean']:.4g})\n\n" if train.get("best_step") is not None else "")
+    best = (f"Best adapter by {train['best_score_key']}: `{best_adapter_dir(store)}` (step {train['best_step']}, "
+            f"{train['best_score']:.4g})\n\n" if train.get("best_step") is not None else "")
     markdown = (f"# {title}\n\nAdapter (last step): `{adapter_dir(store)}`\n\n{best}"
                 "## Final step (reduced over workers)\n\n"
                 f"{table.to_markdown(index=False, floatfmt='.4g')}\n\n"

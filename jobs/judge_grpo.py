@@ -65,7 +65,8 @@ class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     reward: JudgeRewardConfig = field(default_factory=JudgeRewardConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    # the judge's MENLO output opens with a <think> block: Qwen3's thinking mode (the configs repeat it)
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(thinking=True))
 
     def validate(self) -> None:
         self.validate_inputs()

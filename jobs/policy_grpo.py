@@ -1,9 +1,15 @@
 """Policy training with GRPO against the served generative reward model (paper 003 §5).
 
-Each training prompt gets G rollouts from the policy; the whole group goes to the GRM Serve app's
-`POST /reward/group` (all pairs judged with MENLO's pairwise format, reward = mean grade margin), with retries and
-back-off; a group the service cannot score is counted (``reward/groups_failed``, ``reward_service/errors/<kind>``)
-and left out of the loss, never given a zero reward.
+Each training prompt gets G rollouts from the policy (Qwen3: non-thinking, `grpo.thinking`); the whole group goes
+to the GRM Serve app's `POST /reward/group` with the prompt's dimension and locale, so the judge sees exactly the
+`menlo_pairwise` prompt it was trained on (all pairs judged; reward = the rollout's mean own grade, MENLO §5, or
+its mean grade margin with `reward.signal=margin`), with retries and back-off; a group the service cannot score is
+counted (``reward/groups_failed``, ``reward_service/errors/<kind>``) and left out of the loss, never given a zero
+reward.
+
+Validation (`data.val_splits`, `grpo.val_metric: vs_baseline`): MENLO's two-stage evaluation in small, one answer
+per held-out prompt from the current policy against the base model's answer, judged by the GRM in both orders;
+the best adapter has the highest win rate (ties half) -- see `train/grpo_validate.py`.
 
 Local (local Ray; this job starts the GRM app in its own cluster, as `quorum serve` would, unless `reward.url`
 names a running one; SmolLM2-135M as policy and judge; the demo measured 7 min 27 s for 3 steps on 2 cores
@@ -21,7 +27,7 @@ On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 1024-to
         quorum run configs/policy_grpo_cluster.yaml run.root=/shared/runs reward.url=http://grm.internal:8000
 
 Stages (under <run.root>/policy_grpo/<run-id>/, skipped when already complete): rows (the unique prompts of the
-MENLO-format pairs of `data.dimensions`, each with the judge task the GRM sees: locale, dimension question, prompt)
+MENLO-format pairs of `data.dimensions`, a seeded random sample of `data.limit`, each with what the GRM reads)
 -> train (GRPO on Ray Train + DeepSpeed + LoRA) -> summary.md. The GRM app is started only when `train` runs, and
 deleted when it ends. Its URL for the workers is 127.0.0.1 on their own node: Serve runs an HTTP proxy per node.
 """
@@ -42,7 +48,17 @@ from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
 from eval.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl
 from jobs.cli import entry
-from jobs.grpo_stages import GRPOData, adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.grpo_stages import (
+    SAMPLES,
+    GRPOData,
+    adapter_dir,
+    file_sha,
+    limit_rows,
+    report,
+    stage_rows,
+    stage_train,
+    validate_grpo,
+)
 from serve.config import ServeConfig
 from train.config import GRPOConfig
 from train.reward_client import RewardServiceConfig
@@ -53,10 +69,14 @@ JOB = "policy_grpo"
 
 @dataclass
 class DataConfig(GRPOData):
-    """The policy trains on the pairs' prompts (rows = distinct prompts; paper: 3,000 prompts sampled from MENLO)."""
+    """The policy trains on the pairs' prompts (rows = distinct prompts; paper: 3,000 prompts sampled from MENLO).
+    `limit` / `val_limit` keep N prompts chosen by `sample`."""
 
     # paper §5 trains on Fluency, Tone and Localized Tone (localized factuality excluded)
     dimensions: list[str] = field(default_factory=lambda: ["fluency", "tone", "localized_tone"])
+    # random: a seeded sample of `limit` prompts (paper: "randomly sample"); head: the first `limit` in file order
+    sample: str = "random"
+    seed: int = 0
     # dimension names and key questions shown to the GRM
     rubrics: str = "configs/data/menlo_rubrics.yaml"
 
@@ -77,12 +97,16 @@ class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
     grm: GRMConfig = field(default_factory=GRMConfig)
     reward: RewardServiceConfig = field(default_factory=RewardServiceConfig)
+    # a YAML `grpo:` section starts from GRPOConfig's own defaults: the configs repeat these paper values
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(loss_agg="seq_mean_token_sum_norm",
-                                                                normalize_std=False, max_completion_length=1024))
+                                                                normalize_std=False, max_completion_length=1024,
+                                                                thinking=False, val_metric="vs_baseline"))
 
     def validate(self) -> None:
         self.data.validate_data()
         require_file(self.data.rubrics, "data.rubrics")
+        if self.data.sample not in SAMPLES:
+            raise ConfigError(f"data.sample: {self.data.sample!r} is not one of {list(SAMPLES)}")
         if not self.data.dimensions or any(d not in DIMENSIONS for d in self.data.dimensions):
             raise ConfigError(f"data.dimensions: need a non-empty subset of {list(DIMENSIONS)}, "
                               f"got {self.data.dimensions}")
@@ -106,7 +130,8 @@ class Config(JobSections):
 
 
 def judge_task(locale: str, rubric: dict, prompt: str) -> str:
-    """What the GRM sees as the request's `prompt` (configs/prompts/menlo_grpo_grm.yaml's {task})."""
+    """The request's `prompt` for a template without MENLO context slots (reward.send_context=false, e.g.
+    configs/prompts/menlo_grpo_grm.yaml's {task}): locale, dimension and question written into the prompt."""
     return (f"[Locale]\n{locale}\n\n[Dimension]\n{rubric['name']}: {rubric['question']}\n\n"
             f"[User Prompt]\n{prompt}")
 
@@ -120,10 +145,14 @@ def policy_rows(cfg: Config) -> pd.DataFrame:
 
 
 def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
-    """One row per distinct (dimension, locale, prompt) of the selected pairs."""
+    """One row per distinct (dimension, locale, prompt) of the selected pairs (`data.limit` of them, sampled).
+
+    ``judge_prompt`` is what the GRM's template fills {prompt} with: the user prompt itself, its dimension and
+    locale travelling as the request's own fields (reward.send_context), as in judge training's rows."""
     pairs = read_menlo_jsonl(cfg.data.path)
     pairs = pairs[pairs["split"].isin(splits) & pairs["dimension"].isin(cfg.data.dimensions)]
-    pairs = pairs.drop_duplicates(["dimension", "locale", "prompt"]).head(limit or None)
+    pairs = pairs.drop_duplicates(["dimension", "locale", "prompt"])
+    pairs = limit_rows(pairs, limit, cfg.data.sample, cfg.data.seed, key="pair_id")
     if pairs.empty:
         raise ConfigError(f"data: no prompts left in {cfg.data.path} for splits {splits} and dimensions "
                           f"{cfg.data.dimensions}")
@@ -131,7 +160,8 @@ def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
     return pd.DataFrame([{
         "id": row["pair_id"], "dimension": row["dimension"], "locale": row["locale"],
         "prompt_messages": json.dumps([{"role": "user", "content": row["prompt"]}], ensure_ascii=False),
-        "judge_prompt": judge_task(row["locale"], rubrics[row["dimension"]], row["prompt"]),
+        "judge_prompt": (row["prompt"] if cfg.reward.send_context
+                         else judge_task(row["locale"], rubrics[row["dimension"]], row["prompt"])),
     } for row in pairs.to_dict("records")])
 
 
@@ -181,7 +211,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     validate_grpo(cfg.grpo, int((policy_rows(cfg)["role"] == "train").sum()))
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
-    rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path)}
+    rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path),
+                "send_context": cfg.reward.send_context}
     results = [stage_rows(store, rows_key, lambda: policy_rows(cfg))]
     validate_grpo(cfg.grpo, results[0].summary["train_rows"])
     init_ray(cfg.ray)

@@ -192,6 +192,19 @@ def test_only_a_strictly_better_finite_score_is_a_new_best():
     assert not improved(-0.6, -0.5) and not improved(math.nan, None) and not improved(math.nan, -1.0)
 
 
+def test_baseline_answers_are_kept_on_disk_for_a_restarted_worker(tmp_path):
+    from train.grpo_validate import BaselineAnswers
+
+    rank0, rank1 = BaselineAnswers(str(tmp_path / "b"), 0), BaselineAnswers(str(tmp_path / "b"), 1)
+    assert rank0.answers == {}
+    rank0.add({0: "zero"})
+    rank0.add({2: "two"})
+    rank1.add({1: "one"})
+    # a restarted worker (any rank, any world size) reads every rank's answers back
+    assert BaselineAnswers(str(tmp_path / "b"), 0).answers == {0: "zero", 1: "one", 2: "two"}
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["rank0.json", "rank1.json"]
+
+
 def test_validation_shards_cover_every_row_once_with_equal_lengths():
     from train.grpo_validate import validation_shard
 
@@ -200,3 +213,129 @@ def test_validation_shards_cover_every_row_once_with_equal_lengths():
         assert len({len(s) for s in shards}) == 1  # same number of generate calls on every rank
         counted = sorted(i for s in shards for i, keep in s if keep)
         assert counted == list(range(n))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Policy validation against the baseline (train.grpo_batch versus_*), through the GRM's real reward maths
+
+
+def _served(texts: dict[int, str], pairs: list[tuple[int, int]], n: int, scheme: str, grade_of) -> dict:
+    """The /reward/group body the Serve app computes (serve.rewards) when the judge grades each text grade_of(t)."""
+    from actors.engine import Completion
+    from serve import rewards as R
+
+    judgments, completions = [], []
+    for a, b in pairs:
+        ga, gb = grade_of(texts[a]), grade_of(texts[b])
+        completion = Completion(text="", raw_text=(f"<think>x</think><final_grade_A> FINAL GRADE: {ga} - X "
+                                                   f"</final_grade_A><final_grade_B> FINAL GRADE: {gb} - X "
+                                                   "</final_grade_B>"))
+        judgments.append(R.read_judgment(a, b, completion))
+        completions.append(completion)
+    return R.group_response(scheme, n, judgments, completions, "judge").model_dump()
+
+
+def test_zero_sum_margins_cannot_rank_policies_but_the_win_rate_against_the_baseline_does():
+    import httpx
+
+    from serve import rewards as R
+    from train.grpo_batch import VAL_SCORE, VAL_SCORES, outcome_sums, validation_metrics, versus_metrics, versus_sums
+    from train.reward_client import parse_group_response
+
+    def grade_of(text: str) -> int:  # the judge's taste: the baseline's style earns 3, a good answer 5, a bad one 1
+        return {"good": 5, "bad": 1}.get(text.split()[0], 3)
+
+    def old_score(rollouts: list[str]) -> float:
+        """Validation as it was: G rollouts, all pairs, reward = mean margin, mean over the rollouts."""
+        body = _served(dict(enumerate(rollouts)), R.plan_pairs(len(rollouts), "all_pairs"), len(rollouts),
+                       "all_pairs", grade_of)
+        outcome = parse_group_response(httpx.Response(200, json=body), len(rollouts), "margin")
+        return validation_metrics(outcome_sums([outcome]))[VAL_SCORE]
+
+    def new_score(answers: list[str]) -> dict:
+        outcomes = []
+        for answer in answers:
+            body = _served({0: answer, R.REFERENCE: "base answer"}, R.plan_pairs(1, "vs_reference", True), 1,
+                           "vs_reference", grade_of)
+            outcomes.append(parse_group_response(httpx.Response(200, json=body), 1))
+        return versus_metrics(versus_sums(outcomes))
+
+    winner, loser = ["good one", "good two", "good three"], ["bad one", "bad two", "base two"]
+    # every group's margins sum to 0: the old score is 0 for the winner and the loser alike
+    assert old_score(winner) == pytest.approx(0.0, abs=1e-12) and old_score(loser) == pytest.approx(0.0, abs=1e-12)
+    win, lose = new_score(winner), new_score(loser)
+    key = VAL_SCORES["vs_baseline"]
+    # winner: 3 wins (5 vs 3 in both orders); loser: 2 losses (1 vs 3) and 1 tie (3 vs 3) -> (0 + 0.5) / 3
+    assert win[key] == 1.0 and win["val/vs_baseline/win_rate"] == 1.0
+    assert lose[key] == pytest.approx(1 / 6) and lose["val/vs_baseline/loss_rate"] == pytest.approx(2 / 3)
+    assert win["val/vs_baseline/grade_mean"] == 5.0 and win["val/vs_baseline/baseline_grade_mean"] == 3.0
+    assert lose["val/vs_baseline/grade_mean"] == pytest.approx(5 / 3) and lose["val/vs_baseline/grade_delta"] == \
+        pytest.approx(5 / 3 - 3)
+
+
+def test_versus_metrics_count_failed_prompts_apart():
+    from train.grpo_batch import GroupOutcome, failed, versus_metrics, versus_sums
+
+    def judged(margin: float, grade: float) -> GroupOutcome:
+        return GroupOutcome(rewards=[grade], components={"grm_margin": [margin], "grm_mean_grade": [grade]},
+                            failed_judgments=0)
+
+    # win (+1.5, own 4.5 -> baseline 3), tie (0, own 3), loss (-0.5, own 2.5 -> baseline 3), one timeout
+    outcomes = [judged(1.5, 4.5), judged(0.0, 3.0), judged(-0.5, 2.5), failed("timeout", 4)]
+    outcomes[1].failed_judgments = 1  # one of its two orders did not parse; the other decided the tie
+    sums = versus_sums(outcomes)
+    assert (sums["vs_win"], sums["vs_tie"], sums["vs_loss"], sums["vs_failed"]) == (1.0, 1.0, 1.0, 1.0)
+    metrics = versus_metrics(sums)
+    prefix = "val/vs_baseline/"
+    assert metrics[prefix + "score"] == pytest.approx(0.5)  # (1 + 0.5) / 3 judged prompts
+    assert metrics[prefix + "win_rate"] == metrics[prefix + "tie_rate"] == metrics[prefix + "loss_rate"] == \
+        pytest.approx(1 / 3)
+    assert metrics[prefix + "grade_mean"] == pytest.approx(10 / 3) and metrics[prefix + "baseline_grade_mean"] == 3.0
+    assert metrics[prefix + "prompts"] == 4 and metrics[prefix + "prompts_failed"] == 1
+    assert metrics[prefix + "errors/timeout"] == 1 and metrics[prefix + "judgments_failed"] == 1
+    assert math.isnan(versus_metrics(versus_sums([failed("timeout")]))[prefix + "score"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts: truncation keeps the system turn, Qwen3's thinking switch
+
+
+def _chars(messages: list[dict]) -> list[str]:
+    """A character 'tokenizer' with a 2-char header per turn and a 2-char generation prompt."""
+    return list("".join(f"{m['role'][0]}:{m['content']}" for m in messages) + "a:")
+
+
+def test_fit_prompt_shortens_the_user_turn_never_the_system_turn():
+    from train.grpo_batch import fit_prompt
+
+    messages = [{"role": "system", "content": "RUBRIC"}, {"role": "user", "content": "abcdefghij"}]
+    # s:RUBRIC (8) + u:abcdefghij (12) + a: (2) = 22 ids
+    assert fit_prompt(messages, _chars, list, "".join, 22) == (_chars(messages), False)
+    ids, truncated = fit_prompt(messages, _chars, list, "".join, 16)  # 6 over: the user turn keeps "abcd"
+    assert truncated and "".join(ids) == "s:RUBRICu:abcda:"
+    with pytest.raises(ValueError, match="max_prompt_length"):
+        fit_prompt(messages, _chars, list, "".join, 11)  # 12 ids even with an empty user turn
+
+
+def test_encode_prompt_truncates_the_user_turn_and_passes_the_thinking_switch(tiny_model_dir):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from train.config import GRPOConfig
+    from train.pairs_data import encode_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # Qwen3's switch, reduced to its effect: non-thinking mode opens the answer with an empty think block
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+                               "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")
+    row = {"prompt_messages": json.dumps([{"role": "system", "content": "Grade with the rubric."},
+                                          {"role": "user", "content": "word " * 200}])}
+    ids, truncated = encode_prompt(tokenizer, row, GRPOConfig(max_prompt_length=40))
+    text = tokenizer.decode(ids)
+    assert truncated and len(ids) <= 40
+    assert text.startswith("<system>Grade with the rubric.\n<user>word")
+    assert text.endswith("<assistant><think></think>")
+    ids, truncated = encode_prompt(tokenizer, row, GRPOConfig(max_prompt_length=4096, thinking=True))
+    assert not truncated and tokenizer.decode(ids).endswith("<assistant>")
+    assert GRPOConfig().thinking is False

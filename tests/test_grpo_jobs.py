@@ -51,8 +51,38 @@ def test_policy_rows_are_unique_prompts_without_localized_factuality():
     assert with_val["role"].value_counts().to_dict() == {"train": 18, "val": 3}
     first = rows.iloc[0]
     assert json.loads(first["prompt_messages"])[0]["role"] == "user"
+    # the served judge-training template renders dimension and locale from the request's own fields
+    assert first["judge_prompt"] == json.loads(first["prompt_messages"])[0]["content"]
+    task = policy_job.policy_rows(load_config(policy_job.Config, POLICY_DEMO, ["reward.send_context=false"]))
+    first = task.iloc[0]
     assert first["judge_prompt"].startswith(f"[Locale]\n{first['locale']}\n\n[Dimension]\n")
     assert json.loads(first["prompt_messages"])[0]["content"] in first["judge_prompt"]
+
+
+def test_limit_rows_samples_with_a_seed_or_keeps_the_head():
+    import pandas as pd
+
+    from jobs.grpo_stages import limit_rows
+
+    frame = pd.DataFrame({"pair_id": [f"p{i}" for i in range(10)], "x": range(10)})
+    assert list(limit_rows(frame, 3, "head", 0, "pair_id")["x"]) == [0, 1, 2]
+    assert limit_rows(frame, 0, "random", 0, "pair_id") is frame
+    assert limit_rows(frame, 10, "random", 0, "pair_id") is frame
+    picked = limit_rows(frame, 3, "random", 0, "pair_id")
+    # the three lowest sha256("0|p<i>") hex digests: p0 (44906d...), p8 (5b0be1...), p5 (60d721...); file order kept
+    assert list(picked["pair_id"]) == ["p0", "p5", "p8"]
+    # independent of the file's order, different for another seed
+    shuffled = frame.iloc[::-1].reset_index(drop=True)
+    assert set(limit_rows(shuffled, 3, "random", 0, "pair_id")["pair_id"]) == set(picked["pair_id"])
+    assert set(limit_rows(frame, 3, "random", 1, "pair_id")["pair_id"]) != set(picked["pair_id"])
+
+
+def test_policy_rows_sample_the_training_prompts():
+    head = policy_job.policy_rows(load_config(policy_job.Config, POLICY_DEMO, ["data.limit=5", "data.sample=head"]))
+    sampled = policy_job.policy_rows(load_config(policy_job.Config, POLICY_DEMO, ["data.limit=5"]))
+    full = policy_job.policy_rows(load_config(policy_job.Config, POLICY_DEMO))
+    assert list(head["id"]) == list(full["id"][:5])
+    assert len(sampled) == 5 and set(sampled["id"]) <= set(full["id"]) and list(sampled["id"]) != list(head["id"])
 
 
 @pytest.mark.parametrize("module, path, override, key", [
@@ -68,6 +98,9 @@ def test_policy_rows_are_unique_prompts_without_localized_factuality():
     (policy_job, POLICY_DEMO, "grm.overrides=[batching.max_batch_size=0]", "batching.max_batch_size"),
     (policy_job, POLICY_DEMO, "grm.config=configs/nope.yaml", "grm.config"),
     (policy_job, POLICY_DEMO, "data.dimensions=[]", "data.dimensions"),
+    (policy_job, POLICY_DEMO, "data.sample=first", "data.sample"),
+    (policy_job, POLICY_DEMO, "reward.signal=mean", "reward.signal"),
+    (policy_job, POLICY_DEMO, "grpo.val_metric=loss", "grpo.val_metric"),
 ])
 def test_config_errors_name_the_key(module, path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -81,3 +114,26 @@ def test_policy_job_refuses_a_missing_token_before_any_work(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match="QUORUM_TEST_ABSENT_TOKEN"):
         policy_job.main(cfg, "x.yaml")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("judge_config, policy_config", [
+    ("judge_grpo_demo.yaml", "policy_grpo_demo.yaml"), ("judge_grpo_cluster.yaml", "policy_grpo_cluster.yaml")])
+def test_the_served_grm_prompt_is_the_judge_training_prompt(judge_config, policy_config):
+    """What GRMServer renders for a policy row's request (`JudgePrompts.compare_messages`, as /compare and
+    /reward/group do) equals the judge_grpo row of the same pair in the A-then-B order; the Serve app itself is
+    checked the same way in tests/test_grpo_ray.py."""
+    from eval.menlo_data import read_menlo_jsonl
+    from serve.config import load_prompts
+
+    policy_cfg = load_config(policy_job.Config, REPO / "configs" / policy_config, ["data.limit=0"])
+    served = load_prompts(policy_cfg.serve_config().prompts)
+    judge_rows = judge_job.judge_rows(load_config(judge_job.Config, REPO / "configs" / judge_config))
+    pairs = {r["pair_id"]: r for r in read_menlo_jsonl(policy_cfg.data.path).to_dict("records")}
+    rows = policy_job.policy_rows(policy_cfg).to_dict("records")
+    for row in rows:
+        pair = pairs[row["id"]]
+        messages = served.compare_messages(row["judge_prompt"], pair["response_a"], pair["response_b"],
+                                           row["dimension"], row["locale"])
+        trained = judge_rows[(judge_rows["pair_id"] == row["id"]) & (judge_rows["order"] == "AB")]
+        assert messages == json.loads(trained.iloc[0]["prompt_messages"]), row["id"]
+    assert len(rows) >= 18  # every training (and validation) prompt was checked

@@ -7,6 +7,7 @@ engine): a random tiny model never writes parseable MENLO grades, so every group
 checked to train. The script grades each response by a hash of its text, in MENLO's exact output format, and
 refuses to grade one prompt (marked UNJUDGEABLE) so that group fails for real inside the service (null rewards).
 A second run points the job at a closed port: every group fails, is counted, and the adapter does not move.
+The served prompt is checked to be the judge-training prompt (menlo_pairwise with the pair's dimension and locale).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from wandb_reader import find_run_files, read_run
 
 import jobs.policy_grpo as job
 from core.config import load_config
+from eval.menlo_data import read_menlo_jsonl
 from eval.menlo_parse import MENLO_LABELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -36,6 +38,8 @@ PROMPTS = [("de_DE", "fluency", "Wie bleibe ich beim Lernen konzentriert?"),
            ("ja_JP", "tone", "UNJUDGEABLE 最近とても疲れています。"),
            ("es_MX", "localized_tone", "Escribe un saludo para mi abuela."),
            ("en_US", "fluency", "How do I keep basil alive indoors?")]
+VAL_PROMPTS = [("fr_FR", "tone", "Je suis un peu perdu en ce moment."),
+               ("it_IT", "localized_tone", "Come saluto i vicini nuovi?")]
 _RESPONSES = re.compile(r"\[Response A\]\n(.*)\n\n\[Response B\]\n(.*)\Z", re.DOTALL)
 
 
@@ -60,8 +64,9 @@ def scripted_judge(message: str) -> str:
 
 def write_prompts(path: Path) -> str:
     lines = []
-    for i, (locale, dim, prompt) in enumerate(PROMPTS):
-        lines.append(json.dumps({"pair_id": f"p{i}", "dimension": dim, "locale": locale, "split": "train",
+    splits = [("train", p) for p in PROMPTS] + [("val", p) for p in VAL_PROMPTS]
+    for i, (split, (locale, dim, prompt)) in enumerate(splits):
+        lines.append(json.dumps({"pair_id": f"p{i}", "dimension": dim, "locale": locale, "split": split,
                                  "prompt": prompt, "response_a": "x", "response_b": "y", "gold_a": 3, "gold_b": 3},
                                 ensure_ascii=False))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -90,12 +95,11 @@ def initial_lora(model_dir: str, cfg: job.Config) -> dict[str, torch.Tensor]:
 
 
 def history(run_dir: Path) -> list[dict]:
-    """Rank 0's training history: W&B writes it in the run directory (beside the driver's run, which has no
-    reward/groups rows), so `wandb sync <run>/wandb/...` finds it after the stage folder is renamed."""
-    runs = [rows for rows in ([row for row in read_run(f)["history"] if "reward/groups" in row]
-                              for f in find_run_files(run_dir)) if rows]
-    (rows,) = runs
-    return rows
+    """The step rows of rank 0's offline W&B run (in the job's run directory, beside the job's own run, which has
+    no reward/groups rows), so `wandb sync <run>/wandb/...` finds it after the stage folder is renamed."""
+    runs = [[row for row in read_run(f)["history"] if "reward/groups" in row] for f in find_run_files(run_dir)]
+    (steps,) = [rows for rows in runs if rows]
+    return steps
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +114,9 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
                                                                           monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     with FakeOpenAIServer(reply=scripted_judge) as judge:
-        cfg = job_config(tmp_path, tiny_model_dir, ["run.id=served"], [
-            f"serve.port={free_port()}", "serve.app_name=grm-grpo-test", "serve.route_prefix=/grpo",
-            f"serve.auth_token_env={TOKEN_ENV}", "judge.engine.kind=openai", f"judge.engine.base_url={judge.base_url}",
-            "judge.engine.model=scripted-judge", "prompts.pairwise=menlo_grpo_grm",
-            "prompts.pairwise_vars={prompt: task, response_a: response_a, response_b: response_b}",
-            "resources.num_cpus=0", "batching.batch_wait_timeout_s=0.05"])
+        # validation on the 2 val prompts after the last step: each answer against the base model's
+        cfg = job_config(tmp_path, tiny_model_dir, ["run.id=served", "data.val_splits=[val]"],
+                         scripted_grm(judge, "grm-grpo-test"))
         job.main(cfg, "served.yaml")
         judged = judge.calls
     from ray import serve
@@ -145,6 +146,62 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
         assert not torch.equal(trained[name], before), f"{name} did not change"
     summary = (run / "summary.md").read_text()
     assert "reward/groups_failed" in summary and "reward_service/errors/null_rewards" in summary
+    # the policy's validation: its answers against the base model's, 2 judgments each (both orders)
+    final = steps[-1]
+    rates = [final[f"val/vs_baseline/{k}_rate"] for k in ("win", "tie", "loss")]
+    assert final["val/vs_baseline/prompts"] == 2 and final["val/vs_baseline/prompts_failed"] == 0
+    assert sum(rates) == pytest.approx(1.0) and 0 <= final["val/vs_baseline/score"] <= 1
+    assert final["val/vs_baseline/score"] == pytest.approx(rates[0] + rates[1] / 2)
+    assert 1 <= final["val/vs_baseline/baseline_grade_mean"] <= 5 and "val/reward/mean" not in final
+    assert len(judge.calls_matching("Je suis un peu perdu")) >= 2  # both orders reached the judge
+    best = json.loads((run / "train" / "run" / "best_adapter" / "best.json").read_text())
+    assert best["score_key"] == "val/vs_baseline/score" and best["step"] == 2
+    assert best["score"] == pytest.approx(final["val/vs_baseline/score"])
+    assert "Best adapter by val/vs_baseline/score" in summary
+    # the base model's answers, one per val prompt, kept for the run (a restarted worker reads them back)
+    kept = [json.loads(p.read_text()) for p in sorted((run / "train" / "run" / "val_baseline").glob("rank*.json"))]
+    assert [sorted(k) for k in kept] == [["0"], ["1"]]
+
+
+def scripted_grm(judge: FakeOpenAIServer, app: str) -> list[str]:
+    """GRM overrides: the job's default prompts (configs/grm.yaml) with the scripted hosted judge as engine."""
+    return [f"serve.port={free_port()}", f"serve.app_name={app}", "serve.route_prefix=/grpo",
+            f"serve.auth_token_env={TOKEN_ENV}", "judge.engine.kind=openai", f"judge.engine.base_url={judge.base_url}",
+            "judge.engine.model=scripted-judge", "resources.num_cpus=0", "batching.batch_wait_timeout_s=0.05"]
+
+
+def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_cleanup, tmp_path, monkeypatch):
+    from ray import serve
+
+    import jobs.judge_grpo as judge_job
+    from train.grpo_rewards import GRMGroupReward
+    from train.reward_client import RewardServiceConfig
+
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    serve.shutdown()  # a Serve instance left by an earlier test keeps its HTTP port; the job starts its own
+    demo = REPO / "configs" / "policy_grpo_demo.yaml"
+    with FakeOpenAIServer(reply=scripted_judge) as judge:
+        cfg = load_config(job.Config, demo, [f"run.root={tmp_path}"])
+        cfg.grm.overrides = [*cfg.grm.overrides, *scripted_grm(judge, "grm-prompt-test")]
+        policy_rows = job.policy_rows(cfg).to_dict("records")
+        # the judge's training rows for the same data, in the A-then-B order
+        judge_cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml")
+        judge_rows = judge_job.judge_rows(judge_cfg)
+        pairs = {r["pair_id"]: r for r in read_menlo_jsonl(cfg.data.path).to_dict("records")}
+        with job.served_reward(cfg) as (spec, _):
+            reward = GRMGroupReward(RewardServiceConfig(**spec["config"]))
+            try:
+                for row in policy_rows[:3]:
+                    pair = pairs[row["id"]]
+                    judge.reset(api_key="")
+                    # one group of the pair's two responses: all_pairs judges (0, 1), response_a shown as A
+                    (outcome,) = reward([row], [[pair["response_a"], pair["response_b"]]])
+                    assert outcome.error in ("", "null_rewards")
+                    (call,) = judge.calls
+                    trained = judge_rows[(judge_rows["pair_id"] == row["id"]) & (judge_rows["order"] == "AB")]
+                    assert call.body["messages"] == json.loads(trained.iloc[0]["prompt_messages"]), row["id"]
+            finally:
+                reward.close()
 
 
 def test_dead_reward_service_fails_every_group_and_leaves_the_adapter_untouched(serve_cleanup, tiny_model_dir,

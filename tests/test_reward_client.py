@@ -104,7 +104,7 @@ def test_busy_service_recovers_within_the_retries(sleeps, monkeypatch):
     monkeypatch.setenv("GRPO_TEST_TOKEN", "tok-123")
     server = FlakyServer([503, 500], group_body(3))
     try:
-        client = client_for(server.url, sleeps, token_env="GRPO_TEST_TOKEN")
+        client = client_for(server.url, sleeps, token_env="GRPO_TEST_TOKEN", signal="margin")
         outcome = client.score("prompt", ["a", "b", "c"])
     finally:
         server.close()
@@ -115,6 +115,48 @@ def test_busy_service_recovers_within_the_retries(sleeps, monkeypatch):
     path, body, headers = server.requests[-1]
     assert path == "/grm/reward/group" and body["responses"] == ["a", "b", "c"] and body["scheme"] == "all_pairs"
     assert headers["Authorization"] == "Bearer tok-123"
+
+
+def test_reward_signal_own_grade_or_margin_and_the_context_sent(sleeps):
+    # pairs (0,1), (2,0), (1,2) graded (5,2), (3,4), (2,2):
+    #   response 0: own grades 5 (as A), 4 (as B) -> own_grade 4.5; margins +3, +1 -> 2.0
+    #   response 1: own 2, 2 -> 2.0; margins -3, 0 -> -1.5
+    #   response 2: own 3, 2 -> 2.5; margins -1, 0 -> -0.5 (the margins sum to 0, the own grades do not)
+    server = FlakyServer([], group_body(3, {(0, 1): (5, 2), (2, 0): (3, 4), (1, 2): (2, 2)}))
+    try:
+        paper = client_for(server.url, sleeps).score("p", ["a", "b", "c"], dimension="tone", locale="de_DE")
+        margin = client_for(server.url, sleeps, signal="margin").score("p", ["a", "b", "c"])
+    finally:
+        server.close()
+    assert paper.rewards == pytest.approx([4.5, 2.0, 2.5]) and margin.rewards == pytest.approx([2.0, -1.5, -0.5])
+    for outcome in (paper, margin):
+        assert outcome.components["grm_mean_grade"] == pytest.approx([4.5, 2.0, 2.5])
+        assert outcome.components["grm_margin"] == pytest.approx([2.0, -1.5, -0.5])
+    (_, with_context, _), (_, without, _) = server.requests
+    assert (with_context["dimension"], with_context["locale"]) == ("tone", "de_DE")
+    assert "dimension" not in without and "locale" not in without
+
+
+def test_grm_reward_sends_each_rows_context_and_judges_versus_the_baseline_in_both_orders(sleeps):
+    from train.grpo_rewards import GRMGroupReward
+
+    server = FlakyServer([], group_body(2))
+    row = {"judge_prompt": "Wie geht's?", "dimension": "fluency", "locale": "de_DE"}
+    reward = GRMGroupReward(RewardServiceConfig(url=server.url, retries=0))
+    try:
+        reward([row], [["a", "b"]])
+        reward.versus([row], ["answer"], ["baseline answer"])
+        plain = GRMGroupReward(RewardServiceConfig(url=server.url, retries=0, send_context=False))
+        plain([row], [["a", "b"]])
+        plain.close()
+    finally:
+        reward.close()
+        server.close()
+    (_, group, _), (_, versus, _), (_, bare, _) = server.requests
+    assert (group["dimension"], group["locale"], group["scheme"]) == ("fluency", "de_DE", "all_pairs")
+    assert versus["responses"] == ["answer"] and versus["reference"] == "baseline answer"
+    assert (versus["scheme"], versus["both_orders"], versus["locale"]) == ("vs_reference", True, "de_DE")
+    assert "dimension" not in bare and "locale" not in bare
 
 
 def test_exhausted_retries_report_the_last_status(sleeps):

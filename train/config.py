@@ -24,6 +24,7 @@ LOSSES = ("dpo", "cpo", "simpo", "cpo_simpo", "arpo", "sft")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3")
 ROLLOUT_KINDS = ("hf", "vllm")
+VAL_METRICS = ("reward", "vs_baseline")
 
 
 def _positive(cfg: Any, *names: str) -> None:
@@ -90,7 +91,7 @@ class DeepSpeedSection:
 class RolloutSection:
     """How each GRPO worker samples its rollouts from its current policy."""
 
-    # hf: `generate` on the worker's own (LoRA) policy (train.grpo_loop.HFRollout); vllm: a vLLM engine colocated
+    # hf: `generate` on the worker's own (LoRA) policy (train.hf_rollout.HFRollout); vllm: a vLLM engine colocated
     # on each worker's GPU that receives the LoRA adapter after every optimizer step (train.vllm_rollout)
     kind: str = "hf"
     temperature: float = 1.0
@@ -304,6 +305,13 @@ class GRPOConfig(TrainerBase):
     max_failed_steps: int = 0
     # rollout samples (prompt, completion, reward) logged to W&B every this many steps; 0 = never
     log_samples_every: int = 0
+    # the chat template's enable_thinking (Qwen3): false = non-thinking rollouts (MENLO §5's policy); the judge
+    # configs set true (its output format opens with a <think> block); templates without the switch ignore it
+    thinking: bool = False
+    # what picks the best adapter: reward (mean training reward of G rollouts per prompt, val/reward/mean) or
+    # vs_baseline (GRM reward only: one answer per prompt judged against the LoRA-disabled base model's answer in
+    # both orders, val/vs_baseline/score = win rate with ties counted half; MENLO §5.2)
+    val_metric: str = "reward"
 
     @property
     def prompts_per_worker(self) -> int:
@@ -328,4 +336,5 @@ class GRPOConfig(TrainerBase):
                              f"step ({self.prompts_per_worker} prompts x {self.group_size})")
         _one_of(self, "loss_agg", LOSS_AGGS)
         _one_of(self, "kl_kind", KL_KINDS)
+        _one_of(self, "val_metric", VAL_METRICS)
         self.rollout._check(self.use_gpu)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -146,6 +147,45 @@ def micro_batch_slices(n_rows: int, micro_batch_size: int) -> list[slice]:
     return [slice(i, min(i + micro_batch_size, n_rows)) for i in range(0, n_rows, micro_batch_size)]
 
 
+def fit_prompt(messages: list[dict], encode: Callable[[list[dict]], list[int]],
+               content_ids: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+               max_len: int) -> tuple[list[int], bool]:
+    """Prompt ids within `max_len`, shortening only the last user turn's content (its tail goes).
+
+    Cutting the rendered ids from the left, as before, dropped the system turn first: the judge lost its rubric
+    and output format, the policy its instruction. The system turn and every earlier turn stay whole here.
+
+    Args:
+        messages: The prompt's turns (the last user turn is the one shortened).
+        encode: Chat-templated ids of a message list (generation prompt included).
+        content_ids / decode: Tokenize / detokenize a turn's content (no special tokens).
+        max_len: The prompt budget (``grpo.max_prompt_length``).
+
+    Returns:
+        ``(ids, truncated)``.
+
+    Raises:
+        ValueError: the turns other than the last user turn alone exceed `max_len`.
+    """
+    ids = encode(messages)
+    if len(ids) <= max_len:
+        return ids, False
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    content = content_ids(messages[last]["content"])
+    keep = len(content) - (len(ids) - max_len)
+    # re-tokenizing a cut text can merge or split tokens at the seam: shrink by the remaining excess, a few times
+    for _ in range(8):
+        if keep <= 0:
+            break
+        shortened = [*messages[:last], {**messages[last], "content": decode(content[:keep])}, *messages[last + 1:]]
+        ids = encode(shortened)
+        if len(ids) <= max_len:
+            return ids, True
+        keep -= len(ids) - max_len
+    raise ValueError(f"max_prompt_length: {max_len} tokens cannot hold this prompt's system turn and template "
+                     f"even with an empty user turn; raise grpo.max_prompt_length")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Statistics of one step on one worker (summed here, averaged over workers by the loop)
 
@@ -213,6 +253,8 @@ def _std(values: list[float]) -> float:
 
 
 VAL_SCORE = "val/reward/mean"
+# the score that picks the best adapter, per grpo.val_metric
+VAL_SCORES = {"reward": VAL_SCORE, "vs_baseline": "val/vs_baseline/score"}
 
 
 def validation_metrics(totals: dict[str, float]) -> dict[str, float]:
@@ -235,3 +277,75 @@ def improved(value: float, best: float | None) -> bool:
     if not math.isfinite(value):
         return False
     return best is None or value > best
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation against the baseline policy (policy GRPO, paper 003 §5.2)
+#
+# A served reward of mean margins against the siblings sums to 0 over every group, so its validation mean is 0 at
+# every check and cannot rank adapters. Instead each validation prompt gets one answer from the current policy and
+# one from the baseline (the LoRA-disabled base model, i.e. the initial policy), and the GRM grades the pair in
+# both orders (`/reward/group`, scheme vs_reference, both_orders). The outcome of a prompt is the sign of the
+# policy's mean grade margin over its parsed judgments (MENLO's sign(s_A - s_B), averaged over the two orders so
+# position bias cancels). A prompt with no parsed judgment is counted as failed, never as a loss or a tie.
+
+
+def versus_outcome(margin: float) -> str:
+    """win | tie | loss of the policy against the baseline from its mean grade margin.
+
+    >>> versus_outcome(0.5), versus_outcome(0.0), versus_outcome(-2.0)
+    ('win', 'tie', 'loss')
+    """
+    return "win" if margin > 0 else "loss" if margin < 0 else "tie"
+
+
+def versus_sums(outcomes: list[GroupOutcome]) -> dict[str, float]:
+    """Sums to all-reduce over workers. Each outcome is one prompt's single policy answer judged against the
+    baseline; its components carry ``grm_margin`` (own grade - baseline grade, mean over judgments) and
+    ``grm_mean_grade`` (own grade)."""
+    sums = {"vs_prompts": float(len(outcomes)), "vs_failed": 0.0, "vs_win": 0.0, "vs_tie": 0.0, "vs_loss": 0.0,
+            "vs_grade_sum": 0.0, "vs_baseline_grade_sum": 0.0,
+            "vs_judgments_failed": float(sum(o.failed_judgments for o in outcomes))}
+    for outcome in outcomes:
+        if not outcome.ok:
+            sums["vs_failed"] += 1.0
+            key = "vs_failed/" + outcome.error.split(":")[0]
+            sums[key] = sums.get(key, 0.0) + 1.0
+            continue
+        margin, grade = outcome.components["grm_margin"][0], outcome.components["grm_mean_grade"][0]
+        sums[f"vs_{versus_outcome(margin)}"] += 1.0
+        sums["vs_grade_sum"] += grade
+        # both means run over the same parsed judgments, so mean(own - other) = mean(own) - mean(other)
+        sums["vs_baseline_grade_sum"] += grade - margin
+    return sums
+
+
+def versus_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """Reduced `versus_sums` -> ``val/vs_baseline/*``: win / tie / loss rates over the judged prompts (MENLO
+    Table 7), the score that picks the best adapter (win rate with ties counted half: 0.5 = no better than the
+    baseline), both systems' mean grades and their difference, and the failures.
+
+    >>> m = versus_metrics({"vs_prompts": 5.0, "vs_failed": 1.0, "vs_win": 2.0, "vs_tie": 1.0, "vs_loss": 1.0,
+    ...                     "vs_grade_sum": 14.0, "vs_baseline_grade_sum": 12.0})
+    >>> m["val/vs_baseline/score"], m["val/vs_baseline/win_rate"], m["val/vs_baseline/grade_delta"]
+    (0.625, 0.5, 0.5)
+    """
+    judged = totals.get("vs_prompts", 0.0) - totals.get("vs_failed", 0.0)
+
+    def rate(key: str) -> float:
+        return totals.get(key, 0.0) / judged if judged else math.nan
+
+    prefix = "val/vs_baseline/"
+    wins_and_half_ties = totals.get("vs_win", 0.0) + 0.5 * totals.get("vs_tie", 0.0)
+    metrics = {
+        prefix + "win_rate": rate("vs_win"), prefix + "tie_rate": rate("vs_tie"),
+        prefix + "loss_rate": rate("vs_loss"), prefix + "score": wins_and_half_ties / judged if judged else math.nan,
+        prefix + "grade_mean": rate("vs_grade_sum"), prefix + "baseline_grade_mean": rate("vs_baseline_grade_sum"),
+        prefix + "prompts": totals.get("vs_prompts", 0.0), prefix + "prompts_failed": totals.get("vs_failed", 0.0),
+        prefix + "judgments_failed": totals.get("vs_judgments_failed", 0.0),
+    }
+    metrics[prefix + "grade_delta"] = metrics[prefix + "grade_mean"] - metrics[prefix + "baseline_grade_mean"]
+    for key, value in totals.items():
+        if key.startswith("vs_failed/"):
+            metrics[f"{prefix}errors/{key.split('/', 1)[1]}"] = value
+    return metrics

@@ -31,6 +31,7 @@ import contextlib
 import math
 import tempfile
 import time
+from pathlib import Path
 
 import ray.train
 import torch
@@ -47,10 +48,10 @@ from train.grpo_batch import (
     micro_batch_slices,
     outcome_advantages,
     outcome_sums,
-    trim_completion,
 )
 from train.grpo_rewards import build_reward
-from train.grpo_validate import BestAdapter, validate
+from train.grpo_validate import BaselineAnswers, BestAdapter, validate
+from train.hf_rollout import HFRollout
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
 from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
@@ -73,15 +74,20 @@ def grpo_loop_per_worker(config: dict) -> None:
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
     val_rows = config.get("val_rows") or []
-    best = BestAdapter(config["best_dir"], rank) if val_rows else None
+    best = BestAdapter(config["best_dir"], rank, cfg.val_metric) if val_rows else None
+    # vs_baseline validation: the base model's answer per val row, sampled once per run
+    baselines = BaselineAnswers(str(Path(config["best_dir"]).parent / "val_baseline"), rank) if val_rows else None
+    # prompts over max_prompt_length lose the tail of their user turn (fit_prompt): counted once over all rows
+    rows_truncated = float(sum(encode_prompt(tokenizer, row, cfg)[1] for row in rows))
     failed_streak = 0
     try:
         for step in range(start, total):
             metrics, samples = grpo_step(engine, tokenizer, cfg, rows, reward_fn, rollout, step, rank, world)
             done = step + 1
-            metrics |= {"step": done, "start_step": start}
+            metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated}
             if best is not None and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
-                metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums)
+                metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums,
+                                    baselines)
                 metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done))
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
@@ -110,55 +116,6 @@ def make_rollout(tokenizer, cfg: GRPOConfig, model_dir: str, rank: int, world: i
     return HFRollout(tokenizer, cfg, synced_gpus=cfg.deepspeed.zero_stage == 3 and world > 1)
 
 
-class HFRollout:
-    """Sampling from the training policy itself with `generate` (CPU, small GPU runs).
-
-    The rollouts always come from the latest weights, so GRPO stays on-policy with no weight sync (`sync` is a
-    no-op); `train.vllm_rollout.VLLMRollout` is the fast engine for GPUs, synced after every optimizer step.
-    """
-
-    def __init__(self, tokenizer, cfg: GRPOConfig, synced_gpus: bool):
-        self.tokenizer, self.cfg, self.synced_gpus = tokenizer, cfg, synced_gpus
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def sync(self, engine) -> None:
-        """Nothing to sync: `generate` reads the training model itself."""
-
-    def stop_ids(self, model) -> set[int]:
-        eos = model.generation_config.eos_token_id
-        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        return ids | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
-
-    @torch.no_grad()
-    def generate(self, model, prompts: list[list[int]], group_size: int,
-                 seed: int = 0) -> tuple[list[list[int]], list[bool]]:
-        """G sampled completions per prompt, group-major; each trimmed after its stop token (torch's global RNG,
-        seeded by the caller, drives the sampling; `seed` is for engines with their own generator).
-
-        Returns:
-            ``(completion_ids, finished)``, one entry per rollout.
-        """
-        width = max(len(p) for p in prompts)
-        # left padding: every prompt ends where generation starts
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        stops = self.stop_ids(model)
-        was_training = model.training
-        model.eval()
-        try:
-            out = model.generate(
-                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
-                temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, top_k=self.cfg.rollout.top_k,
-                max_new_tokens=self.cfg.max_completion_length, num_return_sequences=group_size,
-                pad_token_id=self.pad_id, eos_token_id=sorted(stops), use_cache=True,
-                # ZeRO-3 gathers parameters collectively in every forward: ranks must decode equally many steps
-                synced_gpus=self.synced_gpus)
-        finally:
-            model.train(was_training)
-        trimmed = [trim_completion(row.tolist(), stops, self.pad_id) for row in out[:, width:]]
-        return [t[0] for t in trimmed], [t[1] for t in trimmed]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # One step
 
@@ -169,7 +126,8 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
     began = time.perf_counter()
     indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
     batch_rows = [rows[i] for i in indices]
-    prompts = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
+    encoded = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
+    prompts = [ids for ids, _ in encoded]
     seed = cfg.seed * 1_000_003 + step * 1_009 + rank  # resumable, distinct per rank
     torch.manual_seed(seed)
     rollout.sync(engine)
@@ -189,6 +147,7 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
         sums = {"lr": engine.get_lr()[0], "grad_norm_max": math.nan, "train_tokens": 0.0, "updates_skipped": 1.0}
     sums |= outcome_sums(outcomes) | _length_sums(completions, finished)
     sums["generated_tokens"] = float(sum(len(c) for c in completions))
+    sums["prompts_truncated"] = float(sum(truncated for _, truncated in encoded))
     sums["generate_s_max"], sums["step_s_max"] = generate_s, time.perf_counter() - began
     metrics = _finish(reduce_sums(sums))
     samples = [{"prompt_id": str(batch_rows[i // cfg.group_size].get("id", "")), "completion": text,
@@ -316,6 +275,7 @@ def _finish(totals: Metrics) -> Metrics:
         "response_length/mean": totals["length_sum"] / rollouts if rollouts else 0.0,
         "response_length/max": totals["length_max"],
         "response_length/truncated_fraction": totals["truncated"] / rollouts if rollouts else 0.0,
+        "prompt/truncated": totals.get("prompts_truncated", 0.0),
         "tokens": totals["train_tokens"], "tokens_per_s": totals["train_tokens"] / step_s,
         "generate_tokens_per_s": totals["generated_tokens"] / max(totals["generate_s_max"], 1e-9),
         "time/step_s": step_s, "time/generate_s": totals["generate_s_max"],

@@ -9,8 +9,10 @@ Kinds:
            scored against the row's ``gold_a`` / ``gold_b``. Local and pure; never fails.
     grm    policy training against the served generative reward model: each row's G rollouts go to the Serve
            app's ``/reward/group`` in one request (`train.reward_client`), ``concurrency`` groups at a time so the
-           server can batch their judge calls. The GRM sees ``row["judge_prompt"]`` as the prompt (and
-           ``row["reference"]`` for the vs_reference scheme).
+           server can batch their judge calls. The GRM sees ``row["judge_prompt"]`` as the prompt, the row's
+           ``dimension`` and ``locale`` (with ``send_context``: the template the judge was trained on renders
+           them) and ``row["reference"]`` for the vs_reference scheme. ``versus`` judges one answer per row
+           against a baseline answer in both orders (policy validation, `train.grpo_validate`).
 
 A spec is data, not a function, so it survives the trip to the Ray Train workers and into the run's config.
 """
@@ -57,9 +59,23 @@ class GRMGroupReward:
         self._pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="grm-reward")
 
     def __call__(self, rows: list[dict], completions: list[list[str]]) -> list[GroupOutcome]:
-        calls = [self._pool.submit(self.client.score, row["judge_prompt"], texts, row.get("reference"))
+        calls = [self._pool.submit(self.client.score, row["judge_prompt"], texts, row.get("reference"),
+                                   **self._context(row))
                  for row, texts in zip(rows, completions)]
         return [call.result() for call in calls]
+
+    def versus(self, rows: list[dict], answers: list[str], baselines: list[str]) -> list[GroupOutcome]:
+        """Each row's answer judged against its baseline answer, in both orders (the outcome's components hold
+        the answer's mean grade margin over the baseline and its mean own grade)."""
+        calls = [self._pool.submit(self.client.score, row["judge_prompt"], [answer], baseline,
+                                   scheme="vs_reference", both_orders=True, **self._context(row))
+                 for row, answer, baseline in zip(rows, answers, baselines)]
+        return [call.result() for call in calls]
+
+    def _context(self, row: dict) -> dict:
+        if not self.cfg.send_context:
+            return {}
+        return {"dimension": row.get("dimension") or None, "locale": row.get("locale") or None}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -82,8 +98,11 @@ def check_reward_spec(spec: dict) -> None:
 
 def check_rows(spec: dict, rows: list[dict]) -> None:
     """Every row carries what the reward reads; raise ValueError naming the first missing key and row."""
+    keys = ROW_KEYS[spec["kind"]]
+    if spec["kind"] == "grm" and _config(spec).send_context:
+        keys = (*keys, "dimension", "locale")
     for i, row in enumerate(rows):
-        for key in ("prompt_messages", *ROW_KEYS[spec["kind"]]):
+        for key in ("prompt_messages", *keys):
             if key not in row or row[key] is None:
                 raise ValueError(f"row {i} (id {row.get('id', '?')!r}): missing {key!r}")
 

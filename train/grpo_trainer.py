@@ -55,7 +55,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         cfg: The run config (validated here).
         rows: Prompt rows (see the module docstring).
         val_rows: Held-out prompt rows of the same shape: validated every ``eval_every`` steps and after the last;
-            the best adapter by ``val/reward/mean`` lands in ``<run_dir>/best_adapter`` (with ``best.json``).
+            the best adapter by the ``val_metric`` score lands in ``<run_dir>/best_adapter`` (with ``best.json``).
         reward: Reward spec for `train.grpo_rewards.build_reward` (``{"kind": "judge" | "grm", ...}``).
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
@@ -75,6 +75,9 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
 
     cfg.validate()
     check_reward_spec(reward)
+    if cfg.val_metric == "vs_baseline" and reward["kind"] != "grm":
+        raise ValueError(f"val_metric: vs_baseline needs the served GRM to compare answers, not a {reward['kind']} "
+                         "reward (use val_metric: reward)")
     check_rows(reward, rows)
     if val_rows:
         check_rows(reward, val_rows)

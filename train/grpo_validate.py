@@ -1,15 +1,24 @@
 """Periodic validation of a GRPO run on held-out prompts, and the best adapter it selects (Ray Train worker side).
 
-Every `eval_every` steps and after the last one, each worker samples G rollouts for its shard of the validation
-prompts with the current policy and scores them with the training reward; the reduced mean reward over all scored
-rollouts is `val/reward/mean` (with every reward component and failure count under `val/`). Validation samples at
-the rollout temperature (the quantity GRPO maximises) with seeds that depend on the prompt only, never on the
-step, so successive validations compare policies on the same random draws (common random numbers), and they run
-inside a forked RNG so training samples exactly what it would have without validation.
+Every `eval_every` steps and after the last one, each worker validates its shard of the validation prompts with
+the current policy, by `grpo.val_metric`:
 
-When `val/reward/mean` beats the best so far, rank 0 writes the adapter to `best_dir` (temp name, then rename) with
-`best.json` (step, score, every `val/` metric). A resumed run reads the best score back from there, so a restarted
-worker never replaces a better adapter with a worse one.
+- ``reward`` (judge GRPO): G rollouts per prompt scored with the training reward; the reduced mean reward over all
+  scored rollouts is `val/reward/mean` (with every reward component and failure count under `val/`);
+- ``vs_baseline`` (policy GRPO against the GRM, MENLO §5.2): one answer per prompt judged by the GRM against the
+  baseline's answer in both orders; win / tie / loss rates and mean grades under `val/vs_baseline/`, the score is
+  the win rate with ties counted half (`train.grpo_batch.versus_metrics`). The baseline is the initial policy, i.e.
+  the model with its LoRA adapter disabled; its answers are sampled once per run with the same per-prompt seeds
+  and kept (`BaselineAnswers`, also on disk, so a restarted worker judges against the very same answers). A
+  mean-margin reward cannot serve here: its group means are 0 by construction.
+
+Validation samples at the rollout temperature with seeds that depend on the prompt only, never on the step, so
+successive validations compare policies on the same random draws (common random numbers), and it runs inside a
+forked RNG so training samples exactly what it would have without validation.
+
+When the score beats the best so far, rank 0 writes the adapter to `best_dir` (temp name, then rename) with
+`best.json` (step, score key, score, every `val/` metric). A resumed run reads the best score back from there, so a
+restarted worker never replaces a better adapter with a worse one.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.grpo_batch import VAL_SCORE, improved, outcome_sums, validation_metrics
+from train.grpo_batch import VAL_SCORES, improved, outcome_sums, validation_metrics, versus_metrics, versus_sums
 
 Metrics = dict[str, float]
 
@@ -40,34 +49,89 @@ def validation_shard(n_rows: int, rank: int, world: int) -> list[tuple[int, bool
 
 
 def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank: int, world: int,
-             reduce_sums) -> Metrics:
-    """Mean reward of G rollouts per validation prompt, reduced over workers (see module docstring)."""
+             reduce_sums, baselines: BaselineAnswers | None = None) -> Metrics:
+    """`val/` metrics of the current policy by `cfg.val_metric`, reduced over workers (see module docstring).
+
+    `baselines` (vs_baseline) holds the base model's answer per validation row index across calls."""
     from train.pairs_data import encode_prompt
 
     shard = validation_shard(len(rows), rank, world)
     batch = max(cfg.prompts_per_worker, 1)
+    versus = cfg.val_metric == "vs_baseline"
     outcomes = []
     rollout.sync(engine)
     with torch.random.fork_rng(devices=[]):
         for start in range(0, len(shard), batch):
             part = shard[start:start + batch]
             picked = [rows[i] for i, _ in part]
+            prompts = [encode_prompt(tokenizer, r, cfg)[0] for r in picked]
             seed = cfg.seed * 1_000_003 + 7_919 * (part[0][0] + 1)  # a function of the prompts only
-            torch.manual_seed(seed)
-            ids, _ = rollout.generate(engine.module, [encode_prompt(tokenizer, r, cfg) for r in picked],
-                                      cfg.group_size, seed)
-            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            groups = [texts[g * cfg.group_size:(g + 1) * cfg.group_size] for g in range(len(picked))]
-            scored = reward_fn(picked, groups)
+            if versus:
+                if baselines is None:
+                    raise ValueError("val_metric vs_baseline: validate() needs the baselines cache")
+                if _any_rank(any(i not in baselines.answers for i, _ in part)):
+                    # every rank generates when one must: ZeRO-3's generate is collective
+                    texts = _base_answers(engine, tokenizer, cfg, prompts, seed, world)
+                    baselines.add({i: text for (i, _), text in zip(part, texts)})
+                torch.manual_seed(seed)
+                ids, _ = rollout.generate(engine.module, prompts, 1, seed)
+                answers = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                scored = reward_fn.versus(picked, answers, [baselines.answers[i] for i, _ in part])
+            else:
+                torch.manual_seed(seed)
+                ids, _ = rollout.generate(engine.module, prompts, cfg.group_size, seed)
+                texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                groups = [texts[g * cfg.group_size:(g + 1) * cfg.group_size] for g in range(len(picked))]
+                scored = reward_fn(picked, groups)
             outcomes += [o for o, (_, counted) in zip(scored, part) if counted]
+    if versus:
+        return versus_metrics(reduce_sums(versus_sums(outcomes)))
     return validation_metrics(reduce_sums(outcome_sums(outcomes)))
+
+
+class BaselineAnswers:
+    """The base model's validation answers by val row index: in memory, and in ``<dir>/rank<r>.json`` so a
+    restarted worker reads them back instead of sampling new ones (all ranks' files are read: any world size)."""
+
+    def __init__(self, directory: str, rank: int):
+        self.dir, self.rank = Path(directory), rank
+        self.answers: dict[int, str] = {}
+        for path in sorted(self.dir.glob("rank*.json")):
+            self.answers |= {int(k): v for k, v in json.loads(path.read_text()).items()}
+        self._mine: dict[int, str] = {}
+
+    def add(self, answers: dict[int, str]) -> None:
+        self.answers |= answers
+        self._mine |= answers
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".rank{self.rank}.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({str(k): v for k, v in sorted(self._mine.items())}, ensure_ascii=False))
+        os.replace(tmp, self.dir / f"rank{self.rank}.json")
+
+
+def _any_rank(flag: bool) -> bool:
+    tensor = torch.tensor([float(flag)])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item() > 0)
+
+
+def _base_answers(engine, tokenizer, cfg, prompts: list[list[int]], seed: int, world: int) -> list[str]:
+    """One answer per prompt from the model with its LoRA adapter disabled (the initial policy), sampled like the
+    policy's (same seed, temperature, length) with `generate` whatever the rollout engine: it runs once per run."""
+    from train.hf_rollout import HFRollout
+
+    base = HFRollout(tokenizer, cfg, synced_gpus=cfg.deepspeed.zero_stage == 3 and world > 1)
+    torch.manual_seed(seed)
+    with engine.module.disable_adapter():
+        ids, _ = base.generate(engine.module, prompts, 1, seed)
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
 class BestAdapter:
     """The best validation score so far and the adapter that earned it (module docstring)."""
 
-    def __init__(self, best_dir: str, rank: int):
-        self.dir, self.rank = Path(best_dir), rank
+    def __init__(self, best_dir: str, rank: int, val_metric: str = "reward"):
+        self.dir, self.rank, self.key = Path(best_dir), rank, VAL_SCORES[val_metric]
         self.score = self._load_score()
 
     def _load_score(self) -> float | None:
@@ -75,16 +139,19 @@ class BestAdapter:
         score = -math.inf
         record = self.dir / "best.json"
         if self.rank == 0 and record.is_file():
-            score = float(json.loads(record.read_text())["score"])
+            saved = json.loads(record.read_text())
+            # a best kept under another score (the config changed on resume) is not comparable: start over
+            if saved.get("score_key", VAL_SCORES["reward"]) == self.key:
+                score = float(saved["score"])
         tensor = torch.tensor([score], dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return None if tensor.item() == -math.inf else tensor.item()
 
     def offer(self, engine, zero_stage: int, metrics: Metrics, step: int) -> bool:
-        """Keep the adapter if `metrics[VAL_SCORE]` is a new best. Every rank calls it (ZeRO-3 gathers)."""
+        """Keep the adapter if `metrics[self.key]` is a new best. Every rank calls it (ZeRO-3 gathers)."""
         from train.loop import lora_state_dict
 
-        value = metrics[VAL_SCORE]
+        value = metrics[self.key]
         if not improved(value, self.score):
             return False
         lora = lora_state_dict(engine, zero_stage)
@@ -92,7 +159,7 @@ class BestAdapter:
             tmp = self.dir.with_name(self.dir.name + f".tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             engine.module.save_pretrained(str(tmp), state_dict=lora)
-            record = {"step": step, "score_key": VAL_SCORE, "score": value,
+            record = {"step": step, "score_key": self.key, "score": value,
                       "metrics": {k: v for k, v in metrics.items() if k.startswith("val/")}}
             (tmp / "best.json").write_text(json.dumps(record, indent=2) + "\n")
             old = self.dir.with_name(self.dir.name + ".old")

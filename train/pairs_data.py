@@ -66,21 +66,23 @@ def response_text(value: Any) -> str:
     raise ValueError(f"response: expected a string or a list of assistant messages, got {value!r:.80}")
 
 
-def _apply_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
+def _apply_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, **kwargs: Any) -> str:
     """Render messages; a template that rejects the system role gets the system text merged into the first user
-    turn (the fallback paper 000's setting needs for models without a system role)."""
+    turn (the fallback paper 000's setting needs for models without a system role). `kwargs` reach the template
+    (Qwen3's ``enable_thinking``; templates that do not read a variable ignore it)."""
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **kwargs)
     except Exception:  # jinja2 raises TemplateError via the template's raise_exception; the type varies
         if messages[0]["role"] != "system" or len(messages) < 2:
             raise
         system, first, *rest = messages
         merged = {"role": first["role"], "content": f"{system['content']}\n\n{first['content']}"}
         return tokenizer.apply_chat_template([merged, *rest], tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **kwargs)
 
 
-def render_prompt(tokenizer: Any, messages: list[dict], system_instruction: str = "") -> str:
+def render_prompt(tokenizer: Any, messages: list[dict], system_instruction: str = "", **template_kwargs: Any) -> str:
     """Chat-templated prompt text ending with the assistant header.
 
     Args:
@@ -88,13 +90,14 @@ def render_prompt(tokenizer: Any, messages: list[dict], system_instruction: str 
         messages: Prompt messages (system and user turns).
         system_instruction: Prepended as the system turn when `messages` has none. Leave it empty only if the
             rows carry their own system turn: SmolLM2's template otherwise inserts its default system prompt.
+        template_kwargs: Extra chat-template variables (``enable_thinking=False`` for Qwen3's non-thinking mode).
 
     Returns:
         The prompt text.
     """
     if system_instruction and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_instruction}, *messages]
-    return _apply_template(tokenizer, messages, add_generation_prompt=True)
+    return _apply_template(tokenizer, messages, add_generation_prompt=True, **template_kwargs)
 
 
 def completion_suffix(tokenizer: Any, messages: list[dict], prompt_text: str, response: str) -> str:
@@ -272,10 +275,21 @@ def step_row_indices(
             for a in range(grad_accum)]
 
 
-def encode_prompt(tokenizer, row: dict, cfg) -> list[int]:
-    """Chat-templated prompt ids, keeping the last `max_prompt_length` (the assistant header must survive).
+def encode_prompt(tokenizer, row: dict, cfg) -> tuple[list[int], bool]:
+    """Chat-templated prompt ids within `max_prompt_length`, and whether the user turn had to be shortened
+    (`train.grpo_batch.fit_prompt`: the system turn, e.g. a judge's rubric, is never cut).
 
-    `cfg` is a trainer config (`train.config`): its `system_instruction` and `max_prompt_length` are read.
+    `cfg` is a GRPO trainer config (`train.config`): its `system_instruction`, `max_prompt_length` and `thinking`
+    (passed to the chat template as ``enable_thinking``) are read.
     """
-    text = render_prompt(tokenizer, parse_messages(row["prompt_messages"]), cfg.system_instruction)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])[-cfg.max_prompt_length:]
+    from train.grpo_batch import fit_prompt
+
+    def encode(messages: list[dict]) -> list[int]:
+        text = render_prompt(tokenizer, messages, cfg.system_instruction, enable_thinking=cfg.thinking)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def content_ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return fit_prompt(parse_messages(row["prompt_messages"]), encode, content_ids, tokenizer.decode,
+                      cfg.max_prompt_length)

@@ -1,8 +1,11 @@
 """Client of the GRM Serve app's `POST /reward/group`: retries with back-off, then an explicit failure.
 
     client = GroupRewardClient(RewardServiceConfig(url="http://127.0.0.1:8000/grm", token_env="QUORUM_SERVE_TOKEN"))
-    outcome = client.score(prompt, responses)     # train.grpo_batch.GroupOutcome
+    outcome = client.score(prompt, responses, dimension="tone", locale="de_DE")   # train.grpo_batch.GroupOutcome
     outcome.rewards                               # [G floats], or None with outcome.error = "timeout", ...
+
+The reward of a response is `signal`: ``own_grade`` (MENLO §5: the mean of the grades the judge gave it) or
+``margin`` (the mean of its grade minus its opponent's); both are logged as components whichever trains.
     client.close()
 
 Failure semantics (GRPO's contract: a group without rewards is excluded from the loss, never scored 0):
@@ -32,6 +35,7 @@ from eval.reward_wire import SCHEMES
 from train.grpo_batch import GroupOutcome, failed
 
 RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
+SIGNALS = ("own_grade", "margin")
 
 
 class RewardServiceAuthError(RuntimeError):
@@ -46,6 +50,13 @@ class RewardServiceConfig:
     token_env: str = ""
     # all_pairs | vs_reference (rows then need a `reference`)
     scheme: str = "all_pairs"
+    # own_grade: a response's reward is the mean grade the judge gave it (MENLO §5); margin: the mean of its grade
+    # minus its opponent's (cancels a judge's leniency per pair; a group's margins sum to 0)
+    signal: str = "own_grade"
+    # send each row's `dimension` and `locale` with the request, which fill the judge-training template's
+    # {dimension}/{question}/{criteria}/{locale} (menlo_pairwise); false for a template that takes the whole task
+    # in its prompt (menlo_grpo_grm), which has no such slots
+    send_context: bool = True
     # judge every pair in both A/B orders (twice the judge calls, no position bias)
     both_orders: bool = False
     # client-side deadline of one HTTP attempt (also sent as the request's timeout_s)
@@ -60,6 +71,8 @@ class RewardServiceConfig:
     def validate(self, where: str = "reward") -> None:
         if self.scheme not in SCHEMES:
             raise ValueError(f"{where}.scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"{where}.signal: {self.signal!r} is not one of {', '.join(SIGNALS)}")
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"{where}.url: expected http(s)://host:port[/prefix], got {self.url!r}")
         for name in ("timeout_s", "concurrency"):
@@ -101,20 +114,27 @@ class GroupRewardClient:
     def close(self) -> None:
         self._http.close()
 
-    def body(self, prompt: str, responses: list[str], reference: str | None = None) -> dict:
-        body = {"prompt": prompt, "responses": responses, "scheme": self.cfg.scheme,
-                "both_orders": self.cfg.both_orders, "timeout_s": self.cfg.timeout_s}
-        if reference is not None:
-            body["reference"] = reference
-        return body
+    def body(self, prompt: str, responses: list[str], reference: str | None = None, *, dimension: str | None = None,
+             locale: str | None = None, scheme: str | None = None, both_orders: bool | None = None) -> dict:
+        body = {"prompt": prompt, "responses": responses, "scheme": scheme or self.cfg.scheme,
+                "both_orders": self.cfg.both_orders if both_orders is None else both_orders,
+                "timeout_s": self.cfg.timeout_s}
+        optional = {"reference": reference, "dimension": dimension, "locale": locale}
+        return body | {k: v for k, v in optional.items() if v is not None}
 
-    def score(self, prompt: str, responses: list[str], reference: str | None = None) -> GroupOutcome:
-        """The group's rewards, after up to `retries` retries; see the module docstring for failures."""
+    def score(self, prompt: str, responses: list[str], reference: str | None = None, *, dimension: str | None = None,
+              locale: str | None = None, scheme: str | None = None, both_orders: bool | None = None) -> GroupOutcome:
+        """The group's rewards, after up to `retries` retries; see the module docstring for failures.
+
+        `dimension` / `locale` fill the served template's MENLO context; `scheme` / `both_orders` override the
+        config's for this request (validation judges one answer against the baseline in both orders)."""
+        body = self.body(prompt, responses, reference, dimension=dimension, locale=locale, scheme=scheme,
+                         both_orders=both_orders)
         started, error = time.perf_counter(), ""
         for attempt in range(1, self.cfg.retries + 2):
             if attempt > 1:
                 self._sleep(backoff_delay(attempt - 1, self.cfg.backoff_s, self.cfg.backoff_max_s, self._rng))
-            error, outcome = self._attempt(self.body(prompt, responses, reference), len(responses))
+            error, outcome = self._attempt(body, len(responses))
             if outcome is not None or not error.startswith(("timeout", "connect", "http_retry")):
                 elapsed = time.perf_counter() - started
                 if outcome is not None:
@@ -138,11 +158,12 @@ class GroupRewardClient:
             return f"http_retry_{resp.status_code}", None
         if resp.status_code != 200:
             return f"http_{resp.status_code}: {_message(resp)}", None
-        return "", parse_group_response(resp, n)
+        return "", parse_group_response(resp, n, self.cfg.signal)
 
 
-def parse_group_response(resp: httpx.Response, n: int) -> GroupOutcome:
-    """A 200 body -> outcome; a body without n numeric rewards is a failure (`bad_response` / `null_rewards`)."""
+def parse_group_response(resp: httpx.Response, n: int, signal: str = "own_grade") -> GroupOutcome:
+    """A 200 body -> outcome with `signal` as the rewards (the body's `rewards` are margins, its items'
+    `mean_grade` own grades); a body without n numeric values is a failure (`bad_response` / `null_rewards`)."""
     try:
         data = resp.json()
         rewards = data["rewards"]
@@ -160,8 +181,11 @@ def parse_group_response(resp: httpx.Response, n: int) -> GroupOutcome:
     components = {"grm_margin": [float(r) for r in rewards]}
     if grades and all(g is not None for g in grades):
         components["grm_mean_grade"] = [float(g) for g in grades]
-    return GroupOutcome(rewards=[float(r) for r in rewards], components=components,
-                        failed_judgments=failed_judgments)
+    elif signal == "own_grade":
+        # a reward with no grade cannot be: a body that says so is malformed, not a grade of 0
+        return failed("bad_response")
+    return GroupOutcome(rewards=components["grm_mean_grade" if signal == "own_grade" else "grm_margin"],
+                        components=components, failed_judgments=failed_judgments)
 
 
 def _message(resp: httpx.Response) -> str:
