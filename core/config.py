@@ -223,7 +223,8 @@ class FieldCheck:
 # numeric keys that may be negative, with their floor (-1 = "no top-k filter")
 NEGATIVE_OK = {"top_k": -1}
 # keys naming an input file or directory, wherever a job nests them: when set, it must exist now
-INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_path", "nouns_path", "adapter")
+INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_path", "nouns_path", "adapter",
+               "init_adapter")
 
 
 # variable names that hold secrets: never in a Ray runtime env (`*.env_vars`), which Ray logs in clear text

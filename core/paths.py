@@ -27,7 +27,7 @@ HOME_ENV = "QUORUM_HOME"
 # set by Ray's job supervisor for a submitted job's entrypoint (and only there)
 SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # config keys holding input file or directory paths (model names and prompt template names are not paths)
-PATH_KEYS = ("path", "rubrics", "config", "adapter", "checkpoint", "fallback_sources")
+PATH_KEYS = ("path", "rubrics", "config", "adapter", "init_adapter", "checkpoint", "fallback_sources")
 PATH_SUFFIXES = ("_path", "_dir")
 PATH_MAPS = ("extra_adapters",)  # name -> path
 # free-form mappings whose keys are not config keys (environment variables for workers)

@@ -14,6 +14,8 @@ and lengths) restates only the default, never the field's type or its check.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import typing
 from typing import Any
 
@@ -125,6 +127,9 @@ class ModelFields:
     system_instruction: str = ""
     max_prompt_length: int = 256
     max_completion_length: int = 128
+    # a peft LoRA adapter directory training starts from instead of a fresh LoRA (paper 003's SFT -> RL: a judge_sft
+    # run's train/run/adapter); its r, alpha and target modules must equal `lora`'s. "" = a fresh adapter
+    init_adapter: str = ""
 
     def _check_model(self) -> None:
         if not self.model:
@@ -132,6 +137,25 @@ class ModelFields:
         _positive(self, "max_prompt_length", "max_completion_length")
         self.deepspeed._check()
         self.lora._check()
+        if self.init_adapter:
+            self._check_init_adapter()
+
+    def _check_init_adapter(self) -> None:
+        """The adapter must exist and have `lora`'s shape: the rollout engine, checkpoints and the vLLM LoRA slot are
+        all sized from `lora`, so a silently different adapter would break them later."""
+        path = os.path.join(self.init_adapter, "adapter_config.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"init_adapter: {self.init_adapter!r} is not a peft adapter directory (no "
+                             "adapter_config.json)")
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        for key, ours in (("r", self.lora.r), ("lora_alpha", self.lora.alpha)):
+            if saved.get(key) != ours:
+                raise ValueError(f"lora.{'alpha' if key == 'lora_alpha' else key}: {ours} differs from the "
+                                 f"init_adapter's {saved.get(key)}; set it to the adapter's")
+        if sorted(saved.get("target_modules") or []) != sorted(self.lora.target_modules):
+            raise ValueError(f"lora.target_modules: {self.lora.target_modules} differs from the init_adapter's "
+                             f"{sorted(saved.get('target_modules') or [])}")
 
 
 @dataclasses.dataclass

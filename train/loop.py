@@ -90,7 +90,8 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def build_lora_model(model_dir: str, cfg: TrainConfig) -> torch.nn.Module:
-    """Load the base model in fp32 and wrap it with a freshly initialised LoRA adapter (seeded by ``cfg.seed``).
+    """Load the base model in fp32 and wrap it with a freshly initialised LoRA adapter (seeded by ``cfg.seed``), or
+    with ``cfg.init_adapter`` loaded trainable.
 
     Args:
         model_dir: HF model directory.
@@ -103,6 +104,11 @@ def build_lora_model(model_dir: str, cfg: TrainConfig) -> torch.nn.Module:
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    if cfg.init_adapter:
+        # SFT -> RL (paper 003): continue training the given adapter (its shape was checked against `cfg.lora`)
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                       target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
