@@ -51,7 +51,10 @@ class DataConfig(GRPOData):
 
 @dataclass
 class PromptConfig:
-    # pairwise judge template with the variables of configs/prompts/menlo_pairwise.yaml
+    # pairwise (paper 003's main judge) or pointwise (Table 19's pointwise RL: one response per prompt, rewarded on
+    # its single grade; set template: menlo_pointwise)
+    mode: str = "pairwise"
+    # judge template with the variables of configs/prompts/menlo_pairwise.yaml (pointwise: menlo_pointwise.yaml)
     template: TemplateName = "menlo_pairwise"
     rubrics: str = "configs/data/menlo_rubrics.yaml"
     # the dimension's graded rubric (true) or only the five labels (false: a much shorter prompt)
@@ -85,14 +88,16 @@ class Config(JobSections):
         for dim in self.data.dimensions:
             if dim not in DIMENSIONS:
                 raise ConfigError(f"data.dimensions: {dim!r} is not one of {list(DIMENSIONS)}")
+        if self.prompt.mode not in ("pairwise", "pointwise"):
+            raise ConfigError(f"prompt.mode: {self.prompt.mode!r} is not 'pairwise' or 'pointwise'")
         try:
             self.protocol().validate("prompt")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
     def protocol(self) -> Protocol:
-        return Protocol(name="grpo", mode="pairwise", rubric=self.prompt.rubric, both_orders=self.data.both_orders,
-                        template=self.prompt.template)
+        return Protocol(name="grpo", mode=self.prompt.mode, rubric=self.prompt.rubric,
+                        both_orders=self.data.both_orders, template=self.prompt.template)
 
 
 def judge_rows(cfg: Config) -> pd.DataFrame:
@@ -114,12 +119,15 @@ def judge_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
         raise ConfigError(f"data: no pairs left in {cfg.data.path} for splits {splits} and dimensions "
                           f"{cfg.data.dimensions or 'all'}")
     items = build_items(pairs, pd.DataFrame(), [cfg.protocol()], load_rubrics(cfg.prompt.rubrics), cfg.prompt.seed)
-    swapped = items["unit"] == "BA"
+    # pairwise units are shown orders (AB / BA: gold follows the shown A and B); pointwise units are the judged
+    # response (a / b: its gold in gold_a, none in gold_b)
+    second = items["unit"].isin(["BA", "b"])
+    pointwise = cfg.prompt.mode == "pointwise"
     return pd.DataFrame({
-        "id": items["item_id"], "pair_id": items["pair_id"], "order": items["unit"],
+        "id": items["item_id"], "pair_id": items["pair_id"], "order": items["unit"], "mode": cfg.prompt.mode,
         "dimension": items["dimension"], "locale": items["locale"], "prompt_messages": items["messages_json"],
-        "gold_a": items["gold_b"].where(swapped, items["gold_a"]).astype(float),
-        "gold_b": items["gold_a"].where(swapped, items["gold_b"]).astype(float),
+        "gold_a": items["gold_b"].where(second, items["gold_a"]).astype(float),
+        "gold_b": float("nan") if pointwise else items["gold_a"].where(second, items["gold_b"]).astype(float),
     })
 
 

@@ -1,4 +1,5 @@
-"""Judge SFT (paper 003 Table 5 "SFT"): a pairwise MENLO judge learns to write the gold grades directly.
+"""Judge SFT (paper 003 Table 5 "SFT"; Table 19 pointwise with `prompt.mode=pointwise prompt.template=menlo_pointwise`):
+a MENLO judge learns to write the gold grades directly.
 
 The paper's SFT baseline: "models directly predict 5-point grades for response pairs without generating intermediate
 reasoning, trained with cross-entropy loss under teacher forcing" (TRL, lr 2e-5). The prompts are judge_grpo's (same
@@ -47,6 +48,17 @@ log = logging.getLogger("quorum.judge_sft")
 JOB = "judge_sft"
 
 
+def pointwise_target(grade: float) -> str:
+    """The gold grade in MENLO's pointwise format, without reasoning (Table 19's pointwise SFT).
+
+    >>> print(pointwise_target(2.5))
+    <think> </think>
+    <final_grade> FINAL GRADE: 3 - PASS </final_grade>
+    """
+    k = gold_class(grade)
+    return f"<think> </think>\n<final_grade> FINAL GRADE: {k} - {MENLO_LABELS[k]} </final_grade>"
+
+
 def verdict_target(grade_a: float, grade_b: float) -> str:
     """The gold verdict in MENLO's pairwise format, without reasoning (the paper's SFT target).
 
@@ -82,6 +94,8 @@ class Config(JobSections):
 
 def sft_rows(cfg: Config) -> pd.DataFrame:
     rows = judge_rows(GRPOJobConfig(data=cfg.data, prompt=cfg.prompt))
+    if cfg.prompt.mode == "pointwise":  # one judged response per row, its gold in gold_a
+        return rows.assign(target=[pointwise_target(a) for a in rows["gold_a"]])
     return rows.assign(target=[verdict_target(a, b) for a, b in zip(rows["gold_a"], rows["gold_b"])])
 
 

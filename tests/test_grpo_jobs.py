@@ -36,6 +36,20 @@ def test_judge_rows_cover_both_orders_with_gold_following_the_shown_order():
     assert shown.index("abbondante acqua salata") < shown.index("Usa molta acqua")  # B's text shown as A
 
 
+def test_pointwise_judge_rows_judge_each_response_with_its_own_gold():
+    cfg = load_config(judge_job.Config, JUDGE_DEMO, ["prompt.mode=pointwise", "prompt.template=menlo_pointwise"])
+    rows = judge_job.judge_rows(cfg)
+    pair = rows[rows["pair_id"] == "flu-02-it_IT"].set_index("order")
+    assert set(pair.index) == {"a", "b"} and (pair["mode"] == "pointwise").all()
+    assert (pair.loc["a", "gold_a"], pair.loc["b", "gold_a"]) == (3.0, 5.0) and pair["gold_b"].isna().all()
+    assert "Usa molta acqua" in json.loads(pair.loc["a", "prompt_messages"])[-1]["content"]
+    assert "<final_grade>" in json.loads(pair.loc["a", "prompt_messages"])[0]["content"]
+    with pytest.raises(ConfigError, match="prompt.template: 'menlo_pairwise' has no 'response'"):
+        load_config(judge_job.Config, JUDGE_DEMO, ["prompt.mode=pointwise"])
+    with pytest.raises(ConfigError, match="prompt.mode: 'listwise'"):
+        load_config(judge_job.Config, JUDGE_DEMO, ["prompt.mode=listwise"])
+
+
 def test_judge_rows_filters_and_averaged_grades():
     cfg = load_config(judge_job.Config, JUDGE_DEMO, ["data.dimensions=[tone]", "data.both_orders=false"])
     rows = judge_job.judge_rows(cfg)

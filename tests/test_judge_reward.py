@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward, mean_components
+from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward, mean_components, pointwise_reward
 
 THINK = "<think>A answers the question; B drifts.</think>\n"
 
@@ -107,3 +107,21 @@ def test_mean_components_and_failure_rates():
     assert means["extract_penalty"] == pytest.approx(-0.25)
     assert means["extract_fail_rate"] == pytest.approx(0.25) and means["format_fail_rate"] == pytest.approx(0.5)
     assert mean_components([]) == {}
+
+
+@pytest.mark.parametrize("text, gold, total, extracted, fmt_ok", [
+    # exact grade, tags in order: +1
+    ("<think>Fine.</think><final_grade> FINAL GRADE: 4 - GOOD </final_grade>", 4.0, 1.0, True, True),
+    # off by one (gold 3.5 rounds half up to 4, the answer says 3): near-miss 0.5
+    ("<think>x</think><final_grade> FINAL GRADE: 3 - PASS </final_grade>", 3.5, 0.5, True, True),
+    # off by two: nothing
+    ("<think>x</think><final_grade> FINAL GRADE: 1 - MAJOR FAILURE </final_grade>", 3.0, 0.0, True, True),
+    # a pairwise answer to a pointwise prompt: no <final_grade>, extraction fails and the tags are wrong: -1.2
+    ("<think>x</think><final_grade_A> FINAL GRADE: 4 - GOOD </final_grade_A>", 4.0, -1.2, False, False),
+    # grade without the think block: extracted, but the format penalty applies: 1 - 0.2
+    ("<final_grade> FINAL GRADE: 5 - EXCELLENT </final_grade>", 5.0, 0.8, True, False),
+])
+def test_pointwise_reward_by_hand(text, gold, total, extracted, fmt_ok):
+    r = pointwise_reward(text, gold)
+    assert r.total == pytest.approx(total) and (r.extracted, r.format_ok) == (extracted, fmt_ok)
+    assert r.exact_b == r.near_b == r.pref_bonus == 0.0  # one response: no B side, no preference

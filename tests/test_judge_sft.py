@@ -94,3 +94,28 @@ def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir,
     assert table["reward/groups_zero_std"] == 2
     assert start.keys() == after.keys()
     assert all(torch.allclose(start[k], after[k], atol=1e-6) for k in start)
+
+
+@pytest.mark.slow
+def test_pointwise_judge_sft_and_rl(ray_local, tiny_model_dir, tmp_path):
+    """Paper 003 Table 19: pointwise SFT and pointwise RL, each judge prompt one response with its own gold grade."""
+    import jobs.judge_grpo as judge_job
+    from core.config import load_config
+    from eval.menlo_parse import parse_menlo_grade
+
+    root, pointwise = tmp_path / "runs", ["prompt.mode=pointwise", "prompt.template=menlo_pointwise"]
+    assert cli_main(["run", DEMO, f"run.root={root}", "run.id=psft", "wandb.mode=disabled", "data.limit=2",
+                     "data.val_splits=[]", f"train.model={tiny_model_dir}", "train.num_workers=1",
+                     "train.max_steps=1", "train.checkpoint_every=1", "train.micro_batch_size=2", *pointwise]) == 0
+    rows = pd.read_parquet(root / "judge_sft" / "psft" / "rows")
+    assert set(rows["order"]) == {"a", "b"}
+    assert [parse_menlo_grade(t).grade_a for t in rows["target"]] == [int(g + 0.5) for g in rows["gold_a"]]
+    cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml", [
+        f"run.root={root}", "run.id=prl", "wandb.enabled=false", "data.dimensions=[tone]", "data.val_splits=[]",
+        f"grpo.model={tiny_model_dir}", "grpo.num_workers=1", "grpo.group_size=2", "grpo.prompts_per_step=2",
+        "grpo.micro_batch_size=4", "grpo.max_steps=1", "grpo.max_completion_length=6", "grpo.checkpoint_every=1",
+        *pointwise])
+    table = judge_job.main(cfg, "prl.yaml").set_index("metric")["value"]
+    # the random tiny judge never writes <final_grade>: extraction failure and format penalty, no B side or bonus
+    assert table["reward/mean"] == pytest.approx(-1.2)
+    assert table["reward/exact_b"] == table["reward/pref_bonus"] == 0.0

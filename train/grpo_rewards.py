@@ -23,7 +23,7 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 from train.grpo_batch import GroupOutcome
-from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward
+from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward, pointwise_reward
 from train.reward_client import GroupRewardClient, RewardServiceConfig
 
 REWARD_KINDS = ("judge", "grm")
@@ -39,7 +39,10 @@ class JudgeGroupReward:
     def __call__(self, rows: list[dict], completions: list[list[str]]) -> list[GroupOutcome]:
         outcomes = []
         for row, texts in zip(rows, completions):
-            scored = [judge_reward(text, float(row["gold_a"]), float(row["gold_b"]), self.cfg) for text in texts]
+            if row.get("mode") == "pointwise":  # one response, one gold grade (judge_grpo prompt.mode pointwise)
+                scored = [pointwise_reward(text, float(row["gold_a"]), self.cfg) for text in texts]
+            else:
+                scored = [judge_reward(text, float(row["gold_a"]), float(row["gold_b"]), self.cfg) for text in texts]
             components = {name: [getattr(b, name) for b in scored] for name in COMPONENTS if name != "total"}
             components["extract_fail"] = [float(not b.extracted) for b in scored]
             components["format_fail"] = [float(not b.format_ok) for b in scored]
@@ -102,7 +105,9 @@ def check_rows(spec: dict, rows: list[dict]) -> None:
     if spec["kind"] == "grm" and _config(spec).send_context:
         keys = (*keys, "dimension", "locale")
     for i, row in enumerate(rows):
-        for key in ("prompt_messages", *keys):
+        # a pointwise judge row has one response and one gold grade (gold_a)
+        needed = [k for k in keys if not (k == "gold_b" and row.get("mode") == "pointwise")]
+        for key in ("prompt_messages", *needed):
             if key not in row or row[key] is None:
                 raise ValueError(f"row {i} (id {row.get('id', '?')!r}): missing {key!r}")
 

@@ -31,7 +31,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from eval.menlo_parse import MenloGrades, parse_menlo_grades
+from eval.menlo_parse import MenloGrades, parse_menlo_grade, parse_menlo_grades
 
 FORMAT_RULES = ("tags", "strict")
 # components logged per step, in this order (the paper's RewardBreakdown record)
@@ -143,6 +143,29 @@ def judge_reward(text: str | None, gold_a: float, gold_b: float,
     2.5
     """
     return reward_from_grades(parse_menlo_grades(text), gold_a, gold_b, cfg or JudgeRewardConfig())
+
+
+def pointwise_reward(text: str | None, gold: float, cfg: JudgeRewardConfig | None = None) -> RewardBreakdown:
+    """Reward of one pointwise judge answer (paper 003 Table 19's pointwise RL): the A-side terms on its single
+    ``<final_grade>``, no preference term (one response has none), the same extraction and format penalties (the
+    format rule on the pointwise tags). The B-side terms stay 0 so the logged components line up with pairwise.
+
+    >>> pointwise_reward("<think>ok</think><final_grade> FINAL GRADE: 4 - GOOD </final_grade>", gold=3).total
+    0.5
+    >>> pointwise_reward("4", gold=4).total                  # no tags: extraction failure and format penalty
+    -1.2
+    """
+    cfg = cfg or JudgeRewardConfig()
+    grades = parse_menlo_grade(text)
+    gold_class = _gold_class(gold, "a")
+    format_ok = grades.tags_ok if cfg.format_rule == "tags" else grades.format_ok
+    fmt = 0.0 if format_ok else -cfg.format_penalty
+    if grades.grade_a is None:
+        return RewardBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, -cfg.extract_penalty, fmt, fmt - cfg.extract_penalty,
+                               None, None, False, format_ok)
+    exact, near = _grade_credit(grades.grade_a, gold_class, cfg)
+    return RewardBreakdown(exact, 0.0, near, 0.0, 0.0, 0.0, fmt, exact + near + fmt, grades.grade_a, None, True,
+                           format_ok)
 
 
 def mean_components(breakdowns: list[RewardBreakdown]) -> dict[str, float]:
