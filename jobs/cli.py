@@ -4,6 +4,7 @@
     quorum eval --metrics sari,bleu --orig O --sys S --refs R1 R2 ...   corpus metrics (see eval/cli.py)
     quorum serve CONFIG.yaml [key=value ...]                 start / update the reward-model Serve app
     quorum human export RUN_DIR --out DIR | import DIR A.csv ...   blind human-rating sheet out, ratings in
+    quorum curve RUN_DIR ... --out DIR                        SARI vs training rows over runs (paper 000 Fig. 3)
 
 Exit codes: 0 success, 2 bad config or bad input (the message names the key, file or line), 1 anything else.
 """
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             from eval.cli import main as eval_main
 
             return eval_main(rest)
+        if command == "curve":
+            from jobs.curve_cli import main as curve_main
+
+            return curve_main(rest)
         if command == "human":
             from jobs.human_cli import main as human_main
 
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.serve_grm import main as serve_main
 
             return serve_main(rest)
-        raise ConfigError(f"unknown command {command!r}; expected run, eval, human or serve")
+        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve or serve")
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2

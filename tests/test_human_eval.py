@@ -1,4 +1,4 @@
-"""Human-evaluation round trip (papers 000 Table 4, 001 Fig. 1): blind sheet, checked ratings, hand-worked stats."""
+"""Human-evaluation round trip (papers 000 Table 4, 001 Fig. 1) and the size curve (000 Fig. 3): the result CLIs."""
 
 from __future__ import annotations
 
@@ -90,3 +90,29 @@ def test_cli_round_trip_on_a_jury_eval_run(tmp_path, capsys):
     assert cli_main(["human", "import", str(out), str(out / "r4.csv")]) == 2
     assert "r4.csv: line 2, column 'rating'" in capsys.readouterr().err
     assert cli_main(["human", "export", str(tmp_path / "nope"), "--out", str(out)]) == 2
+
+
+def test_size_curve_reads_finished_runs_and_refuses_unfinished_ones(tmp_path, capsys):
+    import json
+
+    def fake_run(name: str, rows: int, sari: float, complete: bool = True) -> str:
+        run = tmp_path / name
+        (run / "results").mkdir(parents=True)
+        pd.DataFrame([
+            {"system": "vanilla", "sari": 35.0, "sari_lo": 34.0, "sari_hi": 36.0, "sari_gain": 0.0,
+             "sari_gain_lo": 0.0, "sari_gain_hi": 0.0},
+            {"system": "trained", "sari": sari, "sari_lo": sari - 1, "sari_hi": sari + 1, "sari_gain": sari - 35.0,
+             "sari_gain_lo": sari - 36.0, "sari_gain_hi": sari - 34.0}]).to_parquet(run / "results" / "part-0.parquet")
+        stages = {"train": {"status": "complete", "summary": {"train_pairs": rows}},
+                  "results": {"status": "complete" if complete else "running"}}
+        (run / "manifest.json").write_text(json.dumps({"stages": stages}))
+        return str(run)
+
+    runs = [fake_run("size2k", 2000, 37.5), fake_run("size1k", 1000, 36.0)]
+    out = tmp_path / "fig3"
+    assert cli_main(["curve", *runs, "--out", str(out)]) == 0
+    table = (out / "curve.md").read_text()
+    assert table.index("1000") < table.index("2000") and "37.50" in table  # sorted by size
+    assert (out / "curve.png").read_bytes().startswith(b"\x89PNG")
+    assert cli_main(["curve", fake_run("size4k", 4000, 38.0, complete=False), "--out", str(out)]) == 2
+    assert "size4k: stage 'results' is not complete" in capsys.readouterr().err
