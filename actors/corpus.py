@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from actors.corpus_files import check_file, csv_line_number, read_csv_frame
 from actors.ratings import read_asset_ratings, read_simpeval
 from core.errors import CorpusError
+from core.files import read_utf8
 
 FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 STANDARD_KINDS = ("jsonl", "parquet", "csv", "turkcorpus", "asset", "asset_ratings", "simpeval", "cord")
@@ -82,12 +83,7 @@ def _slice_window(n_rows: int, limit, offset, path: Path) -> range:
 
 def _read_lines(path: Path) -> list[str]:
     """Read a UTF-8 text file as lines (without the empty string after a final newline)."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise CorpusError(f"{path}: line {line}: not valid UTF-8 ({err.reason})") from err
+    text = read_utf8(path, CorpusError)
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     if lines and lines[-1] == "":
         lines.pop()

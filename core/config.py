@@ -26,6 +26,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from core.errors import ConfigError
+from core.files import read_utf8
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading YAML and applying overrides
@@ -35,12 +36,7 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: line {line}: not valid UTF-8 ({exc.reason})") from None
+    text = read_utf8(path, ConfigError)
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

@@ -27,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+from core.files import read_utf8
 from eval.lens import MetricUnavailable
 from eval.textmetrics import METRICS, score_corpus, score_sentences
 from eval.textnorm import TOKENIZERS
@@ -60,12 +61,7 @@ def read_lines(path: Path) -> list[str]:
     Raises:
         ValueError: the file is not UTF-8 (naming the file and line).
     """
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"{path}: line {line}: not valid UTF-8 ({err.reason})") from None
+    text = read_utf8(path)
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
