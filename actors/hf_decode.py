@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from actors.constrained import advance, mask_logits
 from actors.engine import SamplingParams
+from actors.kv_rows import RowKVLayer, merge_layer, stack_layers
 from actors.token_sampling import choose_tokens
 
 # Tokens decoded around the end of a completion when looking for a stop string (longest stop + this margin).
@@ -51,59 +52,6 @@ class DecodeRow:
     matcher: object | None = None
     # why the row failed ("" = it did not), e.g. a grammar that rejected a token
     error: str = ""
-
-
-class RowKVLayer(DynamicLayer):
-    """One layer's keys/values in preallocated buffers of shape (rows, kv_heads, capacity, head_dim).
-
-    Each forward writes at column `length` for all rows and attention reads the views `[:, :, :length]`.
-    `DynamicLayer.get_mask_sizes` (kv length = cached + new tokens) stays correct for these views.
-    """
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-        self.key_buffer: torch.Tensor | None = None
-        self.value_buffer: torch.Tensor | None = None
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.allocate(key_states.shape[0], key_states, value_states)
-
-    def allocate(self, rows: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> None:
-        """Zeroed buffers for `rows` rows, with heads, head dims, dtype and device taken from the `like_*` tensors."""
-        heads = like_keys.shape[1]
-        self.dtype, self.device = like_keys.dtype, like_keys.device
-        # Zeros, not empty: masked columns still enter softmax(QK)V, and 0 * NaN garbage would poison a row.
-        self.key_buffer = like_keys.new_zeros(rows, heads, self.capacity, like_keys.shape[-1])
-        self.value_buffer = like_values.new_zeros(rows, heads, self.capacity, like_values.shape[-1])
-        self.is_initialized = True
-
-    def start_from(self, rows: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Fill the first columns of every row with one sequence's keys/values (shape (1, heads, n, dim))."""
-        self.allocate(rows, keys, values)
-        self.set_length(keys.shape[-2])
-        self.key_buffer[:, :, : self.length] = keys
-        self.value_buffer[:, :, : self.length] = values
-
-    def set_length(self, length: int) -> None:
-        self.length = length
-        self.keys = self.key_buffer[:, :, :length]
-        self.values = self.value_buffer[:, :, :length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV buffer overflow: {end} columns needed, capacity {self.capacity}")
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.set_length(end)
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
 
 
 @dataclass
@@ -263,7 +211,7 @@ def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSett
                     past_key_values=cache, use_cache=True, **extra)
         parts.append(cache)
         logits.append(out.logits[:, -1, :])
-    cache = parts[0] if len(parts) == 1 else Cache(layers=[_stack_layers([c.layers[i] for c in parts])
+    cache = parts[0] if len(parts) == 1 else Cache(layers=[stack_layers([c.layers[i] for c in parts])
                                                            for i in range(settings.num_layers)])
     batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], start + width)
     _accept_tokens(batch, torch.cat(logits), settings)
@@ -279,17 +227,6 @@ def _row_chunks(rows: int, width: int, budget: int) -> list[slice]:
     """
     per_chunk = max(1, budget // max(width, 1)) if budget > 0 else rows
     return [slice(i, min(i + per_chunk, rows)) for i in range(0, rows, per_chunk)]
-
-
-def _stack_layers(layers: list[RowKVLayer]) -> RowKVLayer:
-    """One layer holding the rows of several same-width layers, in order."""
-    first = layers[0]
-    stacked = RowKVLayer(first.capacity)
-    stacked.key_buffer = torch.cat([layer.key_buffer for layer in layers])
-    stacked.value_buffer = torch.cat([layer.value_buffer for layer in layers])
-    stacked.dtype, stacked.device, stacked.is_initialized = first.dtype, first.device, True
-    stacked.set_length(first.length)
-    return stacked
 
 
 def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> None:
@@ -378,7 +315,7 @@ def _merge(old: _Batch | None, keep: list[int], new: _Batch | None) -> _Batch | 
     layers = []
     for layer_idx in range(len(parts[0][0].cache.layers)):
         sources = [(batch.cache.layers[layer_idx], idx, w) for (batch, idx), w in zip(parts, widths)]
-        layers.append(_merge_layer(sources, capacity, width))
+        layers.append(merge_layer(sources, capacity, width))
     masks = [batch.mask[idx, batch.length - w : batch.length] for (batch, idx), w in zip(parts, widths)]
     mask = torch.cat([_align(m, width) for m in masks])
     return _Batch(
@@ -401,19 +338,3 @@ def _used_width(batch: _Batch, idx: list[int]) -> int:
 def _align(columns: torch.Tensor, width: int) -> torch.Tensor:
     """Left-pad the last dimension of `columns` with zeros to `width`."""
     return torch.nn.functional.pad(columns, (width - columns.shape[-1], 0))
-
-
-def _merge_layer(sources: list[tuple[RowKVLayer, list[int], int]], capacity: int, width: int) -> RowKVLayer:
-    """Copy the last `w` columns of the kept rows of each source layer, right-aligned at `width`."""
-    layer = RowKVLayer(capacity)
-    first = sources[0][0]
-    layer.allocate(sum(len(idx) for _, idx, _ in sources), first.key_buffer, first.value_buffer)
-    start = 0
-    for src, idx, w in sources:
-        index = torch.tensor(idx, device=src.key_buffer.device)
-        stop = start + len(idx)
-        layer.key_buffer[start:stop, :, width - w : width] = src.key_buffer[index, :, src.length - w : src.length]
-        layer.value_buffer[start:stop, :, width - w : width] = src.value_buffer[index, :, src.length - w : src.length]
-        start = stop
-    layer.set_length(width)
-    return layer
