@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from core.config import Section, dotted, fail, in_range, one_of, positive
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -63,7 +65,7 @@ class Completion:
 
 
 @dataclass
-class EngineSpec:
+class EngineSpec(Section):
     """Which model to run and how. Shared by every engine kind; fields a kind does not use are ignored by it."""
 
     # hf | vllm | openai
@@ -105,8 +107,8 @@ class EngineSpec:
     # DeepSeek reject unknown fields): their verdicts are parsed, retried and counted as without a grammar
     structured_outputs: bool = False
 
-    def check(self, where: str) -> None:
-        """Raise ValueError naming `<where>.<field>` for a value no engine could start with (run at config time)."""
+    def check(self, where: str = "") -> None:
+        """Raise ConfigError naming `<where>.<field>` for a value no engine could start with (run at config time)."""
         check_engine(self, where)
 
     def cache_identity(self) -> str:
@@ -126,50 +128,43 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def check_sampling(sampling, where: str) -> None:
     """Ranges of a sampling section (SamplingParams or its config twin); errors name `<where>.<field>`."""
-    key = f"{where}." if where else ""
-    if not 0 <= sampling.temperature <= 2:
-        raise ValueError(f"{key}temperature: must be in [0, 2], got {sampling.temperature}")
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"{key}top_p: must be in (0, 1], got {sampling.top_p}")
+    in_range(sampling.temperature, 0, 2, dotted(where, "temperature"))
+    in_range(sampling.top_p, 0, 1, dotted(where, "top_p"), low_open=True)
     if sampling.top_k < -1 or sampling.top_k == 0:
-        raise ValueError(f"{key}top_k: must be -1 (off) or >= 1, got {sampling.top_k}")
+        fail(dotted(where, "top_k"), f"must be -1 (off) or >= 1, got {sampling.top_k}")
     if sampling.max_tokens < 1:
-        raise ValueError(f"{key}max_tokens: must be >= 1, got {sampling.max_tokens}")
+        fail(dotted(where, "max_tokens"), f"must be >= 1, got {sampling.max_tokens}")
     if not 0 <= sampling.seed <= SEED_MAX:
-        raise ValueError(f"{key}seed: must be in [0, 2**63 - 1], got {sampling.seed}")
+        fail(dotted(where, "seed"), f"must be in [0, 2**63 - 1], got {sampling.seed}")
     if any(not s for s in sampling.stop):
-        raise ValueError(f"{key}stop: stop strings must be non-empty")
+        fail(dotted(where, "stop"), "stop strings must be non-empty")
 
 
 def check_engine(spec: EngineSpec, where: str) -> None:
     """Enums, ranges, and the model / adapter paths of an engine spec, before any actor loads it."""
-    key = f"{where}." if where else ""
     for name, allowed in (("kind", ENGINE_KINDS), ("dtype", DTYPES), ("device", DEVICES)):
-        if getattr(spec, name) not in allowed:
-            raise ValueError(f"{key}{name}: {getattr(spec, name)!r} is not one of {', '.join(allowed)}")
+        one_of(getattr(spec, name), allowed, dotted(where, name))
     for name in ("max_batch_size", "tensor_parallel_size", "max_model_len", "max_concurrency"):
         if getattr(spec, name) < 1:
-            raise ValueError(f"{key}{name}: must be >= 1, got {getattr(spec, name)}")
-    if not 0 < spec.gpu_memory_utilization <= 1:
-        raise ValueError(f"{key}gpu_memory_utilization: must be in (0, 1], got {spec.gpu_memory_utilization}")
-    if spec.timeout_s <= 0:
-        raise ValueError(f"{key}timeout_s: must be > 0, got {spec.timeout_s}")
+            fail(dotted(where, name), f"must be >= 1, got {getattr(spec, name)}")
+    in_range(spec.gpu_memory_utilization, 0, 1, dotted(where, "gpu_memory_utilization"), low_open=True)
+    positive(spec.timeout_s, dotted(where, "timeout_s"))
     if spec.api_key_env and not _ENV_NAME.fullmatch(spec.api_key_env):
-        raise ValueError(f"{key}api_key_env: {spec.api_key_env!r} is not an environment variable name")
+        fail(dotted(where, "api_key_env"), f"{spec.api_key_env!r} is not an environment variable name")
     if spec.kind == "openai":
         if not spec.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"{key}base_url: {spec.base_url!r} must start with http:// or https://")
+            fail(dotted(where, "base_url"), f"{spec.base_url!r} must start with http:// or https://")
         return
     model = spec.model.strip()
     if not model:
-        raise ValueError(f"{key}model: must be set")
+        fail(dotted(where, "model"), "must be set")
     # a local engine loads the embedded alias, an hf:<repo> id, or a model directory that must exist now
     local_dir = (Path(model).expanduser() / "config.json").is_file()
     if model != "smollm2-135m" and not model.startswith("hf:") and not local_dir:
-        raise ValueError(f"{key}model: {model!r} is not 'smollm2-135m', not hf:<repo>, and not a model directory "
-                         "(no config.json there)")
+        fail(dotted(where, "model"), f"{model!r} is not 'smollm2-135m', not hf:<repo>, and not a model directory "
+                                  "(no config.json there)")
     if spec.adapter and not (Path(spec.adapter).expanduser() / "adapter_config.json").is_file():
-        raise ValueError(f"{key}adapter: {spec.adapter!r} is not a peft adapter directory (no adapter_config.json)")
+        fail(dotted(where, "adapter"), f"{spec.adapter!r} is not a peft adapter directory (no adapter_config.json)")
 
 
 def adapter_digest(adapter_dir: str) -> str:

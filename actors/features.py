@@ -20,6 +20,7 @@ import ray.data
 
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, PoolConfig, engine_secrets
+from core.config import Section, dotted, in_range, positive
 from eval.prompts import TemplateName
 
 
@@ -42,17 +43,13 @@ class ParseConfig:
 
 
 @dataclass
-class FeaturesConfig:
+class FeaturesConfig(Section):
     align: AlignConfig = field(default_factory=AlignConfig)
     parse: ParseConfig = field(default_factory=ParseConfig)
 
-    def validate(self) -> None:
-        if not 0.0 <= self.align.threshold <= 1.0:
-            raise ValueError(f"features.align.threshold: must be in [0, 1], got {self.align.threshold}")
-        if self.align.tau <= 0:
-            raise ValueError(f"features.align.tau: must be > 0, got {self.align.tau}")
-        self.align.pool.validate("features.align.pool")
-        self.parse.model.pool.validate("features.parse.model.pool")
+    def check(self, where: str = "") -> None:
+        in_range(self.align.threshold, 0, 1, dotted(where, "align.threshold"))
+        positive(self.align.tau, dotted(where, "align.tau"))
 
 
 class AlignWorker:

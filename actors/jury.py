@@ -26,6 +26,7 @@ import ray.data
 
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names, engine_secrets
+from core.config import Section, dotted, fail, one_of
 from eval.aggregate import shuffle_order, to_original_index
 from eval.judge_grammar import judge_grammar
 from eval.judge_parse import parse_best_worst, parse_score
@@ -55,7 +56,7 @@ class JudgeConfig(ModelConfig):
 
 
 @dataclass
-class JuryConfig:
+class JuryConfig(Section):
     judges: list[JudgeConfig] = field(default_factory=lambda: [JudgeConfig()])
     # how judge scores become one score per candidate: mean (paper 001), median or majority
     aggregate: Literal["mean", "median", "majority"] = "mean"
@@ -67,16 +68,13 @@ class JuryConfig:
     # pairwise: judge (A, B) and (B, A)
     both_orders: bool = True
 
-    def validate(self) -> None:
-        check_unique_names(self.judges, "jury.judges")
-        if self.candidate_order not in ("fixed", "shuffled"):
-            raise ValueError(f"jury.candidate_order: {self.candidate_order!r} is not 'fixed' or 'shuffled'")
+    def check(self, where: str = "") -> None:
+        check_unique_names(self.judges, dotted(where, "judges"))
+        one_of(self.candidate_order, ("fixed", "shuffled"), dotted(where, "candidate_order"))
         formats = sorted({j.format for j in self.judges})
         if len(formats) > 1:
             # one panel answers one question; mixing formats would mix incomparable rows
-            raise ValueError(f"jury.judges: all judges must share one format, got {formats}")
-        for i, judge in enumerate(self.judges):
-            judge.pool.validate(f"jury.judges.{i}.pool")
+            fail(dotted(where, "judges"), f"all judges must share one format, got {formats}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,12 +24,13 @@ import pandas as pd
 import ray.data
 
 from actors.stage_config import LIGHT_CPU, PoolConfig
+from core.config import Section, dotted, one_of
 
 ASPECTS = ("Lexical", "Structural", "Overall")
 
 
 @dataclass
-class SelectorConfig:
+class SelectorConfig(Section):
     # jury: best/worst from the LLM jury (paper 000); scorer: from a scalar scorer below; reference: the oracle
     # positive control, sentence SARI against the sources' references (eval/oracle.py; needs a corpus with them)
     kind: str = "jury"
@@ -41,14 +42,9 @@ class SelectorConfig:
     checkpoint: str = ""
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(num_cpus=0.5, batch_size=64))
 
-    def validate(self) -> None:
-        if self.kind not in ("jury", "scorer", "reference"):
-            raise ValueError(f"selector.kind: {self.kind!r} is not 'jury', 'scorer' or 'reference'")
-        if self.scorer not in ("meaning_simplicity", "lens_salsa"):
-            raise ValueError(f"selector.scorer: {self.scorer!r} is not meaning_simplicity or lens_salsa")
-        if self.fkgl_weight < 0:
-            raise ValueError(f"selector.fkgl_weight: must be >= 0, got {self.fkgl_weight}")
-        self.pool.validate("selector.pool")
+    def check(self, where: str = "") -> None:
+        one_of(self.kind, ("jury", "scorer", "reference"), dotted(where, "kind"))
+        one_of(self.scorer, ("meaning_simplicity", "lens_salsa"), dotted(where, "scorer"))
 
     @property
     def name(self) -> str:

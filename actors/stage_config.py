@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from actors.engine import EngineSpec, SamplingParams, check_sampling
 from actors.secrets import Secrets
+from core.config import Section, dotted, fail
 
 # CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
 # model pools reserve every core (two 1-CPU pools on a 2-core box) and starve these tasks: the stage would hang.
@@ -17,7 +18,7 @@ LIGHT_CPU = 0.25
 
 
 @dataclass
-class SamplingConfig:
+class SamplingConfig(Section):
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = -1
@@ -25,7 +26,7 @@ class SamplingConfig:
     seed: int = 0
     stop: list[str] = field(default_factory=list)
 
-    def check(self, where: str) -> None:
+    def check(self, where: str = "") -> None:
         """Called on every sampling section of every job config (core.config.check_tree) with its dotted key."""
         check_sampling(self, where)
 
@@ -37,7 +38,7 @@ class SamplingConfig:
 
 
 @dataclass
-class PoolConfig:
+class PoolConfig(Section):
     """How the model's actor pool is placed: actors, resources per actor, rows per batch."""
 
     concurrency: int = 1
@@ -45,14 +46,11 @@ class PoolConfig:
     num_gpus: float = 0.0
     batch_size: int = 16
 
-    def check(self, where: str) -> None:
-        self.validate(where)
-
-    def validate(self, where: str) -> None:
-        if self.concurrency < 1 or self.batch_size < 1:
-            raise ValueError(f"{where}: concurrency and batch_size must be >= 1")
-        if self.num_cpus < 0 or self.num_gpus < 0:
-            raise ValueError(f"{where}: num_cpus and num_gpus must be >= 0")
+    def check(self, where: str = "") -> None:
+        # num_cpus / num_gpus >= 0 is check_tree's floor for every number
+        for name in ("concurrency", "batch_size"):
+            if getattr(self, name) < 1:
+                fail(dotted(where, name), f"must be >= 1, got {getattr(self, name)}")
 
     def map_batches_kwargs(self) -> dict:
         import ray.data
@@ -87,6 +85,6 @@ def check_unique_names(models: list, where: str) -> None:
     names = [m.name for m in models]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"{where}: model names must be unique, repeated: {dupes}")
+        fail(where, f"model names must be unique, repeated: {dupes}")
     if not models:
-        raise ValueError(f"{where}: at least one model is required")
+        fail(where, "at least one model is required")

@@ -223,14 +223,14 @@ INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_pa
                "init_adapter")
 
 
+# environment variables that always hold secrets, whatever their name (tracking redacts them from logs too)
+ALWAYS_SECRET = ("WANDB_API_KEY", "OPENAI_API_KEY", "QUORUM_SERVE_TOKEN", "HF_TOKEN")
 # variable names that hold secrets: never in a Ray runtime env (`*.env_vars`), which Ray logs in clear text
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$", re.IGNORECASE)
 
 
 def check_env_vars(env_vars: dict, key: str) -> None:
     """A runtime-env map must not carry secrets: Ray writes its variables to runtime_env_agent.log."""
-    from core.tracking import ALWAYS_SECRET
-
     for name in env_vars:
         if name in ALWAYS_SECRET or _SECRET_NAME.search(name):
             raise ConfigError(f"{key}.{name}: looks like a secret; Ray writes runtime-env variables to its logs in "
@@ -297,16 +297,51 @@ def _check_value(value: Any, key: str, name: str, checks: tuple[FieldCheck, ...]
             _check_value(item, f"{key}.{k}", str(k))
 
 
-def in_range(value: float, low: float, high: float, key: str, *, low_open: bool = False) -> None:
-    """Raise ValueError naming `key` unless low <= value <= high (low < value with `low_open`)."""
-    if value < low or value > high or (low_open and value == low):
-        bound = "(" if low_open else "["
-        raise ValueError(f"{key}: must be in {bound}{low:g}, {high:g}], got {value!r}")
+# ---------------------------------------------------------------------------------------------------------------
+# The one validation style (README "Config validation"): a section checks its own fields in `check(where)` with the
+# helpers below, which raise ConfigError naming the dotted YAML key; `check_tree` calls every section's `check`
+# with the key the job nests it under, so a section never guesses its prefix; a job's `validate()` holds only rules
+# that span sections or depend on what the run does.
 
 
-def one_of(value: Any, allowed: tuple, key: str) -> None:
+class Section:
+    """Base of every config section (a dataclass): `check(where)` holds its own rules.
+
+    `validate(where)` checks a section built outside `load_config` (a trainer config rebuilt on a Ray Train worker,
+    a section in a test) exactly as a job's load would: field floors, nested sections, then `check`.
+    """
+
+    def check(self, where: str = "") -> None:
+        """The section's own rules; raise ConfigError through the helpers below, naming `dotted(where, field)`."""
+
+    def validate(self, where: str = "") -> None:
+        check_tree(self, where)
+
+
+def dotted(where: str, name: str) -> str:
+    """The dotted YAML key of field `name` in the section at `where` ("" = the top level)."""
+    return f"{where}.{name}" if where else name
+
+
+def fail(key: str, message: str) -> typing.NoReturn:
+    raise ConfigError(f"{key}: {message}")
+
+
+def positive(value: float, key: str) -> None:
+    if value <= 0:
+        fail(key, f"must be > 0, got {value!r}")
+
+
+def in_range(value: float, low: float, high: float, key: str, *, low_open: bool = False,
+             high_open: bool = False) -> None:
+    """Raise ConfigError naming `key` unless value lies in [low, high] (open ends with `low_open` / `high_open`)."""
+    if value < low or value > high or (low_open and value == low) or (high_open and value == high):
+        fail(key, f"must be in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}, got {value!r}")
+
+
+def one_of(value: Any, allowed: tuple | list, key: str) -> None:
     if value not in allowed:
-        raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+        fail(key, f"{value!r} is not one of {', '.join(map(str, allowed))}")
 
 
 def to_dict(cfg: Any) -> dict:
@@ -324,4 +359,4 @@ def config_hash(obj: Any) -> str:
 def require_file(path: str, key: str) -> None:
     """Raise ConfigError if the file behind config key `key` does not exist."""
     if path and not Path(path).exists():
-        raise ConfigError(f"{key}: file not found: {path}")
+        fail(key, f"file not found: {path}")

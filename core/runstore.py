@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from core.config import config_hash
+from core.config import Section, config_hash, dotted, fail
 from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ TRACKED_PACKAGES = ("torch", "ray", "transformers", "trl", "peft", "deepspeed", 
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     """Where a run's outputs go and whether finished stages are reused."""
 
     # local directory or pyarrow filesystem URI (s3://bucket/prefix)
@@ -51,11 +51,10 @@ class RunConfig:
     # share judge/generator completions across runs under <root>/_cache
     request_cache: bool = True
 
-    def check(self, where: str) -> None:
+    def check(self, where: str = "") -> None:
         """`id` names one directory under <root>/<job>/: a path in it would write outside the run store."""
-        key = f"{where}.id" if where else "id"
         if self.id and (self.id in (".", "..") or any(c in self.id for c in "/\\\0")):
-            raise ValueError(f"{key}: {self.id!r} must be a plain directory name (no '/', '\\' or '..')")
+            fail(dotted(where, "id"), f"{self.id!r} must be a plain directory name (no '/', '\\' or '..')")
 
     def require_local(self, when: str = "") -> None:
         """A job that trains writes its adapter under the run directory, which later stages and workers read."""

@@ -15,11 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-ALWAYS_SECRET = ("WANDB_API_KEY", "OPENAI_API_KEY", "QUORUM_SERVE_TOKEN", "HF_TOKEN")
+from core.config import ALWAYS_SECRET, Section, dotted, one_of
 
 
 @dataclass
-class WandbConfig:
+class WandbConfig(Section):
     enabled: bool = True
     project: str = "quorum"
     entity: str = ""
@@ -28,9 +28,8 @@ class WandbConfig:
     # extra tags on the run
     tags: list[str] | None = None
 
-    def validate(self) -> None:
-        if self.mode not in ("auto", "online", "offline", "disabled"):
-            raise ValueError(f"wandb.mode: {self.mode!r} is not one of auto, online, offline, disabled")
+    def check(self, where: str = "") -> None:
+        one_of(self.mode, ("auto", "online", "offline", "disabled"), dotted(where, "mode"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Literal
 import pandas as pd
 import yaml
 
+from core.config import Section, dotted, fail
 from eval.menlo_parse import MENLO_LABELS
 from eval.prompts import TemplateName, load_template, prompt_path
 
@@ -60,7 +61,7 @@ class MenloDataError(ValueError):
 
 
 @dataclass
-class Protocol:
+class Protocol(Section):
     """One judging protocol of the evaluation (a config section of jobs/judge_eval.py)."""
 
     # label in tables and reports, e.g. "pairwise+rubric"; unique
@@ -78,15 +79,15 @@ class Protocol:
     def template_name(self) -> str:
         return self.template or DEFAULT_TEMPLATES[(self.mode, self.fewshot)]
 
-    def validate(self, where: str) -> None:
+    def check(self, where: str = "") -> None:
         needed = {"pointwise": {"response"}, "pairwise": {"response_a", "response_b"}}[self.mode]
         if self.fewshot:
             needed.add("examples")
         variables = set(load_template(prompt_path(self.template_name())).variables)
         missing = sorted(needed - variables)
         if missing:
-            raise ValueError(f"{where}.template: {self.template_name()!r} has no {missing[0]!r} variable "
-                             f"for a {self.mode} protocol")
+            fail(dotted(where, "template"), f"{self.template_name()!r} has no {missing[0]!r} variable for a {self.mode} "
+                                         "protocol")
 
 
 # ---------------------------------------------------------------------------------------------------------------

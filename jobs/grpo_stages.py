@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.config import ConfigError, require_file
+from core.config import ConfigError, fail, require_file
 from core.runstore import RunStore, StageResult, write_table
 from core.tracking import Tracker, WandbConfig
 from eval.menlo_data import SPLITS
@@ -60,19 +60,13 @@ class GRPOData:
         """The file exists, the splits are known and held out; the job checks its own dimensions."""
         require_file(self.path, "data.path")
         check_splits(self.splits, self.val_splits, SPLITS)
-        for key in ("limit", "val_limit"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self, key)}")
+        # limit, val_limit >= 0: check_tree's floor
 
 
-def validate_grpo(grpo: GRPOConfig, n_rows: int | None = None) -> None:
-    """`GRPOConfig.validate` with errors named under the job's ``grpo.`` section."""
-    try:
-        grpo.validate()
-        if n_rows is not None and n_rows < grpo.prompts_per_step:
-            raise ValueError(f"prompts_per_step: {grpo.prompts_per_step} is more than the {n_rows} training prompts")
-    except ValueError as exc:
-        raise ConfigError(f"grpo.{exc}") from None
+def validate_grpo(grpo: GRPOConfig, n_rows: int) -> None:
+    """One global batch needs `prompts_per_step` training prompts (checked once the rows are read)."""
+    if n_rows < grpo.prompts_per_step:
+        fail("grpo.prompts_per_step", f"{grpo.prompts_per_step} is more than the {n_rows} training prompts")
 
 
 def check_splits(splits: list[str], val_splits: list[str], known: tuple[str, ...]) -> None:

@@ -72,14 +72,9 @@ class Config(JobSections):
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(thinking=True))
 
     def validate(self) -> None:
+        # reward, wandb and grpo check themselves (core.config.check_tree); here: the data and prompt files
         self.validate_inputs()
-        try:
-            self.reward.validate()
-        except ValueError as exc:
-            raise ConfigError(f"reward.{exc}") from None
-        self.wandb.validate()
         self.run.require_local()
-        validate_grpo(self.grpo)
 
     def validate_inputs(self) -> None:
         """The data and prompt sections (judge_sft shares them)."""
@@ -90,10 +85,7 @@ class Config(JobSections):
                 raise ConfigError(f"data.dimensions: {dim!r} is not one of {list(DIMENSIONS)}")
         if self.prompt.mode not in ("pairwise", "pointwise"):
             raise ConfigError(f"prompt.mode: {self.prompt.mode!r} is not 'pairwise' or 'pointwise'")
-        try:
-            self.protocol().validate("prompt")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        self.protocol().check("prompt")
 
     def protocol(self) -> Protocol:
         return Protocol(name="grpo", mode=self.prompt.mode, rubric=self.prompt.rubric,

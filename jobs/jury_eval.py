@@ -32,7 +32,7 @@ import pyarrow as pa
 from actors.jury import JudgeConfig, JuryConfig
 from actors.ratings import read_asset_ratings, read_simpeval
 from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names, engine_secrets
-from core.config import ConfigError, require_file
+from core.config import ConfigError, positive, require_file
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
 from core.runstore import RunStore, write_table
@@ -118,37 +118,29 @@ class Config(JobSections):
         if self.synth.enabled:
             require_file(self.synth.domains_path, "synth.domains_path")
             require_file(self.synth.nouns_path, "synth.nouns_path")
-            if self.synth.n < 1:
-                raise ConfigError(f"synth.n: must be >= 1, got {self.synth.n}")
-            self.synth.writer.pool.validate("synth.writer.pool")
+            positive(self.synth.n, "synth.n")
             check_unique_names(self.synth.simplifiers, "synth.simplifiers")
             for i, simp in enumerate(self.synth.simplifiers):
-                simp.pool.validate(f"synth.simplifiers.{i}.pool")
-                if simp.size_b <= 0:
-                    raise ConfigError(f"synth.simplifiers.{i}.size_b: must be > 0, got {simp.size_b}")
+                positive(simp.size_b, f"synth.simplifiers.{i}.size_b")
                 if len(bench.template_variables(simp.template)) != 1:
                     raise ConfigError(f"synth.simplifiers.{i}.template: {simp.template!r} must have exactly one "
                                       "variable (the complex sentence)")
         for key, part in (("simpeval", self.simpeval), ("asset", self.asset)):
             if part.enabled:
                 require_file(part.path, f"{key}.path")
-                if part.limit < 0:
-                    raise ConfigError(f"{key}.limit: must be >= 0, got {part.limit}")
-        self.jury.validate()
         self._check_local_cpus()
         bad = [j.name for j in self.jury.judges + self.ablations if j.format != "score"]
         if bad:
             raise ConfigError(f"jury.judges / ablations: this job rates single pairs; judges {bad} must use format "
                               "'score'")
         if self.ablations:
-            self.ablation_jury().validate()
+            self.ablation_jury().check("ablations")
             clash = sorted({j.name for j in self.jury.judges} & {j.name for j in self.ablations})
             if clash:
                 raise ConfigError(f"ablations: names {clash} are already jury judges; every scorer needs its own name")
         unknown = sorted(set(self.report.metrics) - set(meta.PAIR_METRICS))
         if unknown:
             raise ConfigError(f"report.metrics: unknown {unknown}; expected some of {list(meta.PAIR_METRICS)}")
-        self.wandb.validate()
 
 
     def ablation_jury(self) -> JuryConfig:

@@ -116,20 +116,14 @@ class Config(JobSections):
     evaluate: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> None:
+        """Rules across sections; every section has checked itself already (`core.config.check_tree`)."""
         require_file(self.data.path, "data.path")
         check_unique_names(self.generate, "generate")
-        for i, gen in enumerate(self.generate):
-            gen.pool.validate(f"generate.{i}.pool")
         one_of(self.data.format, STANDARD_KINDS, "data.format")
         if not self.policies:
             raise ConfigError("policies: at least one policy is required")
         for policy, template in self.policies.items():
             check_template(template, f"policies.{policy}")
-        self.wandb.validate()
-        self.features.validate()
-        self.jury.validate()
-        self.selector.validate()
-        self.train.validate()
         if self.data.references_path:
             require_file(self.data.references_path, "data.references_path")
         needs_refs = {"selector.kind=reference": self.selector.kind == "reference",
@@ -163,14 +157,11 @@ class Config(JobSections):
                 raise ConfigError(f"train.policy: {self.train.policy!r} is not one of the policies "
                                   f"{list(self.policies)}")
             self.run.require_local("when train.enabled is true")
-            try:
-                self.train.trainer.validate()
-            except ValueError as exc:
-                raise ConfigError(f"train.trainer.{exc}") from None
             if self.train.trainer.model != self.evaluate.engine.model:
                 raise ConfigError(f"evaluate.engine.model: {self.evaluate.engine.model!r} must be the model the "
                                   f"adapter is trained on (train.trainer.model = {self.train.trainer.model!r})")
-        self.evaluate.validate()
+        if self.evaluate.enabled:
+            self.evaluate.check_data()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from actors.corpus import read_corpus, read_standard
 from actors.engine import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
-from core.config import ConfigError
+from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive
 from core.errors import CorpusError
 from core.runstore import RunStore, StageResult, write_table
 from train.config import TrainConfig
@@ -31,20 +31,19 @@ REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewri
 
 
 @dataclass
-class PairsConfig:
+class PairsConfig(Section):
     dev_fraction: float = 0.125
     seed: int = 0
     # policy -> prompt the model is trained and evaluated with (paper 000: the system instruction only)
     prompts: dict[str, str] = field(default_factory=lambda: {
         "lexical": "simplify_lexical_zeroshot", "overall": "simplify_overall_zeroshot"})
 
-    def check(self, where: str) -> None:
-        if not 0 <= self.dev_fraction < 1:
-            raise ConfigError(f"{where}.dev_fraction: must be in [0, 1), got {self.dev_fraction}")
+    def check(self, where: str = "") -> None:
+        in_range(self.dev_fraction, 0, 1, dotted(where, "dev_fraction"), high_open=True)
 
 
 @dataclass
-class TrainStageConfig:
+class TrainStageConfig(Section):
     enabled: bool = True
     # which policy's pairs train the adapter (one adapter per run; run the job once per policy)
     policy: str = "lexical"
@@ -60,20 +59,16 @@ class TrainStageConfig:
     max_rows: int = 0
     subsample_seed: int = 0
 
-    def validate(self) -> None:
-        if self.targets not in ("pairs", "references"):
-            raise ConfigError(f"train.targets: {self.targets!r} is not 'pairs' or 'references'")
+    def check(self, where: str = "") -> None:
+        # references_per_source, max_rows >= 0: check_tree's floor
+        one_of(self.targets, ("pairs", "references"), dotted(where, "targets"))
         if self.targets == "references" and self.trainer.loss != "sft":
-            raise ConfigError(f"train.targets: 'references' trains on references alone, which needs "
-                              f"train.trainer.loss=sft (got {self.trainer.loss!r})")
-        if self.references_per_source < 0:
-            raise ConfigError(f"train.references_per_source: must be >= 0, got {self.references_per_source}")
-        if self.max_rows < 0:
-            raise ConfigError(f"train.max_rows: must be >= 0, got {self.max_rows}")
+            fail(dotted(where, "targets"), f"'references' trains on references alone, which needs "
+                 f"{dotted(where, 'trainer.loss')}=sft (got {self.trainer.loss!r})")
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Section):
     enabled: bool = True
     # turkcorpus | asset | jsonl (jsonl: rows with id and references; sources come from `sources_path`)
     format: str = "turkcorpus"
@@ -99,30 +94,21 @@ class EvalConfig:
     # re-judge only the first N evaluation sources (0 = all): pairwise judging costs two calls per source
     rejudge_limit: int = 0
 
-    def validate(self) -> None:
-        if self.rejudge_limit < 0:
-            raise ConfigError(f"evaluate.rejudge_limit: must be >= 0, got {self.rejudge_limit}")
-        if self.format not in ("turkcorpus", "asset", "jsonl"):
-            raise ConfigError(f"evaluate.format: {self.format!r} is not one of turkcorpus, asset, jsonl")
-        if self.n_boot < 1:
-            raise ConfigError(f"evaluate.n_boot: must be >= 1, got {self.n_boot}")
-        if self.enabled:
-            self.check_data()
-        self.pool.validate("evaluate.pool")
+    def check(self, where: str = "") -> None:
+        # the evaluation files are checked by the job, only for runs that reach evaluation (`check_data`)
+        one_of(self.format, ("turkcorpus", "asset", "jsonl"), dotted(where, "format"))
+        positive(self.n_boot, dotted(where, "n_boot"))
         for i, judge in enumerate(self.rejudge):
             if judge.format != "pairwise":
-                raise ConfigError(f"evaluate.rejudge.{i}.format: re-judging compares two systems, use 'pairwise'")
-            judge.pool.validate(f"evaluate.rejudge.{i}.pool")
+                fail(dotted(where, f"rejudge.{i}.format"), "re-judging compares two systems, use 'pairwise'")
         for name, path in self.extra_adapters.items():
             if not (Path(path) / "adapter_config.json").is_file():
-                raise ConfigError(f"evaluate.extra_adapters.{name}: {path!r} is not a peft adapter directory")
+                fail(dotted(where, f"extra_adapters.{name}"), f"{path!r} is not a peft adapter directory")
         names = ["vanilla", "trained", *self.extra_adapters, *(m.name for m in self.extra_systems)]
         taken = sorted({n for n in names if names.count(n) > 1})
         if taken:
-            raise ConfigError(f"evaluate.extra_systems / extra_adapters: system names {taken} are used twice "
-                              "(vanilla and trained are taken)")
-        for i, system in enumerate(self.extra_systems):
-            system.pool.validate(f"evaluate.extra_systems.{i}.pool")
+            fail(dotted(where, "extra_systems / extra_adapters"), f"system names {taken} are used twice (vanilla and "
+                 "trained are taken)")
 
 
     def check_data(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from actors.engine import EngineSpec
 from actors.stage_config import SamplingConfig
-from core.config import check_tree
+from core.config import check_tree, fail, in_range, one_of, positive
 from core.ray_env import RayConfig
 from serve import protocol
 
@@ -131,32 +131,27 @@ class ServeConfig:
     cache_size: int = 1024
 
     def validate(self) -> None:
-        """Raise ValueError naming the first invalid key (core.config turns it into ConfigError)."""
+        """The rules across sections (check_tree has run every section's own `check` and the number floors)."""
         http = self.serve
-        if not 1 <= http.port <= 65535:
-            raise ValueError(f"serve.port: must be in 1..65535, got {http.port}")
+        in_range(http.port, 1, 65535, "serve.port")
         if not http.route_prefix.startswith("/"):
-            raise ValueError(f"serve.route_prefix: must start with '/', got {http.route_prefix!r}")
+            fail("serve.route_prefix", f"must start with '/', got {http.route_prefix!r}")
         if not http.app_name.strip():
-            raise ValueError("serve.app_name: must be a non-empty string")
-        if http.request_timeout_s <= 0:
-            raise ValueError(f"serve.request_timeout_s: must be > 0, got {http.request_timeout_s}")
+            fail("serve.app_name", "must be a non-empty string")
+        positive(http.request_timeout_s, "serve.request_timeout_s")
         validate_replica_settings(self.replica_settings())
         scaling = self.autoscaling
         if not 1 <= scaling.min_replicas <= scaling.max_replicas:
-            raise ValueError(f"autoscaling: need 1 <= min_replicas <= max_replicas, got "
-                             f"{scaling.min_replicas}..{scaling.max_replicas}")
-        if scaling.target_ongoing_requests <= 0:
-            raise ValueError("autoscaling.target_ongoing_requests: must be > 0")
+            fail("autoscaling", f"need 1 <= min_replicas <= max_replicas, got {scaling.min_replicas}.."
+                                f"{scaling.max_replicas}")
+        positive(scaling.target_ongoing_requests, "autoscaling.target_ongoing_requests")
         if scaling.max_ongoing_requests < self.batching.max_batch_size:
-            raise ValueError(f"autoscaling.max_ongoing_requests ({scaling.max_ongoing_requests}) must be >= "
-                             f"batching.max_batch_size ({self.batching.max_batch_size}) or batches never fill")
-        if self.resources.num_cpus < 0 or self.resources.num_gpus < 0:
-            raise ValueError("resources: num_cpus and num_gpus must be >= 0")
+            fail("autoscaling.max_ongoing_requests", f"{scaling.max_ongoing_requests} must be >= "
+                 f"batching.max_batch_size ({self.batching.max_batch_size}) or batches never fill")
         engine = self.judge.engine
         if engine.kind == "vllm" and self.resources.num_gpus < engine.tensor_parallel_size:
-            raise ValueError(f"resources.num_gpus ({self.resources.num_gpus}) must cover "
-                             f"judge.engine.tensor_parallel_size ({engine.tensor_parallel_size}) for vllm")
+            fail("resources.num_gpus", f"{self.resources.num_gpus} must cover judge.engine.tensor_parallel_size "
+                                       f"({engine.tensor_parallel_size}) for vllm")
 
     def replica_settings(self) -> ReplicaSettings:
         return ReplicaSettings(
@@ -180,25 +175,18 @@ class ServeConfig:
 def validate_replica_settings(settings: ReplicaSettings) -> None:
     """Checks shared by the driver (before deploying) and each replica (on every reconfigure)."""
     # the same section checks as every job config (sampling, engine, numbers), for a hand-edited user_config too
+    # (batch_wait_timeout_s, cache_size >= 0: check_tree's floor; limits: their own `check`)
     check_tree(settings)
     judge = settings.judge
-    if judge.engine.kind not in ("hf", "vllm", "openai"):
-        raise ValueError(f"judge.engine.kind: {judge.engine.kind!r} is not one of hf, vllm, openai")
+    one_of(judge.engine.kind, ("hf", "vllm", "openai"), "judge.engine.kind")
     if judge.adapter:
         if judge.engine.kind == "openai":
-            raise ValueError("judge.adapter: a LoRA adapter needs a local engine (hf or vllm), not openai")
+            fail("judge.adapter", "a LoRA adapter needs a local engine (hf or vllm), not openai")
         check_adapter_dir(judge.adapter)
     load_prompts(settings.prompts)
     if settings.batching.max_batch_size < 1:
-        raise ValueError(f"batching.max_batch_size: must be >= 1, got {settings.batching.max_batch_size}")
-    if settings.batching.batch_wait_timeout_s < 0:
-        raise ValueError("batching.batch_wait_timeout_s: must be >= 0")
-    settings.limits.validate()
-    if not 1 <= settings.sampling.max_tokens <= settings.limits.max_tokens:
-        raise ValueError(f"sampling.max_tokens: must be in 1..limits.max_tokens ({settings.limits.max_tokens}), "
-                         f"got {settings.sampling.max_tokens}")
-    if settings.cache_size < 0:
-        raise ValueError(f"cache_size: must be >= 0, got {settings.cache_size}")
+        fail("batching.max_batch_size", f"must be >= 1, got {settings.batching.max_batch_size}")
+    in_range(settings.sampling.max_tokens, 1, settings.limits.max_tokens, "sampling.max_tokens")
 
 
 def load_prompts(prompts: PromptsConfig) -> protocol.JudgePrompts:
@@ -211,9 +199,9 @@ def check_adapter_dir(path: str) -> None:
     """A peft adapter directory has adapter_config.json and adapter weights."""
     adapter = Path(path).expanduser()
     if not (adapter / "adapter_config.json").is_file():
-        raise ValueError(f"judge.adapter: {path} has no adapter_config.json (expected a peft save_pretrained dir)")
+        fail("judge.adapter", f"{path} has no adapter_config.json (expected a peft save_pretrained dir)")
     if not any(adapter.glob("adapter_model.*")):
-        raise ValueError(f"judge.adapter: {path} has no adapter_model.safetensors / .bin weights")
+        fail("judge.adapter", f"{path} has no adapter_model.safetensors / .bin weights")
 
 
 def absolute(path: str) -> str:

@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from actors.engine import SEED_MAX, Completion, SamplingParams, split_thinking
+from core.config import Section, dotted, fail
 from eval.judge_parse import parse_score
 from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
 from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
@@ -46,7 +47,7 @@ class RequestError(ValueError):
 
 
 @dataclass
-class Limits:
+class Limits(Section):
     # request bodies above this many bytes get 413
     max_body_bytes: int = 1_000_000
     # longest prompt / response / reference / message text, in characters
@@ -58,10 +59,10 @@ class Limits:
     # largest max_tokens a request may ask for
     max_tokens: int = 1024
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         for f in dataclasses.fields(self):
             if getattr(self, f.name) < 1:
-                raise ValueError(f"limits.{f.name}: must be >= 1, got {getattr(self, f.name)}")
+                fail(dotted(where, f.name), f"must be >= 1, got {getattr(self, f.name)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -67,6 +67,16 @@ def test_bad_values_stop_the_run_before_any_work(override, named, tmp_path, caps
     ("judge_eval_demo.yaml", "judges.0.engine.max_batch_size=0", "judges.0.engine.max_batch_size"),
     ("judge_eval_demo.yaml", "judges.0.sampling.top_p=2", "judges.0.sampling.top_p"),
     ("judge_grpo_demo.yaml", "grpo.lr=-1", "grpo.lr"),
+    # a section checks itself under the key the job nests it at (core.config.Section), never a guessed prefix
+    ("demo.yaml", "train.trainer.lora.r=0", "train.trainer.lora.r"),
+    ("demo.yaml", "train.trainer.deepspeed.zero_stage=4", "train.trainer.deepspeed.zero_stage"),
+    ("demo.yaml", "jury.judges.0.pool.batch_size=0", "jury.judges.0.pool.batch_size"),
+    ("judge_grpo_demo.yaml", "grpo.rollout.top_p=0", "grpo.rollout.top_p"),
+    ("judge_grpo_demo.yaml", "grpo.group_size=1", "grpo.group_size"),
+    ("judge_grpo_demo.yaml", "reward.format_rule=loose", "reward.format_rule"),
+    ("judge_sft_demo.yaml", "train.warmup_ratio=1", "train.warmup_ratio"),
+    ("policy_grpo_demo.yaml", "reward.signal=vibes", "reward.signal"),
+    ("jury_eval_demo.yaml", "wandb.mode=loud", "wandb.mode"),
 ])
 def test_every_job_shares_the_section_checks(config, override, named, tmp_path, capsys):
     assert run_cli(str(REPO / "configs" / config), tmp_path, override) == 2
@@ -110,3 +120,30 @@ def test_run_id_is_one_directory_name(run_id, capsys):
     """`run.id=../../x` used to write the run outside <run.root>/<job>/."""
     assert cli_main(["run", str(REPO / "configs" / "demo.yaml"), f"run.id={run_id}"]) == 2
     assert "run.id" in capsys.readouterr().err
+
+
+def test_config_sections_share_one_validation_style():
+    """README "Config validation": a section's own rules live in `check(where)` on a `core.config.Section`, so
+    `check_tree` reaches them under their dotted key; `validate()` is left to the job configs (rules across sections)
+    and ServeConfig, which `load_config` calls once everything below has checked itself."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    from core.config import Section
+    from core.jobrun import JobSections
+
+    offenders = []
+    for package in ("core", "eval", "actors", "train", "serve", "jobs"):
+        for info in pkgutil.iter_modules([str(REPO / package)]):
+            module = importlib.import_module(f"{package}.{info.name}")
+            for obj in vars(module).values():
+                if not (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__):
+                    continue
+                own = vars(obj)
+                if "check" in own and not issubclass(obj, Section):
+                    offenders.append(f"{obj.__module__}.{obj.__name__}.check outside core.config.Section")
+                top_level = issubclass(obj, JobSections) or obj.__name__ == "ServeConfig"
+                if "validate" in own and not top_level:
+                    offenders.append(f"{obj.__module__}.{obj.__name__}.validate on a section (use check(where))")
+    assert offenders == []

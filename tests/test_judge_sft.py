@@ -63,8 +63,11 @@ def test_init_adapter_must_match_the_lora_section(tmp_path):
         {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
     with pytest.raises(ValueError, match="lora.r: 8 differs from the init_adapter's 4"):
         GRPOConfig(init_adapter=str(tmp_path), lora=dataclasses.replace(GRPOConfig().lora, r=8, alpha=16)).validate()
-    with pytest.raises(ValueError, match="init_adapter: .* is not a peft adapter directory"):
-        GRPOConfig(init_adapter=str(tmp_path / "nope")).validate()
+    with pytest.raises(ValueError, match="grpo.init_adapter: no such file or directory"):
+        GRPOConfig(init_adapter=str(tmp_path / "nope")).validate("grpo")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="grpo.init_adapter: .* is not a peft adapter directory"):
+        GRPOConfig(init_adapter=str(tmp_path / "empty")).validate("grpo")
 
 
 @pytest.mark.slow

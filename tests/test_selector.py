@@ -57,6 +57,6 @@ def test_lens_salsa_without_a_checkpoint_says_what_to_set(monkeypatch):
 
 def test_selector_config_names_bad_fields():
     with pytest.raises(ValueError, match="selector.kind"):
-        SelectorConfig(kind="vote").validate()
+        SelectorConfig(kind="vote").validate("selector")
     with pytest.raises(ValueError, match="selector.scorer"):
-        SelectorConfig(kind="scorer", scorer="bleu").validate()
+        SelectorConfig(kind="scorer", scorer="bleu").validate("selector")

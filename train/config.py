@@ -2,12 +2,13 @@
 from the same sections, so every shared field is declared, documented and validated once, here.
 
 A trainer config is flat in YAML (`trainer.lr`, `grpo.num_workers`, ...), so the shared sections are dataclass
-bases rather than nested keys: each base declares its fields and checks them in `_check_<section>`, and `validate`
-runs every base's check, then the trainer's own. A trainer whose paper sets other defaults (GRPO: MENLO's lr, batch
+bases rather than nested keys: each base declares its fields and checks them in `_check_<section>(where)`, and
+`check(where)` runs every base's check, then the trainer's own (`core.config.Section`: `check_tree` calls it with the
+key the job nests the trainer under, so an error names e.g. `train.trainer.lora.r`). A trainer whose paper sets other defaults (GRPO: MENLO's lr, batch
 and lengths) restates only the default, never the field's type or its check.
 
     cfg = load_config(GRPOConfig, None, ["group_size=4"])   # via core.config, like every job section
-    cfg.validate()                                        # ValueError naming the first bad field
+    cfg.validate()                                        # ConfigError naming the first bad field
     GRPOConfig.from_dict(dataclasses.asdict(cfg)) == cfg  # how a config travels to the Ray Train workers
 """
 
@@ -19,6 +20,7 @@ import os
 import typing
 from typing import Any
 
+from core.config import Section, dotted, fail, in_range, one_of, positive
 from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
 from train.losses import PreferenceLossConfig
 
@@ -29,29 +31,12 @@ ROLLOUT_KINDS = ("hf", "vllm")
 VAL_METRICS = ("reward", "vs_baseline")
 
 
-def _positive(cfg: Any, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) <= 0:
-            raise ValueError(f"{name}: must be > 0, got {getattr(cfg, name)}")
-
-
-def _non_negative(cfg: Any, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name}: must be >= 0, got {getattr(cfg, name)}")
-
-
-def _one_of(cfg: Any, name: str, allowed: tuple) -> None:
-    if getattr(cfg, name) not in allowed:
-        raise ValueError(f"{name}: {getattr(cfg, name)!r} is not one of {list(allowed)}")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Nested sections
 
 
 @dataclasses.dataclass
-class LoraSection:
+class LoraSection(Section):
     """LoRA adapter (paper 000: r=16, alpha=32; dropout and target modules not stated)."""
 
     r: int = 16
@@ -62,35 +47,32 @@ class LoraSection:
     target_modules: list[str] | str = dataclasses.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj",
                                                                                  "o_proj"])
 
-    def _check(self) -> None:
-        if self.r <= 0 or self.alpha <= 0:
-            raise ValueError(f"lora.r / lora.alpha: must be > 0, got {self.r} / {self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
+    def check(self, where: str = "") -> None:
+        positive(self.r, dotted(where, "r"))
+        positive(self.alpha, dotted(where, "alpha"))
+        in_range(self.dropout, 0, 1, dotted(where, "dropout"), high_open=True)
         if not self.target_modules or (isinstance(self.target_modules, str) and self.target_modules != "all-linear"):
-            raise ValueError(f"lora.target_modules: expected a non-empty list or 'all-linear', got "
-                             f"{self.target_modules!r}")
+            fail(dotted(where, "target_modules"), f"expected a non-empty list or 'all-linear', got {self.target_modules!r}")
 
 
 @dataclasses.dataclass
-class DeepSpeedSection:
+class DeepSpeedSection(Section):
     """DeepSpeed ZeRO stage and host offload (see `train.ds_config.build_ds_config`)."""
 
     zero_stage: int = 2
     offload_optimizer: bool = False
     offload_params: bool = False
 
-    def _check(self) -> None:
-        if self.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"deepspeed.zero_stage: {self.zero_stage} is not one of {list(ZERO_STAGES)}")
+    def check(self, where: str = "") -> None:
+        one_of(self.zero_stage, ZERO_STAGES, dotted(where, "zero_stage"))
         if self.offload_params and self.zero_stage != 3:
-            raise ValueError("deepspeed.offload_params: needs deepspeed.zero_stage 3")
+            fail(dotted(where, "offload_params"), f"needs {dotted(where, 'zero_stage')} 3")
         if self.offload_optimizer and self.zero_stage == 0:
-            raise ValueError("deepspeed.offload_optimizer: needs deepspeed.zero_stage 2 or 3")
+            fail(dotted(where, "offload_optimizer"), f"needs {dotted(where, 'zero_stage')} 2 or 3")
 
 
 @dataclasses.dataclass
-class RolloutSection:
+class RolloutSection(Section):
     """How each GRPO worker samples its rollouts from its current policy."""
 
     # hf: `generate` on the worker's own (LoRA) policy (train.hf_rollout.HFRollout); vllm: a vLLM engine colocated
@@ -103,15 +85,14 @@ class RolloutSection:
     # vllm: share of the worker's GPU memory for the rollout engine (weights + KV cache); DeepSpeed gets the rest
     gpu_memory_utilization: float = 0.3
 
-    def _check(self, use_gpu: bool) -> None:
-        if self.kind not in ROLLOUT_KINDS:
-            raise ValueError(f"rollout.kind: {self.kind!r} is not one of {list(ROLLOUT_KINDS)}")
-        if self.kind == "vllm" and not use_gpu:
-            raise ValueError("rollout.kind: vllm rollouts run on each worker's GPU; set use_gpu: true (or kind: hf)")
-        if not 0 < self.gpu_memory_utilization < 1:
-            raise ValueError(f"rollout.gpu_memory_utilization: must be in (0, 1), got {self.gpu_memory_utilization}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("rollout: need temperature > 0 (GRPO samples), 0 < top_p <= 1 and top_k >= 0")
+    def check(self, where: str = "") -> None:
+        one_of(self.kind, ROLLOUT_KINDS, dotted(where, "kind"))
+        in_range(self.gpu_memory_utilization, 0, 1, dotted(where, "gpu_memory_utilization"), low_open=True,
+                 high_open=True)
+        positive(self.temperature, dotted(where, "temperature"))  # GRPO samples
+        in_range(self.top_p, 0, 1, dotted(where, "top_p"), low_open=True)
+        if self.top_k < 0:  # 0 = no cut here (check_tree lets every top_k be -1, the engines' "off")
+            fail(dotted(where, "top_k"), f"must be >= 0, got {self.top_k}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -119,7 +100,7 @@ class RolloutSection:
 
 
 @dataclasses.dataclass
-class ModelFields:
+class ModelFields(Section):
     model: str = "smollm2-135m"
     lora: LoraSection = dataclasses.field(default_factory=LoraSection)
     deepspeed: DeepSpeedSection = dataclasses.field(default_factory=DeepSpeedSection)
@@ -131,31 +112,31 @@ class ModelFields:
     # run's train/run/adapter); its r, alpha and target modules must equal `lora`'s. "" = a fresh adapter
     init_adapter: str = ""
 
-    def _check_model(self) -> None:
+    def _check_model(self, where: str) -> None:
+        # lora and deepspeed are nested sections: check_tree checks them under their own keys
         if not self.model:
-            raise ValueError("model: must be non-empty")
-        _positive(self, "max_prompt_length", "max_completion_length")
-        self.deepspeed._check()
-        self.lora._check()
+            fail(dotted(where, "model"), "must be non-empty")
+        for name in ("max_prompt_length", "max_completion_length"):
+            positive(getattr(self, name), dotted(where, name))
         if self.init_adapter:
-            self._check_init_adapter()
+            self._check_init_adapter(where)
 
-    def _check_init_adapter(self) -> None:
+    def _check_init_adapter(self, where: str) -> None:
         """The adapter must exist and have `lora`'s shape: the rollout engine, checkpoints and the vLLM LoRA slot are
         all sized from `lora`, so a silently different adapter would break them later."""
         path = os.path.join(self.init_adapter, "adapter_config.json")
         if not os.path.isfile(path):
-            raise ValueError(f"init_adapter: {self.init_adapter!r} is not a peft adapter directory (no "
-                             "adapter_config.json)")
+            fail(dotted(where, "init_adapter"), f"{self.init_adapter!r} is not a peft adapter directory (no "
+                                             "adapter_config.json)")
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        for key, ours in (("r", self.lora.r), ("lora_alpha", self.lora.alpha)):
-            if saved.get(key) != ours:
-                raise ValueError(f"lora.{'alpha' if key == 'lora_alpha' else key}: {ours} differs from the "
-                                 f"init_adapter's {saved.get(key)}; set it to the adapter's")
+        for name, saved_name, ours in (("r", "r", self.lora.r), ("alpha", "lora_alpha", self.lora.alpha)):
+            if saved.get(saved_name) != ours:
+                fail(dotted(where, f"lora.{name}"), f"{ours} differs from the init_adapter's {saved.get(saved_name)}; "
+                                                 "set it to the adapter's")
         if sorted(saved.get("target_modules") or []) != sorted(self.lora.target_modules):
-            raise ValueError(f"lora.target_modules: {self.lora.target_modules} differs from the init_adapter's "
-                             f"{sorted(saved.get('target_modules') or [])}")
+            fail(dotted(where, "lora.target_modules"), f"{self.lora.target_modules} differs from the init_adapter's "
+                                                    f"{sorted(saved.get('target_modules') or [])}")
 
 
 @dataclasses.dataclass
@@ -173,12 +154,12 @@ class OptimiserFields:
     max_steps: int = 0
     seed: int = 0
 
-    def _check_optimiser(self) -> None:
-        _positive(self, "lr", "epochs")
-        _non_negative(self, "max_steps", "weight_decay", "max_grad_norm")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio: must be in [0, 1), got {self.warmup_ratio}")
-        _one_of(self, "scheduler", SCHEDULERS)
+    def _check_optimiser(self, where: str) -> None:
+        # max_steps, weight_decay, max_grad_norm >= 0: check_tree's floor for every number
+        for name in ("lr", "epochs"):
+            positive(getattr(self, name), dotted(where, name))
+        in_range(self.warmup_ratio, 0, 1, dotted(where, "warmup_ratio"), high_open=True)
+        one_of(self.scheduler, SCHEDULERS, dotted(where, "scheduler"))
 
 
 @dataclasses.dataclass
@@ -196,9 +177,10 @@ class WorkerFields:
     # extra environment variables for the workers (never secrets: core.config refuses secret-looking names)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def _check_workers(self) -> None:
-        _positive(self, "micro_batch_size", "num_workers", "cpus_per_worker")
-        _one_of(self, "precision", PRECISIONS)
+    def _check_workers(self, where: str) -> None:
+        for name in ("micro_batch_size", "num_workers", "cpus_per_worker"):
+            positive(getattr(self, name), dotted(where, name))
+        one_of(self.precision, PRECISIONS, dotted(where, "precision"))
 
 
 @dataclasses.dataclass
@@ -214,11 +196,11 @@ class CheckpointFields:
     # evaluate (GRPO: validate, keeping the best adapter) every this many steps; 0 = only after the last step
     eval_every: int = 0
 
-    def _check_checkpoints(self) -> None:
-        _positive(self, "checkpoint_every", "keep_checkpoints")
-        _non_negative(self, "max_failures", "eval_every")
+    def _check_checkpoints(self, where: str) -> None:
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            positive(getattr(self, name), dotted(where, name))
         if not self.run_name:
-            raise ValueError("run_name: must be non-empty")
+            fail(dotted(where, "run_name"), "must be non-empty")
 
 
 @dataclasses.dataclass
@@ -231,17 +213,17 @@ class TrackingFields:
 
 @dataclasses.dataclass
 class TrainerBase(TrackingFields, CheckpointFields, WorkerFields, OptimiserFields, ModelFields):
-    """What every trainer config has; `validate` checks the shared sections, then the trainer's `_check_own`."""
+    """What every trainer config has; `check` checks the shared sections, then the trainer's `_check_own`."""
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first field that is out of range or inconsistent."""
-        self._check_model()
-        self._check_optimiser()
-        self._check_workers()
-        self._check_checkpoints()
-        self._check_own()
+    def check(self, where: str = "") -> None:
+        """Raise ConfigError naming the first field that is out of range or inconsistent."""
+        self._check_model(where)
+        self._check_optimiser(where)
+        self._check_workers(where)
+        self._check_checkpoints(where)
+        self._check_own(where)
 
-    def _check_own(self) -> None:
+    def _check_own(self, where: str) -> None:
         """The trainer's own fields; the shared ones are checked already."""
 
     @classmethod
@@ -277,20 +259,16 @@ class TrainConfig(TrainerBase):
         """Pairs per optimizer step over all workers."""
         return self.micro_batch_size * self.grad_accum * self.num_workers
 
-    def _check_own(self) -> None:
-        _one_of(self, "loss", LOSSES)
-        _positive(self, "grad_accum", "log_every")
-        _non_negative(self, "fail_at_step")
-        if self.padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side: {self.padding_side!r} is not 'left' or 'right'")
+    def _check_own(self, where: str) -> None:
+        one_of(self.loss, LOSSES, dotted(where, "loss"))
+        for name in ("grad_accum", "log_every"):
+            positive(getattr(self, name), dotted(where, name))
+        one_of(self.padding_side, ("left", "right"), dotted(where, "padding_side"))
         if 0 < self.fail_at_step < self.checkpoint_every:
-            raise ValueError(f"fail_at_step: {self.fail_at_step} < checkpoint_every ({self.checkpoint_every}) would "
-                             "fail again on every restart (the hook fires only in attempts that start at step 0)")
-        if self.loss_config.nll_reduction not in ("token_mean", "seq_mean"):
-            raise ValueError(f"loss_config.nll_reduction: {self.loss_config.nll_reduction!r} is not "
-                             "'token_mean' or 'seq_mean'")
-        if self.loss_config.beta <= 0:
-            raise ValueError(f"loss_config.beta: must be > 0, got {self.loss_config.beta}")
+            fail(dotted(where, "fail_at_step"), f"{self.fail_at_step} < checkpoint_every ({self.checkpoint_every}) would "
+                 "fail again on every restart (the hook fires only in attempts that start at step 0)")
+        one_of(self.loss_config.nll_reduction, ("token_mean", "seq_mean"), dotted(where, "loss_config.nll_reduction"))
+        positive(self.loss_config.beta, dotted(where, "loss_config.beta"))
 
 
 @dataclasses.dataclass
@@ -346,19 +324,20 @@ class GRPOConfig(TrainerBase):
         """Micro-batches per optimizer step and worker (read by `train.loop.build_engine`)."""
         return self.prompts_per_worker * self.group_size // self.micro_batch_size
 
-    def _check_own(self) -> None:
-        _positive(self, "group_size", "prompts_per_step", "num_iterations")
-        _non_negative(self, "kl_coef", "entropy_coef", "max_failed_steps", "log_samples_every", "clip_eps_low",
-                      "clip_eps_high")
+    def _check_own(self, where: str) -> None:
+        # kl_coef, entropy_coef, clip_eps_*, max_failed_steps, log_samples_every >= 0: check_tree's floor
+        for name in ("prompts_per_step", "num_iterations"):
+            positive(getattr(self, name), dotted(where, name))
         if self.group_size < 2:
-            raise ValueError(f"group_size: GRPO compares the rollouts of a prompt, needs >= 2, got {self.group_size}")
+            fail(dotted(where, "group_size"), f"GRPO compares the rollouts of a prompt, needs >= 2, got {self.group_size}")
         if self.prompts_per_step % self.num_workers:
-            raise ValueError(f"prompts_per_step: {self.prompts_per_step} does not split evenly over num_workers "
-                             f"({self.num_workers})")
+            fail(dotted(where, "prompts_per_step"), f"{self.prompts_per_step} does not split evenly over num_workers "
+                                                 f"({self.num_workers})")
         if (self.prompts_per_worker * self.group_size) % self.micro_batch_size:
-            raise ValueError(f"micro_batch_size: {self.micro_batch_size} must divide the rollouts per worker and "
-                             f"step ({self.prompts_per_worker} prompts x {self.group_size})")
-        _one_of(self, "loss_agg", LOSS_AGGS)
-        _one_of(self, "kl_kind", KL_KINDS)
-        _one_of(self, "val_metric", VAL_METRICS)
-        self.rollout._check(self.use_gpu)
+            fail(dotted(where, "micro_batch_size"), f"{self.micro_batch_size} must divide the rollouts per worker and "
+                 f"step ({self.prompts_per_worker} prompts x {self.group_size})")
+        one_of(self.loss_agg, LOSS_AGGS, dotted(where, "loss_agg"))
+        one_of(self.kl_kind, KL_KINDS, dotted(where, "kl_kind"))
+        one_of(self.val_metric, VAL_METRICS, dotted(where, "val_metric"))
+        if self.rollout.kind == "vllm" and not self.use_gpu:
+            fail(dotted(where, "rollout.kind"), "vllm rollouts run on each worker's GPU; set use_gpu: true (or kind: hf)")

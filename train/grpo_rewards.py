@@ -91,10 +91,7 @@ def check_reward_spec(spec: dict) -> None:
     if kind not in REWARD_KINDS:
         raise ValueError(f"reward.kind: {kind!r} is not one of {list(REWARD_KINDS)}")
     config = _config(spec)
-    if kind == "judge":
-        config.validate()
-    else:
-        config.validate("reward")
+    config.validate("reward")
     if kind == "grm" and not config.url:
         raise ValueError("reward.url: empty; the job must start the GRM app (or name one) before training")
 

@@ -27,10 +27,10 @@ This module is pure (no ray, vllm, deepspeed or torch).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
+from core.config import Section, dotted, one_of
 from eval.menlo_parse import MenloGrades, parse_menlo_grade, parse_menlo_grades
 
 FORMAT_RULES = ("tags", "strict")
@@ -39,7 +39,7 @@ COMPONENTS = ("exact_a", "exact_b", "near_a", "near_b", "pref_bonus", "extract_p
 
 
 @dataclass(frozen=True)
-class JudgeRewardConfig:
+class JudgeRewardConfig(Section):
     """Weights of the reward terms (paper defaults); 0 switches a term off. Penalties are given as magnitudes."""
 
     exact: float = 1.0
@@ -51,14 +51,9 @@ class JudgeRewardConfig:
     # tags (MENLO's rule) | strict (tags + grade content format)
     format_rule: str = "tags"
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name != "format_rule" and value < 0:
-                raise ValueError(f"{f.name}: must be >= 0 (penalties are magnitudes), got {value}")
-        if self.format_rule not in FORMAT_RULES:
-            raise ValueError(f"format_rule: {self.format_rule!r} is not one of {list(FORMAT_RULES)}")
+    def check(self, where: str = "") -> None:
+        # every number >= 0 (penalties are magnitudes) is check_tree's floor
+        one_of(self.format_rule, FORMAT_RULES, dotted(where, "format_rule"))
 
 
 @dataclass(frozen=True)

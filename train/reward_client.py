@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import httpx
 
+from core.config import Section, dotted, fail, one_of, positive
 from eval.reward_wire import SCHEMES
 from train.grpo_batch import GroupOutcome, failed
 
@@ -43,7 +44,7 @@ class RewardServiceAuthError(RuntimeError):
 
 
 @dataclasses.dataclass
-class RewardServiceConfig:
+class RewardServiceConfig(Section):
     # base URL of the GRM app, route prefix included (http://host:port/prefix); "" = the job starts the app
     url: str = ""
     # name of the environment variable holding the bearer token ("" = no Authorization header)
@@ -68,19 +69,14 @@ class RewardServiceConfig:
     # groups in flight at once per worker (the server batches concurrent judge calls)
     concurrency: int = 8
 
-    def validate(self, where: str = "reward") -> None:
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"{where}.scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
-        if self.signal not in SIGNALS:
-            raise ValueError(f"{where}.signal: {self.signal!r} is not one of {', '.join(SIGNALS)}")
+    def check(self, where: str = "") -> None:
+        # retries, backoff_s, backoff_max_s >= 0: check_tree's floor for every number
+        one_of(self.scheme, SCHEMES, dotted(where, "scheme"))
+        one_of(self.signal, SIGNALS, dotted(where, "signal"))
         if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"{where}.url: expected http(s)://host:port[/prefix], got {self.url!r}")
+            fail(dotted(where, "url"), f"expected http(s)://host:port[/prefix], got {self.url!r}")
         for name in ("timeout_s", "concurrency"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{where}.{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("retries", "backoff_s", "backoff_max_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+            positive(getattr(self, name), dotted(where, name))
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
