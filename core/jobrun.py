@@ -5,13 +5,14 @@ log to a file, and start W&B. Each job's config embeds `JobSections` (run / ray 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from core.ray_env import RayConfig
-from core.runstore import RunConfig, RunStore
+from core.runstore import RunConfig, RunStore, StageResult
 from core.tracking import Tracker, WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
 
 
@@ -70,3 +71,13 @@ def open_run(job: str, cfg: JobSections, config_path: str = "") -> JobRun:
     run = JobRun(store, run_id, config_dict, cache)
     OPENED.append(run)
     return run
+
+
+def record_stages(results: list[StageResult], tracker: Tracker) -> None:
+    """One driver-log line and one W&B summary entry per stage: ran or reused, rows, seconds, its summary."""
+    width = max((len(r.name) for r in results), default=0)
+    for result in results:
+        logging.getLogger("quorum").info("stage %-*s %s rows=%d %.1fs %s", width, result.name,
+                                         "skipped" if result.skipped else "ran", result.rows, result.seconds,
+                                         result.summary)
+        tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})

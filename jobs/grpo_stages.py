@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.config import ConfigError, fail, require_file
+from core.jobrun import record_stages
 from core.runstore import RunStore, StageResult, write_table
 from core.tracking import Tracker, WandbConfig
 from eval.menlo_data import SPLITS
@@ -61,6 +62,15 @@ class GRPOData:
         require_file(self.path, "data.path")
         check_splits(self.splits, self.val_splits, SPLITS)
         # limit, val_limit >= 0: check_tree's floor
+
+
+def train_val_rows(data: GRPOData, rows_of: Callable[[list[str], int], pd.DataFrame]) -> pd.DataFrame:
+    """`rows_of(splits, limit)` for the training splits (`role` train) and, with data.val_splits, the held-out ones
+    (`role` val)."""
+    frames = [rows_of(data.splits, data.limit).assign(role="train")]
+    if data.val_splits:
+        frames.append(rows_of(data.val_splits, data.val_limit).assign(role="val"))
+    return pd.concat(frames, ignore_index=True)
 
 
 def validate_grpo(grpo: GRPOConfig, n_rows: int) -> None:
@@ -151,10 +161,7 @@ def best_adapter_dir(store: RunStore) -> str:
 
 def report(store: RunStore, tracker: Tracker, results: list[StageResult], title: str) -> pd.DataFrame:
     """summary.md (final step metrics + stage costs), W&B summary and table; returns the metrics table."""
-    for result in results:
-        log.info("stage %-6s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran", result.rows,
-                 result.seconds, result.summary)
-        tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+    record_stages(results, tracker)
     # not read_stage: the stage folder also holds the Ray Train run (adapter, checkpoints), which is no Parquet
     final = pq.read_table(f"{store.stage_path('train')}/part-00000.parquet", filesystem=store.fs).to_pylist()[0]
     table = pd.DataFrame([{"metric": k, "value": final[k]} for k in SUMMARY_KEYS if k in final]

@@ -42,7 +42,7 @@ import pandas as pd
 from actors.menlo import MenloJudgeConfig
 from actors.stage_config import LIGHT_CPU, SamplingConfig, check_unique_names
 from core.config import ConfigError, require_file
-from core.jobrun import JobSections, open_run
+from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore
 from eval import judge_metrics as jm
@@ -212,10 +212,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
                                    lambda: compute_metrics(cfg, store.read_stage("judgments").to_pandas())))
         results.append(stage_frame(cfg, store, "differences", dataclasses.asdict(cfg.report),
                                    lambda: compute_differences(cfg, store.read_stage("judgments").to_pandas())))
-        for result in results:
-            log.info("stage %-9s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
-                     result.rows, result.seconds, result.summary)
-            tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+        record_stages(results, tracker)
         metrics = write_report(cfg, store, tracker)
         store.finish({"metrics_rows": len(metrics)})
     finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -33,7 +34,16 @@ from core.ray_env import init_ray
 from eval.menlo_data import DIMENSIONS, Protocol, build_items, load_rubrics, read_menlo_jsonl
 from eval.prompts import TemplateName
 from jobs.cli import entry
-from jobs.grpo_stages import GRPOData, adapter_dir, file_sha, report, stage_rows, stage_train, validate_grpo
+from jobs.grpo_stages import (
+    GRPOData,
+    adapter_dir,
+    file_sha,
+    report,
+    stage_rows,
+    stage_train,
+    train_val_rows,
+    validate_grpo,
+)
 from train.config import GRPOConfig
 from train.judge_reward import JudgeRewardConfig
 
@@ -94,10 +104,7 @@ class Config(JobSections):
 
 def judge_rows(cfg: Config) -> pd.DataFrame:
     """Training rows (`role` train) and, with data.val_splits, validation rows (`role` val)."""
-    frames = [judge_rows_of(cfg, cfg.data.splits, cfg.data.limit).assign(role="train")]
-    if cfg.data.val_splits:
-        frames.append(judge_rows_of(cfg, cfg.data.val_splits, cfg.data.val_limit).assign(role="val"))
-    return pd.concat(frames, ignore_index=True)
+    return train_val_rows(cfg.data, functools.partial(judge_rows_of, cfg))
 
 
 def judge_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:

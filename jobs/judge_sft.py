@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from core.config import ConfigError
-from core.jobrun import JobSections, open_run
+from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, StageResult, write_table
 from eval.menlo_data import gold_class
@@ -131,8 +131,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
                           for r in results])
     store.write_text("summary.md", "# Judge SFT (paper 003 Table 5)\n\n" + table.to_markdown(index=False) + "\n\n"
                      f"Adapter: `{store.path}/train/run/adapter`\n")
-    for result in results:
-        tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+    record_stages(results, tracker)
     store.finish({"adapter": f"{store.path}/train/run/adapter"})
     tracker.finish()
     return table

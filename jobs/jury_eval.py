@@ -33,7 +33,7 @@ from actors.jury import JudgeConfig, JuryConfig
 from actors.ratings import read_asset_ratings, read_simpeval
 from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_unique_names, engine_secrets
 from core.config import ConfigError, positive, require_file
-from core.jobrun import JobSections, open_run
+from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, write_table
 from eval import jury_meta as meta
@@ -322,10 +322,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         results.append(stage_frame(cfg, store, "stats", {**dataclasses.asdict(cfg.report), "ablations": ablations},
                                    lambda: meta.meta_evaluate(store.read_stage("scores").to_pandas(), judges,
                                                               meta.metric_columns(metrics), boot, ablations)))
-        for result in results:
-            log.info("stage %-8s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
-                     result.rows, result.seconds, result.summary)
-            tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+        record_stages(results, tracker)
         stats = write_report(cfg, store, tracker, boot)
         store.finish({"stats_rows": len(stats)})
     finally:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ from jobs.grpo_stages import (
     report,
     stage_rows,
     stage_train,
+    train_val_rows,
     validate_grpo,
 )
 from serve.config import ServeConfig
@@ -132,10 +134,7 @@ def judge_task(locale: str, rubric: dict, prompt: str) -> str:
 
 def policy_rows(cfg: Config) -> pd.DataFrame:
     """Training prompts (`role` train) and, with data.val_splits, validation prompts (`role` val)."""
-    frames = [policy_rows_of(cfg, cfg.data.splits, cfg.data.limit).assign(role="train")]
-    if cfg.data.val_splits:
-        frames.append(policy_rows_of(cfg, cfg.data.val_splits, cfg.data.val_limit).assign(role="val"))
-    return pd.concat(frames, ignore_index=True)
+    return train_val_rows(cfg.data, functools.partial(policy_rows_of, cfg))
 
 
 def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:

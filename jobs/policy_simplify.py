@@ -53,7 +53,7 @@ from actors.jury import JuryConfig
 from actors.selector import SelectorConfig
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names
 from core.config import ConfigError, one_of, require_file
-from core.jobrun import JobSections, open_run
+from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, write_table
 from eval.prompts import check_template
@@ -225,10 +225,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         results += judged_stages(cfg, store, cache)
     if cfg.preference_run:
         results += preference_stages(cfg, store, cache)
-    for result in results:
-        log.info("stage %-13s %s rows=%d %.1fs %s", result.name, "skipped" if result.skipped else "ran",
-                 result.rows, result.seconds, result.summary)
-        tracker.summary(result.name, {**result.summary, "skipped": result.skipped, "rows": result.rows})
+    record_stages(results, tracker)
     table = report(cfg, store, tracker)
     store.finish({"summary_rows": len(table)})
     tracker.finish()
