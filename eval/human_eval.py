@@ -143,3 +143,22 @@ def statistics(items: pd.DataFrame, against: tuple[str, ...] = (), n_boot: int =
         add(f"Spearman(human, {column})", spearman, items["human"].to_numpy(dtype=float),
             items[column].to_numpy(dtype=float))
     return pd.DataFrame(rows, columns=["statistic", "value", "ci_lo", "ci_hi", "n_used"])
+
+
+def pairwise_outcomes(items: pd.DataFrame, system: str, baseline: str) -> pd.DataFrame:
+    """MENLO Table 7 from pointwise ratings: per source, `system` wins when its mean human rating is higher than
+    `baseline`'s, ties when equal. Rates over the sources rated for both (a source missing one is counted apart).
+
+    >>> items = pd.DataFrame({"id": ["a", "a", "b", "b", "c", "c"], "system": ["t", "b"] * 3,
+    ...                       "human": [4.0, 2.0, 3.0, 3.0, 1.0, 5.0]})
+    >>> pairwise_outcomes(items, "t", "b").iloc[0].to_dict()["win"]
+    0.3333333333333333
+    """
+    wide = items.pivot_table(index="id", columns="system", values="human", aggfunc="mean")
+    both = wide[[system, baseline]].dropna() if {system, baseline} <= set(wide.columns) else wide.iloc[0:0]
+    diff = (both[system] - both[baseline]).to_numpy(dtype=float)
+    n = len(diff)
+    rate = (lambda mask: float(mask.sum() / n)) if n else (lambda mask: math.nan)
+    return pd.DataFrame([{"system": system, "baseline": baseline, "sources": n, "win": rate(diff > 0),
+                          "tie": rate(diff == 0), "loss": rate(diff < 0),
+                          "unpaired": int(len(wide) - n)}])

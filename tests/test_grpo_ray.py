@@ -19,6 +19,7 @@ import re
 import socket
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from fake_openai_server import FakeOpenAIServer
@@ -29,6 +30,7 @@ import jobs.policy_grpo as job
 from core.config import load_config
 from eval.menlo_data import read_menlo_jsonl
 from eval.menlo_parse import MENLO_LABELS
+from jobs.cli import main as cli_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -161,6 +163,23 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
     # the base model's answers, one per val prompt, kept for the run (a restarted worker reads them back)
     kept = [json.loads(p.read_text()) for p in sorted((run / "train" / "run" / "val_baseline").glob("rank*.json"))]
     assert [sorted(k) for k in kept] == [["0"], ["1"]]
+    # MENLO Table 7's second stage: the judged answers of the best step go to human raters and come back
+    answers = [json.loads(line) for p in sorted((run / "train" / "run" / "val_answers" / "step_000002").glob("*.jsonl"))
+               for line in p.read_text().splitlines()]
+    assert sorted(a["val_index"] for a in answers) == [0, 1]
+    assert all(a["baseline_answer"] == kept[a["val_index"]][str(a["val_index"])] for a in answers)
+    assert [a["grm_outcome"] for a in answers].count("win") == round(rates[0] * 2)
+    human = tmp_path / "human"
+    assert cli_main(["human", "export", str(run), "--out", str(human), "--n", "0"]) == 0
+    key = pd.read_csv(human / "key.csv", dtype={"id": str})
+    sheet = pd.read_csv(human / "sheet.csv", dtype=str, keep_default_na=False)
+    assert len(sheet) == 4 and sorted(key["system"]) == ["base", "base", "trained", "trained"]
+    systems = dict(zip(key["item_id"], key["system"]))
+    sheet.assign(rating=["4" if systems[i] == "trained" else "2" for i in sheet["item_id"]]).to_csv(
+        human / "ann.csv", index=False)
+    assert cli_main(["human", "import", str(human), str(human / "ann.csv"), "--n-boot", "10"]) == 0
+    # both prompts: trained rated 4, base 2 -> win rate 1, tie 0, loss 0
+    assert re.search(r"\| trained +\| base +\| +2 \| 1\.000 \| 0\.000 \| +0\.000 \|", (human / "human_eval.md").read_text())
 
 
 def scripted_grm(judge: FakeOpenAIServer, app: str) -> list[str]:

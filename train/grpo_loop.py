@@ -50,7 +50,7 @@ from train.grpo_batch import (
     outcome_sums,
 )
 from train.grpo_rewards import build_reward
-from train.grpo_validate import BaselineAnswers, BestAdapter, validate
+from train.grpo_validate import BaselineAnswers, BestAdapter, validate, write_answers
 from train.hf_rollout import HFRollout
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
@@ -86,8 +86,11 @@ def grpo_loop_per_worker(config: dict) -> None:
             done = step + 1
             metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated}
             if best is not None and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
+                answers: list[dict] = []
                 metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums,
-                                    baselines)
+                                    baselines, answers)
+                if cfg.val_metric == "vs_baseline":  # the judged answers of this check, for human raters
+                    write_answers(Path(config["best_dir"]).parent / "val_answers", done, rank, answers)
                 metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done))
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:

@@ -32,7 +32,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.grpo_batch import VAL_SCORES, improved, outcome_sums, validation_metrics, versus_metrics, versus_sums
+from train.grpo_batch import (
+    VAL_SCORES,
+    improved,
+    outcome_sums,
+    validation_metrics,
+    versus_metrics,
+    versus_outcome,
+    versus_sums,
+)
 
 Metrics = dict[str, float]
 
@@ -49,10 +57,11 @@ def validation_shard(n_rows: int, rank: int, world: int) -> list[tuple[int, bool
 
 
 def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank: int, world: int,
-             reduce_sums, baselines: BaselineAnswers | None = None) -> Metrics:
+             reduce_sums, baselines: BaselineAnswers | None = None, answers: list[dict] | None = None) -> Metrics:
     """`val/` metrics of the current policy by `cfg.val_metric`, reduced over workers (see module docstring).
 
-    `baselines` (vs_baseline) holds the base model's answer per validation row index across calls."""
+    `baselines` (vs_baseline) holds the base model's answer per validation row index across calls; `answers`, when
+    given, receives this rank's judged (policy answer, baseline answer) records (`answer_records`)."""
     from train.pairs_data import encode_prompt
 
     shard = validation_shard(len(rows), rank, world)
@@ -75,8 +84,12 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
                     baselines.add({i: text for (i, _), text in zip(part, texts)})
                 torch.manual_seed(seed)
                 ids, _ = rollout.generate(engine.module, prompts, 1, seed)
-                answers = tokenizer.batch_decode(ids, skip_special_tokens=True)
-                scored = reward_fn.versus(picked, answers, [baselines.answers[i] for i, _ in part])
+                texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                base = [baselines.answers[i] for i, _ in part]
+                scored = reward_fn.versus(picked, texts, base)
+                if answers is not None:
+                    answers += answer_records([(i, row, text, b, o) for (i, counted), row, text, b, o
+                                               in zip(part, picked, texts, base, scored) if counted])
             else:
                 torch.manual_seed(seed)
                 ids, _ = rollout.generate(engine.module, prompts, cfg.group_size, seed)
@@ -87,6 +100,30 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
     if versus:
         return versus_metrics(reduce_sums(versus_sums(outcomes)))
     return validation_metrics(reduce_sums(outcome_sums(outcomes)))
+
+
+def answer_records(judged: list[tuple]) -> list[dict]:
+    """One JSON-able record per judged validation prompt (val index, row, policy answer, baseline answer, outcome):
+    what a human rater needs for MENLO Table 7's two-stage comparison (`quorum human export` reads them), with the
+    GRM's verdict beside it."""
+    records = []
+    for index, row, answer, baseline, outcome in judged:
+        margin = outcome.components["grm_margin"][0] if outcome.ok else None
+        records.append({"val_index": index, "id": str(row.get("id", index)), "dimension": row.get("dimension", ""),
+                        "locale": row.get("locale", ""), "prompt_messages": row.get("prompt_messages", ""),
+                        "answer": answer, "baseline_answer": baseline, "grm_margin": margin,
+                        "grm_outcome": versus_outcome(margin) if margin is not None else "",
+                        "error": outcome.error})
+    return records
+
+
+def write_answers(directory: str | Path, step: int, rank: int, records: list[dict]) -> None:
+    """`<directory>/step_<step>/rank<rank>.jsonl`, written under a temp name then renamed (never half a file)."""
+    out = Path(directory) / f"step_{step:06d}"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".rank{rank}.jsonl.tmp-{os.getpid()}"
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, out / f"rank{rank}.jsonl")
 
 
 class BaselineAnswers:
