@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -74,6 +74,35 @@ def results_table(outputs: pd.DataFrame, references: dict[str, list[str]], basel
         row["empty_outputs"] = int((table["output"].str.strip() == "").sum())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def add_learned_metric(table: pd.DataFrame, outputs: pd.DataFrame, references: dict[str, list[str]], name: str,
+                       score: Callable[[list[str], list[str], list[list[str]]], list[float]], n_boot: int = 1000,
+                       seed: int = 0) -> pd.DataFrame:
+    """`table` (from `results_table`) with `<name>`, `<name>_lo`, `<name>_hi`: the mean of a per-output learned
+    metric (LENS: `score(sources, outputs, references) -> one float per output`) per system, 95% CI over sources.
+
+    >>> outputs = pd.DataFrame({"id": ["a", "b"] * 2, "system": ["v", "v", "t", "t"], "source": ["s", "s"] * 2,
+    ...                         "output": ["x", "xy", "xyz", "xyzw"]})
+    >>> length = lambda src, out, refs: [float(len(o)) for o in out]
+    >>> add_learned_metric(pd.DataFrame({"system": ["t", "v"]}), outputs, {"a": ["r"], "b": ["r"]}, "len", length,
+    ...                    n_boot=0)["len"].tolist()
+    [3.5, 1.5]
+    """
+    ids = _check_coverage(outputs, references, outputs["system"].iloc[0])
+    values = {}
+    for system, group in outputs.groupby("system", sort=True):
+        group = group.set_index("id").loc[ids]
+        scores = np.asarray(score(list(group["source"]), list(group["output"]), [references[i] for i in ids]),
+                            dtype=float)
+        if len(scores) != len(ids):
+            raise ValueError(f"{name}: scored {len(scores)} of {len(ids)} outputs of {system!r}")
+        values[system] = bootstrap_ci(np.mean, scores, n_boot=n_boot, seed=seed) if n_boot else \
+            (float(scores.mean()), math.nan, math.nan)
+    out = table.copy()
+    for suffix, k in (("", 0), ("_lo", 1), ("_hi", 2)):
+        out[name + suffix] = [values[s][k] for s in out["system"]]
+    return out
 
 
 def _check_coverage(outputs: pd.DataFrame, references: dict[str, list[str]], baseline: str) -> list[str]:

@@ -8,6 +8,7 @@ in order; the pure pieces live in `train/pairs.py` and `eval/results.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -93,6 +94,11 @@ class EvalConfig(Section):
     rejudge: list[JudgeConfig] = field(default_factory=list)
     # re-judge only the first N evaluation sources (0 = all): pairwise judging costs two calls per source
     rejudge_limit: int = 0
+    # LENS (paper 000 Fig. 2, the overall policy on ASSET) per system, from a local checkpoint: `lens_checkpoint` or
+    # QUORUM_LENS_PATH, with the `lens-metric` package installed (not a dependency: it pins its own torch). Off by
+    # default because neither can be had here; on, a missing one stops the run at config time
+    lens: bool = False
+    lens_checkpoint: str = ""
 
     def check(self, where: str = "") -> None:
         # the evaluation files are checked by the job, only for runs that reach evaluation (`check_data`)
@@ -104,6 +110,13 @@ class EvalConfig(Section):
         for name, path in self.extra_adapters.items():
             if not (Path(path) / "adapter_config.json").is_file():
                 fail(dotted(where, f"extra_adapters.{name}"), f"{path!r} is not a peft adapter directory")
+        if self.lens:
+            from eval.lens import MetricUnavailable, load_metric
+
+            try:
+                load_metric("lens", self.lens_checkpoint or None)
+            except MetricUnavailable as exc:
+                fail(dotted(where, "lens"), str(exc))
         names = ["vanilla", "trained", *self.extra_adapters, *(m.name for m in self.extra_systems)]
         taken = sorted({n for n in names if names.count(n) > 1})
         if taken:
@@ -310,6 +323,13 @@ def build_results(store: RunStore, cfg: EvalConfig, seed: int) -> pd.DataFrame:
     outputs = outputs.assign(system=outputs["model"], output=outputs["candidate"].fillna(""))
     references = {i: list(r) for i, r in zip(eval_set["id"], eval_set["references"])}
     table = results_table(outputs[["id", "system", "source", "output"]], references, "vanilla", cfg.n_boot, seed)
+    if cfg.lens:
+        from eval.lens import score_lens
+        from eval.results import add_learned_metric
+
+        lens = functools.partial(score_lens, model_path=cfg.lens_checkpoint or None)
+        table = add_learned_metric(table, outputs[["id", "system", "source", "output"]], references, "lens", lens,
+                                   cfg.n_boot, seed)
     if cfg.rejudge and store.manifest["stages"].get("rejudge", {}).get("status") == "complete":
         judged = store.read_stage("rejudge").to_pandas()
         for i, system in enumerate(table["system"]):

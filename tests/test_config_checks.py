@@ -147,3 +147,15 @@ def test_config_sections_share_one_validation_style():
                 if "validate" in own and not top_level:
                     offenders.append(f"{obj.__module__}.{obj.__name__}.validate on a section (use check(where))")
     assert offenders == []
+
+
+def test_lens_without_a_local_checkpoint_stops_the_run(tmp_path, capsys, monkeypatch):
+    """Paper 000 Fig. 2's LENS column needs a local checkpoint and `lens-metric`; asked for without them, the run
+    stops at config time naming evaluate.lens and what to set (never a results table silently without LENS)."""
+    monkeypatch.delenv("QUORUM_LENS_PATH", raising=False)
+    assert run_cli(DEMO, tmp_path, "evaluate.lens=true") == 2
+    err = capsys.readouterr().err
+    assert "evaluate.lens" in err and "QUORUM_LENS_PATH" in err
+    assert run_cli(DEMO, tmp_path, "evaluate.lens=true", f"evaluate.lens_checkpoint={tmp_path / 'no.ckpt'}") == 2
+    assert "evaluate.lens" in capsys.readouterr().err
+    assert_no_run_started(tmp_path)
