@@ -36,6 +36,8 @@ EXPECTED_TEMPLATES = {
     "judge_policy", "parse_ptb", "jury_score", "synth_complex", "synth_simplify", "jury_pairwise",
     "judge_policy_brief", "jury_pairwise_brief", "menlo_pairwise", "menlo_pointwise", "menlo_pointwise_fewshot",
     "menlo_grpo_grm", "menlo_pairwise_fewshot", "jury_score_1shot", "jury_score_norationale",
+    "craft_planner", "craft_planner_brief", "craft_reviser", "craft_feedback_fluency",
+    "craft_feedback_grammaticality", "craft_feedback_coherence", "craft_direct", "craft_iter",
 }
 
 

@@ -1,0 +1,170 @@
+"""Degenerate-revision guard for CRAFT (paper 002): empty, refusal, truncated, collapsed or bloated revisions.
+
+Why: the TG-MCTS reward ``R = R_g + R_c`` can be gamed by dropping content. The authors' released CRAFT-4o
+predictions contain refusals ("There appears to be a misunderstanding. Could you please provide the text...") and
+two-sentence outputs for long inputs that still pass a per-sentence-length constraint with a good perplexity
+(notes 002 §6.8). The paper has no guard; ours is a documented deviation. A revision the guard flags is never
+expanded or chosen by the search, gets a floor reward, and is counted (`eval.craft_mcts`). The same check serves
+the Direct / Iter / agent baselines, so every system's degenerate outputs are counted the same way.
+
+Checks, in this order (the first that fires is the reason):
+
+=============  =========================================================================================
+``empty``      nothing but whitespace
+``refusal``    ``refusal_regex`` matches within the first ``refusal_window`` characters, and does NOT
+               match the start of the original text (a short story may itself open with "I'm sorry,")
+``truncated``  the generation hit its token limit (the caller's flag, ``finish_reason == "length"``);
+               with ``truncation: flag_or_unterminated`` also a text that stops without final
+               punctuation when the original ends with it
+``collapsed``  fewer than ``min_len_ratio`` x the reference text's words
+``bloated``    more than ``max_len_ratio`` x the reference text's words
+=============  =========================================================================================
+
+Words are whitespace-separated tokens: the guard needs a robust size measure, not the constraint tools' counter
+(``eval.craft_tools``), so it does not depend on it. The reference text is the parent node's text
+(``length_reference: parent``, catches one-step collapse) or the original (``original``, also catches a slow
+shrink over many levels).
+
+This module is pure (no ray, vllm, deepspeed, torch or transformers).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# Openers of assistant refusals and clarification requests (English). Searched only at the start of a revision:
+# a refusal replaces the answer, it does not sit in the middle of a revised paragraph.
+DEFAULT_REFUSAL_REGEX = (
+    r"(?i)\b(?:i[’']?m sorry|i am sorry|i apologi[sz]e|i can[’']?not|i can[’']?t (?:help|assist|comply|do)"
+    r"|i[’']?m (?:unable|not able)|i am (?:unable|not able)|as an ai\b|could you (?:please )?provide"
+    r"|please provide the text|there (?:appears|seems) to be (?:a|some) misunderstanding)"
+)
+# what may end a complete English paragraph: sentence punctuation, optionally followed by closing quotes/brackets
+_TERMINATED_RE = re.compile(r"[.!?…:;][\"'’”)\]]*\s*$")
+
+GUARD_REASONS = ("empty", "refusal", "truncated", "collapsed", "bloated")
+TRUNCATION_MODES = ("off", "flag", "flag_or_unterminated")
+LENGTH_REFERENCES = ("parent", "original")
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """Knobs of the degenerate-revision guard (none of them is in the paper; defaults are ours).
+
+    Attributes:
+        enabled: Off = no revision is ever flagged (the paper's behaviour).
+        min_len_ratio: A revision with fewer words than this x the reference text's is ``collapsed``. CORD's
+            length constraints never ask for less than about the source's length (notes 002 §4.1), so 0.5 only
+            catches content loss. 0 = off.
+        max_len_ratio: More words than this x the reference's is ``bloated`` (rambling, repeated text). 0 = off.
+        length_reference: ``parent`` (the text the planner revised) or ``original`` (the CORD input).
+        refusal_regex: Python regex for refusals; "" = off.
+        refusal_window: Characters at the start of the revision the regex is searched in.
+        truncation: ``off``; ``flag`` (the caller's truncated flag); ``flag_or_unterminated`` (also a revision
+            without final punctuation when the original has it).
+    """
+
+    enabled: bool = True
+    min_len_ratio: float = 0.5
+    max_len_ratio: float = 2.0
+    length_reference: Literal["parent", "original"] = "parent"
+    refusal_regex: str = DEFAULT_REFUSAL_REGEX
+    refusal_window: int = 300
+    truncation: Literal["off", "flag", "flag_or_unterminated"] = "flag"
+
+    def __post_init__(self) -> None:
+        self.check("")
+
+    def check(self, where: str) -> None:
+        """Raise ValueError naming ``<where>.<field>`` for an unusable value."""
+        key = f"{where}." if where else ""
+        if not self.min_len_ratio >= 0:
+            raise ValueError(f"{key}min_len_ratio: must be >= 0, got {self.min_len_ratio}")
+        if not self.max_len_ratio >= 0:
+            raise ValueError(f"{key}max_len_ratio: must be >= 0, got {self.max_len_ratio}")
+        if self.max_len_ratio and self.max_len_ratio < self.min_len_ratio:
+            raise ValueError(f"{key}max_len_ratio: {self.max_len_ratio} is below min_len_ratio {self.min_len_ratio}")
+        if self.length_reference not in LENGTH_REFERENCES:
+            raise ValueError(f"{key}length_reference: {self.length_reference!r} is not one of {LENGTH_REFERENCES}")
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"{key}truncation: {self.truncation!r} is not one of {TRUNCATION_MODES}")
+        if self.refusal_window < 1:
+            raise ValueError(f"{key}refusal_window: must be >= 1, got {self.refusal_window}")
+        try:
+            re.compile(self.refusal_regex)
+        except re.error as exc:
+            raise ValueError(f"{key}refusal_regex: not a valid regex: {exc}") from None
+
+
+def word_count(text: str) -> int:
+    """Whitespace tokens (the guard's size measure).
+
+    >>> word_count("  A b-c,  d. ")
+    3
+    """
+    return len(text.split())
+
+
+def is_refusal(text: str, original: str, config: GuardConfig) -> bool:
+    """True if ``text`` opens like a refusal and ``original`` does not.
+
+    >>> cfg = GuardConfig()
+    >>> is_refusal("I'm sorry, but I can't help with that.", "The cat sat.", cfg)
+    True
+    >>> is_refusal("I'm sorry, she said, and left.", "I'm sorry, she said and left.", cfg)
+    False
+    """
+    if not config.refusal_regex:
+        return False
+    pattern = re.compile(config.refusal_regex)
+    window = config.refusal_window
+    return bool(pattern.search(text[:window])) and not pattern.search(original[:window])
+
+
+def degenerate_reason(
+    text: str, parent_text: str, original: str, config: GuardConfig, *, truncated: bool = False
+) -> str:
+    """Why ``text`` is a degenerate revision, or ``""`` if it is usable.
+
+    Args:
+        text: The revision to check.
+        parent_text: The text it revises (the parent node's text; the original at the root).
+        original: The task's input text.
+        config: Guard knobs.
+        truncated: The generation that produced ``text`` stopped at its token limit.
+
+    Returns:
+        One of :data:`GUARD_REASONS`, or ``""``.
+
+    >>> cfg = GuardConfig()
+    >>> parent = "one two three four five six seven eight nine ten."
+    >>> degenerate_reason("one two three four five six seven eight nine.", parent, parent, cfg)
+    ''
+    >>> degenerate_reason("one.", parent, parent, cfg)
+    'collapsed'
+    >>> degenerate_reason("one two three four five six seven eight nine.", parent, parent, cfg, truncated=True)
+    'truncated'
+    """
+    if not config.enabled:
+        return ""
+    if not text.strip():
+        return "empty"
+    if is_refusal(text, original, config):
+        return "refusal"
+    if config.truncation != "off" and truncated:
+        return "truncated"
+    if (
+        config.truncation == "flag_or_unterminated"
+        and _TERMINATED_RE.search(original)
+        and not _TERMINATED_RE.search(text)
+    ):
+        return "truncated"
+    reference = word_count(parent_text if config.length_reference == "parent" else original)
+    words = word_count(text)
+    if reference and config.min_len_ratio and words < config.min_len_ratio * reference:
+        return "collapsed"
+    if reference and config.max_len_ratio and words > config.max_len_ratio * reference:
+        return "bloated"
+    return ""
