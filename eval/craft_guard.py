@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from core.config import Section, dotted, fail, one_of
+
 # Openers of assistant refusals and clarification requests (English). Searched only at the start of a revision:
 # a refusal replaces the answer, it does not sit in the middle of a revised paragraph.
 DEFAULT_REFUSAL_REGEX = (
@@ -50,7 +52,7 @@ LENGTH_REFERENCES = ("parent", "original")
 
 
 @dataclass(frozen=True)
-class GuardConfig:
+class GuardConfig(Section):
     """Knobs of the degenerate-revision guard (none of them is in the paper; defaults are ours).
 
     Attributes:
@@ -75,27 +77,20 @@ class GuardConfig:
     truncation: Literal["off", "flag", "flag_or_unterminated"] = "flag"
 
     def __post_init__(self) -> None:
-        self.check("")
+        self.validate()  # checked like a section loaded from YAML (`core.config.Section`)
 
-    def check(self, where: str) -> None:
-        """Raise ValueError naming ``<where>.<field>`` for an unusable value."""
-        key = f"{where}." if where else ""
-        if not self.min_len_ratio >= 0:
-            raise ValueError(f"{key}min_len_ratio: must be >= 0, got {self.min_len_ratio}")
-        if not self.max_len_ratio >= 0:
-            raise ValueError(f"{key}max_len_ratio: must be >= 0, got {self.max_len_ratio}")
+    def check(self, where: str = "") -> None:
+        # min_len_ratio, max_len_ratio >= 0: check_tree's floor
         if self.max_len_ratio and self.max_len_ratio < self.min_len_ratio:
-            raise ValueError(f"{key}max_len_ratio: {self.max_len_ratio} is below min_len_ratio {self.min_len_ratio}")
-        if self.length_reference not in LENGTH_REFERENCES:
-            raise ValueError(f"{key}length_reference: {self.length_reference!r} is not one of {LENGTH_REFERENCES}")
-        if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"{key}truncation: {self.truncation!r} is not one of {TRUNCATION_MODES}")
+            fail(dotted(where, "max_len_ratio"), f"{self.max_len_ratio} is below min_len_ratio {self.min_len_ratio}")
+        one_of(self.length_reference, LENGTH_REFERENCES, dotted(where, "length_reference"))
+        one_of(self.truncation, TRUNCATION_MODES, dotted(where, "truncation"))
         if self.refusal_window < 1:
-            raise ValueError(f"{key}refusal_window: must be >= 1, got {self.refusal_window}")
+            fail(dotted(where, "refusal_window"), f"must be >= 1, got {self.refusal_window}")
         try:
             re.compile(self.refusal_regex)
         except re.error as exc:
-            raise ValueError(f"{key}refusal_regex: not a valid regex: {exc}") from None
+            fail(dotted(where, "refusal_regex"), f"not a valid regex: {exc}")
 
 
 def word_count(text: str) -> int:

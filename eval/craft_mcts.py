@@ -51,6 +51,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
+from core.config import Section, dotted, fail, one_of, positive
 from eval.craft_guard import GuardConfig, degenerate_reason
 from eval.craft_tree import (
     ExpandRequest,
@@ -73,7 +74,7 @@ _ALL_MET = 1.0 - 1e-9
 
 
 @dataclass(frozen=True)
-class MCTSConfig:
+class MCTSConfig(Section):
     """TG-MCTS knobs; paper values (App. D.6) where it gives one, otherwise our documented choice.
 
     Attributes:
@@ -127,32 +128,20 @@ class MCTSConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.check("")
+        self.validate()  # a search built in code is checked like one loaded from YAML (`core.config.Section`)
 
-    def check(self, where: str) -> None:
-        """Raise ValueError naming ``<where>.<field>`` for an unusable value."""
-        key = f"{where}." if where else ""
-        for name in ("exploration", "quality_weight", "constraint_weight", "constraint_scale", "min_improvement"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{key}{name}: must be a finite number >= 0, got {value}")
-        if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
-            raise ValueError(f"{key}reward_scale: must be > 0, got {self.reward_scale}")
-        if not math.isfinite(self.degenerate_reward):
-            raise ValueError(f"{key}degenerate_reward: must be finite, got {self.degenerate_reward}")
+    def check(self, where: str = "") -> None:
+        # every number finite and >= 0 (exploration, weights, scales, degenerate_reward, patience, seed, ...) is
+        # check_tree's floor; `guard` is a nested section and checks itself
+        positive(self.reward_scale, dotted(where, "reward_scale"))
         for name in ("width", "max_depth", "max_iterations"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{key}{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("stop_min_checks", "patience", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{key}{name}: must be >= 0, got {getattr(self, name)}")
+                fail(dotted(where, name), f"must be >= 1, got {getattr(self, name)}")
         for name, allowed in (("rc_tools", RC_TOOLS), ("final_strategy", FINAL_STRATEGIES),
                               ("tie_break", TIE_BREAKS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{key}{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+            one_of(getattr(self, name), allowed, dotted(where, name))
         if not (self.use_quality or self.use_constraints):
-            raise ValueError(f"{key}use_quality, use_constraints: at least one reward term must be on")
-        self.guard.check(f"{key}guard")
+            fail(dotted(where, "use_quality, use_constraints"), "at least one reward term must be on")
 
 
 class Expander(Protocol):
