@@ -260,7 +260,7 @@ def extract_calls(text: str) -> list[str]:
             comment = _COMMENT.search(line, position)
             if comment and comment.start() < match.start():
                 break  # the rest of the line is a comment (a "#" inside a call's string is not looked at)
-            end = _closing_paren(line, match.end())
+            end = closing_paren(line, match.end())
             if end is None:
                 calls.append(line[match.start():].strip())
                 break
@@ -269,7 +269,7 @@ def extract_calls(text: str) -> list[str]:
     return calls
 
 
-def _closing_paren(line: str, start: int) -> int | None:
+def closing_paren(line: str, start: int) -> int | None:
     """Index just past the ``)`` closing the ``(`` before ``start``, skipping quoted strings; None if unclosed."""
     depth, quote, index = 1, "", start
     while index < len(line):

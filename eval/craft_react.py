@@ -40,6 +40,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from eval.craft_calls import closing_paren
+from eval.craft_calls import extract_calls as tool_calls_in
+
 _SECTIONS = ("thought", "action", "tools", "plan", "observation")
 _DECOR = r"[*_`]*"  # markdown emphasis / inline code around a header
 _BULLET = r"(?:(?:[-*+•]|\d+[.)])[ \t]*)?"
@@ -53,7 +56,6 @@ _HEADER_RE = re.compile(
 _BARE_HEADER_RE = re.compile(rf"^[ \t>]*{_BULLET}{_DECOR}[ \t]*{_NAME}{_DECOR}[ \t]*:{_DECOR}[ \t]*",
                              re.IGNORECASE | re.MULTILINE)
 _FENCE_RE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)
-_CALL_START_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\(")
 _QUOTES = {'"': '"', "'": "'", "“": "”", "‘": "’"}
 
 # plan lines: strict label pair first, then looser labels, then a quoted sentence followed by an arrow or colon
@@ -177,47 +179,17 @@ def _split_sections(body: str, header_re: re.Pattern, errors: list[str]) -> dict
 
 
 def extract_calls(text: str) -> tuple[list[str], list[str]]:
-    """Every ``name(...)`` call in ``text``, raw, in order; a call is a name directly followed by ``(``.
-
-    Several calls on one line are split; parentheses inside quoted arguments do not count. A call whose
-    parenthesis never closes is kept (to the end of its line) with the error ``unbalanced_call``.
+    """`eval.craft_calls.extract_calls` on the text outside code fences, with ``unbalanced_call`` reported for a call
+    whose parenthesis never closes (it is kept, to the end of its line, and fails to parse later).
 
     >>> extract_calls("- `text_eval()`, word_count_check(400,'more than')\\nNone needed (really).")
     (['text_eval()', "word_count_check(400,'more than')"], [])
     >>> extract_calls('sentence_length_check(6, "more than"')
     (['sentence_length_check(6, "more than"'], ['unbalanced_call'])
     """
-    calls, errors = [], []
-    for line in _FENCE_RE.sub("", text).splitlines():
-        pos = 0
-        while (match := _CALL_START_RE.search(line, pos)) is not None:
-            end = _call_end(line, match.end())
-            if end is None:
-                calls.append(line[match.start():].strip().rstrip(",;`"))
-                errors.append("unbalanced_call")
-                break
-            calls.append(line[match.start():end])
-            pos = end
-    return calls, _unique(errors)
-
-
-def _call_end(line: str, start: int) -> int | None:
-    """Index just past the ``)`` closing the call whose ``(`` ends at ``start``; None if it never closes."""
-    depth, quote = 1, ""
-    for i in range(start, len(line)):
-        ch = line[i]
-        if quote:
-            if ch == quote and line[i - 1] != "\\":
-                quote = ""
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+    calls = tool_calls_in(_FENCE_RE.sub("", text))
+    unbalanced = [c for c in calls if closing_paren(c, c.index("(") + 1) is None]
+    return [c.rstrip(",;`") if c in unbalanced else c for c in calls], ["unbalanced_call"] if unbalanced else []
 
 
 def parse_plan_line(line: str) -> PlanLine | None:
