@@ -122,8 +122,9 @@ def parse_health(judgments: pd.DataFrame, judges: list[str]) -> pd.DataFrame:
 
 REFERENCE_FREE = ("fkgl", "compression_ratio", "levenshtein", "exact_copy", "split_rate")
 # metrics a job may ask for: the reference-free ones, BERTScore against the source, and SARI/BLEU where a pair has
-# references (SimpEval's non-human systems, scored against that sentence's human-written simplifications)
-PAIR_METRICS = REFERENCE_FREE + ("bertscore", "sari", "bleu")
+# references (SimpEval's non-human systems, scored against that sentence's human-written simplifications); the learned
+# LENS-SALSA (reference-free) and LENS (with references) of paper 001 Fig. 2 from a local checkpoint (`eval.lens`)
+PAIR_METRICS = REFERENCE_FREE + ("bertscore", "sari", "bleu", "lens_salsa", "lens")
 
 
 def metric_columns(names: list[str]) -> list[str]:
@@ -136,7 +137,8 @@ def pair_metrics(pairs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 
     Pairs without a usable candidate get NaN (counted later as excluded). `bertscore` is BERTScore F1 of the
     candidate against its *source* (column `bertscore_src`): a meaning-preservation proxy, as no set here has
-    references for every pair. `sari`/`bleu` (sentence BLEU) are NaN for pairs without a `references` list.
+    references for every pair. `sari`/`bleu` (sentence BLEU) and `lens` are NaN for pairs without a `references`
+    list; `lens_salsa` is reference-free (both from a local checkpoint: `eval.lens`).
     """
     unknown = sorted(set(names) - set(PAIR_METRICS))
     if unknown:
@@ -159,7 +161,11 @@ def pair_metrics(pairs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
         from eval.bertscore import sentence_bertscore
 
         put("bertscore_src", [s.f1 for s in sentence_bertscore(sys, [[o] for o in orig])] if ok.any() else [])
-    for name in (n for n in names if n in ("sari", "bleu")):
+    if "lens_salsa" in names:
+        from eval.lens import score_lens_salsa
+
+        put("lens_salsa", score_lens_salsa(orig, sys) if ok.any() else [])
+    for name in (n for n in names if n in ("sari", "bleu", "lens")):
         out[name] = np.nan
         refs = pairs["references"] if "references" in pairs.columns else pd.Series([[]] * len(pairs))
         has = ok & np.array([r is not None and len(r) > 0 for r in refs])
@@ -167,8 +173,14 @@ def pair_metrics(pairs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
             rows_refs = [list(r) for r in refs[has]]
             width = max(len(r) for r in rows_refs)
             streams = [[r[k] if k < len(r) else None for r in rows_refs] for k in range(width)]
-            rows = score_sentences([name], list(pairs["source"][has]), list(pairs["candidate"][has]), streams)
-            out.loc[np.flatnonzero(has), name] = [r[name] for r in rows]
+            if name == "lens":
+                from eval.lens import score_lens
+
+                values = score_lens(list(pairs["source"][has]), list(pairs["candidate"][has]), rows_refs)
+            else:
+                rows = score_sentences([name], list(pairs["source"][has]), list(pairs["candidate"][has]), streams)
+                values = [r[name] for r in rows]
+            out.loc[np.flatnonzero(has), name] = values
     return out
 
 

@@ -141,6 +141,14 @@ class Config(JobSections):
         unknown = sorted(set(self.report.metrics) - set(meta.PAIR_METRICS))
         if unknown:
             raise ConfigError(f"report.metrics: unknown {unknown}; expected some of {list(meta.PAIR_METRICS)}")
+        for variant in sorted({"lens", "lens_salsa"} & set(self.report.metrics)):
+            # a learned metric needs its local checkpoint and package now, not after the jury has run
+            from eval.lens import MetricUnavailable, load_metric
+
+            try:
+                load_metric(variant)
+            except MetricUnavailable as exc:
+                raise ConfigError(f"report.metrics: {variant}: {exc}") from None
 
 
     def ablation_jury(self) -> JuryConfig:

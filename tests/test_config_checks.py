@@ -159,3 +159,14 @@ def test_lens_without_a_local_checkpoint_stops_the_run(tmp_path, capsys, monkeyp
     assert run_cli(DEMO, tmp_path, "evaluate.lens=true", f"evaluate.lens_checkpoint={tmp_path / 'no.ckpt'}") == 2
     assert "evaluate.lens" in capsys.readouterr().err
     assert_no_run_started(tmp_path)
+
+
+def test_jury_eval_lens_metrics_need_their_checkpoint(tmp_path, capsys, monkeypatch):
+    """Paper 001 Fig. 2's LENS / LENS-SALSA columns: asked for without a local checkpoint, exit 2 before any work."""
+    for env in ("QUORUM_LENS_PATH", "QUORUM_LENS_SALSA_PATH"):
+        monkeypatch.delenv(env, raising=False)
+    config = str(REPO / "configs" / "jury_eval_demo.yaml")
+    assert run_cli(config, tmp_path, "report.metrics=[fkgl, lens_salsa]") == 2
+    err = capsys.readouterr().err
+    assert "report.metrics: lens_salsa" in err and "QUORUM_LENS_SALSA_PATH" in err
+    assert_no_run_started(tmp_path)

@@ -171,7 +171,7 @@ def test_pair_metrics_skip_failed_generations_and_sari_needs_references():
     assert 0 < out["sari"].iloc[0] <= 100 and math.isnan(out["sari"].iloc[1])  # no references -> n/a
     assert meta.metric_columns(["fkgl", "bertscore"]) == ["fkgl", "bertscore_src"]
     with pytest.raises(ValueError, match="unknown metric"):
-        meta.pair_metrics(pairs, ["lens"])
+        meta.pair_metrics(pairs, ["sle"])
 
 
 def test_simpeval_pairs_human_mean_references_and_zscores():
