@@ -28,6 +28,11 @@ class WandbConfig(Section):
     # extra tags on the run
     tags: list[str] | None = None
 
+    @property
+    def on(self) -> bool:
+        """Whether runs log at all (a trainer's rank 0 starts its own W&B run only then)."""
+        return self.enabled and self.mode != "disabled"
+
     def check(self, where: str = "") -> None:
         one_of(self.mode, ("auto", "online", "offline", "disabled"), dotted(where, "mode"))
 

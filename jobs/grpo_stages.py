@@ -130,7 +130,7 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
         train_rows = [r for r in rows if r["role"] == "train"]
         val_rows = [r for r in rows if r["role"] == "val"]
         trainer = dataclasses.replace(grpo, run_name=f"grpo-{store.job}", wandb_project=wandb_cfg.project,
-                                      wandb=wandb_cfg.enabled and wandb_cfg.mode != "disabled")
+                                      wandb=wandb_cfg.on)
         started = time.time()
         with reward() as (spec, secret_env):
             # W&B writes where the run ends up: the stage's own folder is renamed when it completes

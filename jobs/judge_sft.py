@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass, field
 
 import pandas as pd
-import pyarrow as pa
 
 from core.config import ConfigError
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
-from core.runstore import RunStore, StageResult, write_table
+from core.runstore import RunStore, StageResult
 from eval.menlo_data import gold_class
 from eval.menlo_parse import MENLO_LABELS
 from jobs.cli import entry
@@ -94,27 +92,18 @@ def sft_rows(cfg: Config) -> pd.DataFrame:
     return rows.assign(target=[verdict_target(a, b) for a, b in zip(rows["gold_a"], rows["gold_b"])])
 
 
-def stage_train(store: RunStore, cfg: Config, wandb_on: bool) -> StageResult:
+def stage_train(store: RunStore, cfg: Config) -> StageResult:
+    trainer = dataclasses.replace(cfg.train, run_name="judge-sft", wandb=cfg.wandb.on, wandb_project=cfg.wandb.project)
+
     def produce(out_dir: str) -> dict:
-        from train.trainer import run_training
+        from train.trainer import train_stage
 
         rows = store.read_stage("rows").to_pandas()
         train, val = ([{"prompt_messages": p, "target": t} for p, t in zip(part["prompt_messages"], part["target"])]
                       for part in (rows[rows["role"] == "train"], rows[rows["role"] == "val"]))
-        if len(train) < cfg.train.global_batch_size:
-            raise ConfigError(f"train: {len(train)} training rows, fewer than one global batch "
-                              f"({cfg.train.global_batch_size}); lower train.micro_batch_size / grad_accum")
-        trainer = dataclasses.replace(cfg.train, run_name="judge-sft", wandb=wandb_on,
-                                      wandb_project=cfg.wandb.project)
-        started = time.time()
-        result = run_training(trainer, train, val or None, run_dir=f"{out_dir}/run", wandb_dir=store.path)
-        metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
-        write_table(pa.Table.from_pylist([metrics]), out_dir)
-        return {"train_rows": len(train), "val_rows": len(val), "steps": metrics.get("step"),
-                "loss": metrics.get("loss"), "seconds": round(time.time() - started, 3)}
+        return train_stage(trainer, train, val, out_dir=out_dir, wandb_dir=store.path, where="train")
 
-    wandb_on = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
-    return store.run_stage("train", {"train": dataclasses.asdict(cfg.train), "wandb": wandb_on}, produce)
+    return store.run_stage("train", {"train": dataclasses.asdict(cfg.train), "wandb": cfg.wandb.on}, produce)
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
@@ -125,7 +114,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
            "data_sha": file_sha(cfg.data.path), "rubrics_sha": file_sha(cfg.prompt.rubrics)}
     results = [stage_rows(store, key, lambda: sft_rows(cfg))]
     init_ray(cfg.ray)
-    results.append(stage_train(store, cfg, cfg.wandb.enabled and cfg.wandb.mode != "disabled"))
+    results.append(stage_train(store, cfg))
     table = pd.DataFrame([{"stage": r.name, "skipped": r.skipped, "rows": r.rows, "seconds": round(r.seconds, 3),
                            **{k: v for k, v in r.summary.items() if isinstance(v, (int, float, str))}}
                           for r in results])

@@ -305,8 +305,7 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
         results.append(stage_sft_data(store, cfg.train, cfg.pairs, verdicts))
     if cfg.train.enabled:
         init_ray(cfg.ray)
-        wandb_on = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
-        results.append(stage_train(store, cfg.train, cfg.wandb.project, wandb_on))
+        results.append(stage_train(store, cfg.train, cfg.wandb.project, cfg.wandb.on))
     if not cfg.evaluate.enabled:
         return results
     policy = cfg.train.policy

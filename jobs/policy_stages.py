@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,7 +185,7 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
     data_stage = "sft_data" if cfg.trainer.loss == "sft" else "pairs"
 
     def produce(out_dir: str) -> dict:
-        from train.trainer import run_training
+        from train.trainer import train_stage
 
         pairs = store.read_stage(data_stage).to_pandas()
         train_rows, dev_rows = training_rows(pairs, cfg.policy, "train"), training_rows(pairs, cfg.policy, "dev")
@@ -195,23 +194,12 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
             train_rows = subsample(train_rows, cfg.max_rows, cfg.subsample_seed)
         except ValueError as exc:
             raise ConfigError(f"train.max_rows: {exc} for policy {cfg.policy!r}") from None
-        needed = cfg.trainer.global_batch_size
-        if len(train_rows) < needed:
-            raise ConfigError(f"train: {len(train_rows)} training pairs for policy {cfg.policy!r}, fewer than one "
-                              f"global batch ({needed}); lower train.trainer.micro_batch_size/grad_accum")
         trainer = dataclasses.replace(cfg.trainer, run_name=f"train-{cfg.policy}", wandb=wandb_on,
                                       wandb_project=wandb_project)
-        started = time.time()
-        # W&B writes into the run directory, not the stage's temporary folder, which is renamed when it is done
-        result = run_training(trainer, train_rows, dev_rows, run_dir=f"{out_dir}/run", wandb_dir=store.path)
-        seconds = time.time() - started
-        metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
-        write_table(pa.Table.from_pylist([{"policy": cfg.policy, **metrics}]), out_dir)
-        return {"data": data_stage, "train_pairs": len(train_rows), "train_pairs_available": available,
-                "dev_pairs": len(dev_rows),
-                "steps": metrics.get("step"),
-                "loss": metrics.get("loss"), "seconds": round(seconds, 3),
-                "actor_seconds": round(seconds * trainer.num_workers, 3)}
+        summary = train_stage(trainer, train_rows, dev_rows, out_dir=out_dir, wandb_dir=store.path,
+                              where="train.trainer", extra={"policy": cfg.policy})
+        return {"data": data_stage, "train_pairs": summary.pop("train_rows"), "train_pairs_available": available,
+                "dev_pairs": summary.pop("eval_rows"), **summary}
 
     key = {**dataclasses.asdict(cfg), "wandb": wandb_on}
     return store.run_stage("train", key, produce)

@@ -147,6 +147,34 @@ def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, ru
     return _collect(result, out, str(Path(storage_path) / cfg.run_name))
 
 
+def train_stage(cfg: TrainConfig, train_rows: list, eval_rows: list | None, *, out_dir: str, wandb_dir: str,
+                where: str, extra: dict | None = None) -> dict:
+    """The body of a run-store `train` stage: at least one global batch of rows (else ConfigError naming `where`),
+    `run_training` into ``<out_dir>/run``, the final numeric metrics (plus `extra`) as the stage's one-row table.
+
+    Returns the stage summary: rows, steps, loss, seconds and actor-seconds (seconds x workers).
+    """
+    import time
+
+    import pyarrow as pa
+
+    from core.errors import ConfigError
+    from core.runstore import write_table
+
+    if len(train_rows) < cfg.global_batch_size:
+        raise ConfigError(f"{where}: {len(train_rows)} training rows, fewer than one global batch "
+                          f"({cfg.global_batch_size}); lower {where}.micro_batch_size / grad_accum")
+    started = time.time()
+    # W&B writes into `wandb_dir` (the run directory), not the stage's temporary folder, which is renamed when done
+    result = run_training(cfg, train_rows, eval_rows or None, run_dir=f"{out_dir}/run", wandb_dir=wandb_dir)
+    seconds = time.time() - started
+    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    write_table(pa.Table.from_pylist([{**(extra or {}), **metrics}]), out_dir)
+    return {"train_rows": len(train_rows), "eval_rows": len(eval_rows or []), "steps": metrics.get("step"),
+            "loss": metrics.get("loss"), "seconds": round(seconds, 3),
+            "actor_seconds": round(seconds * cfg.num_workers, 3)}
+
+
 def _collect(result: Any, out: Path, storage_dir: str) -> TrainResult:
     """Copy the adapter of the latest checkpoint next to the run's other outputs."""
     checkpoint_path, adapter_dir = None, None
