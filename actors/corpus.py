@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from actors.corpus_files import check_file, csv_line_number, read_csv_frame
 from actors.ratings import read_asset_ratings, read_simpeval
 from core.errors import CorpusError
-from core.files import read_utf8
+from core.files import json_object, read_utf8
 
 FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 STANDARD_KINDS = ("jsonl", "parquet", "csv", "turkcorpus", "asset", "asset_ratings", "simpeval", "cord")
@@ -101,12 +101,7 @@ def _load_jsonl(path: Path, limit, offset) -> tuple[pd.DataFrame, list[int]]:
 
 
 def _parse_json_line(path: Path, line: str, number: int) -> dict:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise CorpusError(f"{path}: line {number}: malformed JSON: {err.msg} (column {err.colno})") from err
-    if not isinstance(record, dict):
-        raise CorpusError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
+    record = json_object(line, f"{path}: line {number}", CorpusError)
     # the file decoded as UTF-8, so only a "\ud800"-style escape can hold a lone surrogate, which no UTF-8
     # writer (pandas' Arrow strings, Parquet, HTTP) accepts
     if "\\u" in line and not _is_utf8(json.dumps(record, ensure_ascii=False)):

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.errors import CorpusError
-from core.files import read_utf8
+from core.files import json_object, read_utf8
 from eval.craft_calls import CallError, ToolCall, extract_calls, parse_call, template_type
 
 log = logging.getLogger(__name__)
@@ -208,12 +208,7 @@ def _read_file(path: Path, level: int, on_error: str, instruction: str) -> list[
 
 
 def _parse_row(line: str, level: int, where: str, mode: str) -> CordRow:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise CordError(f"not JSON: {err.msg} (column {err.colno})") from None
-    if not isinstance(record, dict):
-        raise CordError(f"expected a JSON object, got {type(record).__name__}")
+    record = json_object(line, "", CordError)
     prompt = record.get("test_input")
     if not isinstance(prompt, str) or not prompt:
         raise CordError("no test_input (the planner prompt holding the instruction and the text)")

@@ -41,6 +41,7 @@ import pandas as pd
 import yaml
 
 from core.config import Section, dotted, fail
+from core.files import json_object
 from eval.menlo_parse import MENLO_LABELS
 from eval.prompts import TemplateName, load_template, prompt_path
 
@@ -107,13 +108,7 @@ def read_menlo_jsonl(path: str | Path) -> pd.DataFrame:
         if not line.strip():
             continue
         where = f"{path}: line {lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise MenloDataError(f"{where}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise MenloDataError(f"{where}: expected a JSON object")
-        row = _check_record(record, where)
+        row = _check_record(json_object(line, where, MenloDataError), where)
         if row["pair_id"] in seen:
             raise MenloDataError(f"{where}, field 'pair_id': {row['pair_id']!r} already used on line "
                                  f"{seen[row['pair_id']]}")

@@ -153,7 +153,7 @@ BAD_CONSTRAINT = {"prompt": "x", "constrain_type": "tot_len_less_than", "value":
 
 
 @pytest.mark.parametrize(("bad_line", "message"), [
-    ("{not json", "line 3: not JSON"),
+    ("{not json", "line 3: not valid JSON"),
     (json.dumps({"id": 2, "other_info": {}}), "line 3: no test_input"),
     (json.dumps(_record(2, [BAD_CONSTRAINT])), "line 3: constraint 1: function_call .* does not parse"),
     (json.dumps(_record(2, [{**BAD_CONSTRAINT, "function_call": 'word_count_check(31, "less than")'}])),
@@ -180,7 +180,7 @@ def test_on_error_keep_counts_failed_rows(tmp_path, caplog):
     failed = failed_rows(rows)
     assert [row.source for row in failed] == ["cord.constraint_1.jsonl:2", "cord.constraint_1.jsonl:3",
                                              "cord.constraint_1.jsonl:4"]
-    assert "not JSON" in failed[0].error and "test_input" in failed[1].error and "does not parse" in failed[2].error
+    assert "not valid JSON" in failed[0].error and "test_input" in failed[1].error and "does not parse" in failed[2].error
     assert failed[0].id == "cord-c1-line000002" and failed[0].constraints == []
     assert "kept 3 of 5 rows marked failed" in caplog.text
     good = rows[0]

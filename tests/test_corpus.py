@@ -117,7 +117,7 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     path = tmp_path / "broken.jsonl"
     lines = [json.dumps(ROWS[0]), json.dumps(ROWS[1]), '{"text": "unterminated', json.dumps(ROWS[3])]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with pytest.raises(CorpusError, match=r"broken\.jsonl: line 3: malformed JSON: Unterminated string"):
+    with pytest.raises(CorpusError, match=r"broken\.jsonl: line 3: not valid JSON: Unterminated string"):
         read_corpus(path)
     # the broken line lies outside the window, so reading the first two rows works
     assert len(read_corpus(path, limit=2)) == 2
