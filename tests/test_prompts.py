@@ -36,6 +36,11 @@ EXPECTED_TEMPLATES = {
     "judge_policy", "parse_ptb", "jury_score", "synth_complex", "synth_simplify", "jury_pairwise",
     "judge_policy_brief", "jury_pairwise_brief", "menlo_pairwise", "menlo_pointwise", "menlo_pointwise_fewshot",
     "menlo_grpo_grm", "menlo_pairwise_fewshot", "jury_score_1shot", "jury_score_norationale",
+    # paper 004 (AgentSimp): one template per role id (eval.agentsimp_roles)
+    "agentsimp_project_director", "agentsimp_article_logic_analyst", "agentsimp_content_simplifier",
+    "agentsimp_content_simplifier_revise", "agentsimp_simplify_supervisor", "agentsimp_metaphorical_analyst",
+    "agentsimp_terminology_interpreter", "agentsimp_content_integrator", "agentsimp_article_architect_direct",
+    "agentsimp_article_architect_iterative", "agentsimp_article_architect_iterative_guided", "agentsimp_proofreader",
 }
 
 
