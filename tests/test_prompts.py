@@ -38,6 +38,11 @@ EXPECTED_TEMPLATES = {
     "menlo_grpo_grm", "menlo_pairwise_fewshot", "jury_score_1shot", "jury_score_norationale",
     "craft_planner", "craft_planner_brief", "craft_reviser", "craft_feedback_fluency",
     "craft_feedback_grammaticality", "craft_feedback_coherence", "craft_direct", "craft_iter",
+    # paper 004 (AgentSimp): one template per role id (eval.agentsimp_roles)
+    "agentsimp_project_director", "agentsimp_article_logic_analyst", "agentsimp_content_simplifier",
+    "agentsimp_content_simplifier_revise", "agentsimp_simplify_supervisor", "agentsimp_metaphorical_analyst",
+    "agentsimp_terminology_interpreter", "agentsimp_content_integrator", "agentsimp_article_architect_direct",
+    "agentsimp_article_architect_iterative", "agentsimp_article_architect_iterative_guided", "agentsimp_proofreader",
 }
 
 

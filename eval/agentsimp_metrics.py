@@ -1,0 +1,267 @@
+"""AgentSimp (paper 004) evaluation helpers: document scores, the "summary, not simplification" check, stage tables
+and cost accounting. All pure; model-based metrics come in as callables.
+
+**Document scores** (`score_document`), each over the whole document (its paragraphs joined with blank lines):
+
+- SARI (`eval.sari.corpus_sari` with the document as one segment) and D-SARI (`eval.dsari.document_sari`) against
+  each reference *alone*, then the mean over references: Appendix A, "averaging the results from all four
+  reference documents per document" (not multi-reference SARI). None without references.
+- FKGL of the output (`eval.textmetrics.sentence_fkgl`; the paper reports it "for reference only").
+- BERTScore F1 (the issue asks for it; the paper uses BARTScore): `bertscore(candidate, reference)` from the caller
+  (e.g. `eval.bertscore` with the bundled MiniLM), mean over references.
+- compression: characters of output / source (`eval.textmetrics.compression_ratio`).
+
+**Summary check** (§3.2.2: ChatGPT "tends to generate summaries instead of simplifying long texts"; the paper has no
+test for it). Ours, with two numbers:
+
+- ``length_ratio`` = words(output) / words(source) (words: runs of letters/digits, apostrophes inside).
+- ``coverage`` = the share of source sentences (eval.textnorm.split_sentences) that the output covers: a sentence is
+  covered when at least ``min_overlap`` (0.5) of its content-word types occur anywhere in the output. Content
+  words are lowercased words that are not in `STOPWORDS`, with "'s" dropped and a plural reduced by
+  suffix ("residents" -> "resident", "policies" -> "policy", "buses" -> "bus"; crude: "houses" -> "hous").
+  Sentences without a content word do not count. This is a recall of content, blind to paraphrase: a
+  simplification that replaces most words of a sentence scores it uncovered, so the threshold is loose.
+- ``content_recall`` = the share of the source's content-word types found in the output (reported, not used).
+- A document is flagged ``is_summary`` when length_ratio < ``min_length_ratio`` (0.5) **or** coverage <
+  ``min_coverage`` (0.5): a summary is short or drops whole sentences' content. All thresholds are arguments.
+
+**Stage tables** (Tables 3-4 are built by "evaluating intermediate results"): `stage_table` scores every stage
+of every configuration; `PAPER_ROWS` names the stage behind each row of the paper's tables.
+
+**Cost** (`cost_rows`): calls, attempts, fallbacks, prompt/completion tokens and seconds per configuration and
+step, each configuration counted as if run alone, plus rows "all" for the distinct calls really made when the
+four configurations share calls (a call is identified by its key, so shared calls count once).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from eval.agentsimp_plan import DocumentRun
+from eval.agentsimp_roles import STEPS
+from eval.dsari import document_sari
+from eval.sari import corpus_sari
+from eval.textmetrics import compression_ratio, sentence_fkgl
+from eval.textnorm import split_sentences
+
+_STOPWORDS = (
+    "a about above after again against all also am an and any are as at be because been before being below between "
+    "both but by can could did do does doing down during each few for from further had has have having he her here "
+    "hers herself him himself his how i if in into is it its itself just me more most my myself no nor not now of "
+    "off on once only or other our ours ourselves out over own same she should so some such than that the their "
+    "theirs them themselves then there these they this those through to too under until up very was we were what "
+    "when where which while who whom why will with would you your yours yourself yourselves may might must shall "
+    "one ones s t"
+)
+STOPWORDS = frozenset(_STOPWORDS.split())
+_WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)*")
+# paper 004's ablation rows -> the stage scored for them (Tables 3 and 4)
+# (the final stage is the configuration's own row: "PL", "PL†", "SYNC", "SYNC†")
+PAPER_ROWS = {
+    "pipeline": (("w/o PF", "aa"), ("w/o AA", "ti"), ("w/o TI", "ma"), ("w/o MA", "cs")),
+    "sync": (("w/o PF", "aa"), ("w/o AA", "ci"), ("w/o CI, w/ CS", "cs"), ("w/o CI, w/ TI", "ti"),
+             ("w/o CI, w/ MA", "ma")),
+}
+SCORE_KEYS = ("sari", "dsari", "fkgl", "bertscore", "compression", "length_ratio", "coverage", "content_recall",
+              "is_summary")
+
+
+# ----------------------------------------------------------------------------- words, coverage, summary check
+
+
+def words(text: str) -> list[str]:
+    """Word tokens: runs of letters/digits, with inner apostrophes.
+
+    >>> words("The city's 2 buses—aren't late.")
+    ['The', "city's", '2', 'buses', "aren't", 'late']
+    """
+    return _WORD.findall(text)
+
+
+def content_words(text: str) -> list[str]:
+    """Lowercased words minus `STOPWORDS`, "'s" dropped, plurals reduced (module docstring).
+
+    >>> content_words("The residents' policies and the city's buses are cheaper.")
+    ['resident', 'policy', 'city', 'bus', 'cheaper']
+    """
+    out = []
+    for word in words(text.replace("’", "'")):
+        word = word.lower().removesuffix("'s").rstrip("'")
+        if word.endswith("ies") and len(word) > 4:
+            word = word[:-3] + "y"
+        elif word.endswith(("ses", "xes", "zes", "ches", "shes")) and len(word) > 4:
+            word = word[:-2]
+        elif word.endswith("s") and len(word) > 3 and not word.endswith(("ss", "us", "is")):
+            word = word[:-1]
+        if word not in STOPWORDS:
+            out.append(word)
+    return out
+
+
+def length_ratio(source: str, output: str) -> float:
+    """words(output) / words(source); 0.0 for a source without words."""
+    n = len(words(source))
+    return len(words(output)) / n if n else 0.0
+
+
+def content_recall(source: str, output: str) -> float:
+    """Share of the source's content-word types present in the output (1.0 when the source has none)."""
+    wanted = set(content_words(source))
+    return len(wanted & set(content_words(output))) / len(wanted) if wanted else 1.0
+
+
+def sentence_coverage(source: str, output: str, min_overlap: float = 0.5) -> float:
+    """Share of source sentences with >= `min_overlap` of their content-word types in the output (1.0 if none count).
+
+    >>> sentence_coverage("The council raised bus fares. Parks close at dusk.", "Bus fares went up. The council said so.")
+    0.5
+    """
+    present = set(content_words(output))
+    counted = covered = 0
+    for sentence in split_sentences(source):
+        types = set(content_words(sentence))
+        if types:
+            counted += 1
+            covered += len(types & present) / len(types) >= min_overlap
+    return covered / counted if counted else 1.0
+
+
+@dataclass(frozen=True)
+class SummaryCheck:
+    """The summary check of one output (module docstring); `reason` says which threshold failed ("" if none)."""
+
+    length_ratio: float
+    coverage: float
+    content_recall: float
+    is_summary: bool
+    reason: str
+
+
+def summary_check(source: str, output: str, min_length_ratio: float = 0.5, min_coverage: float = 0.5,
+                  min_overlap: float = 0.5) -> SummaryCheck:
+    """Flag an output that looks like a summary of `source`: too short, or covering too few source sentences."""
+    ratio, coverage = length_ratio(source, output), sentence_coverage(source, output, min_overlap)
+    reasons = ([f"length ratio {ratio:.2f} < {min_length_ratio}"] if ratio < min_length_ratio else []) + (
+        [f"coverage {coverage:.2f} < {min_coverage}"] if coverage < min_coverage else [])
+    return SummaryCheck(ratio, coverage, content_recall(source, output), bool(reasons), "; ".join(reasons))
+
+
+# ----------------------------------------------------------------------------- document scores
+
+
+def score_document(source: str, output: str, references: Sequence[str] = (),
+                   bertscore: Callable[[str, str], float] | None = None, **check) -> dict[str, float | None]:
+    """All scores of one output document (keys `SCORE_KEYS`; None where references or `bertscore` are missing).
+
+    Args:
+        source: The original document text (its paragraphs).
+        output: The simplified document.
+        references: Reference simplifications; each scored alone, then averaged.
+        bertscore: (candidate, reference) -> F1, or None to skip.
+        **check: Thresholds for `summary_check`.
+    """
+    refs = [r for r in references if r is not None]
+    summary = summary_check(source, output, **check)
+
+    def mean(values):
+        return sum(values) / len(values) if values else None
+
+    return {
+        "sari": mean([corpus_sari([source], [output], [[ref]]) for ref in refs]),
+        "dsari": mean([document_sari(source, output, [ref]) for ref in refs]),
+        "fkgl": sentence_fkgl(output),
+        "bertscore": mean([bertscore(output, ref) for ref in refs]) if bertscore else None,
+        "compression": compression_ratio(source, output),
+        "length_ratio": summary.length_ratio,
+        "coverage": summary.coverage,
+        "content_recall": summary.content_recall,
+        "is_summary": float(summary.is_summary),
+    }
+
+
+def mean_scores(scores: Sequence[Mapping[str, float | None]]) -> dict[str, float | int | None]:
+    """Mean of each score over the documents that have it (None if none has); `n` documents, `n_refs` with SARI."""
+    out: dict[str, float | int | None] = {"n": len(scores), "n_refs": sum(1 for s in scores if s["sari"] is not None)}
+    for key in SCORE_KEYS:
+        values = [s[key] for s in scores if s.get(key) is not None]
+        out[key] = sum(values) / len(values) if values else None
+    return out
+
+
+def stage_table(sources: Mapping[str, str], references: Mapping[str, Sequence[str]],
+                runs: Mapping[str, Mapping[str, DocumentRun]],
+                bertscore: Callable[[str, str], float] | None = None, **check) -> list[dict]:
+    """One row per (configuration, stage): mean scores over documents, labelled with the paper's row name.
+
+    Args:
+        sources: doc id -> source text (`Document.text`).
+        references: doc id -> references (may be empty).
+        runs: doc id -> configuration name -> DocumentRun (every document has the same configurations).
+        bertscore, check: as for `score_document`.
+
+    Returns:
+        Rows {"config", "label", "stage", **mean_scores} in configuration order, stages in process order; "label"
+        is the paper's row: the configuration's label ("PL", ...) for its last stage, "w/o PF" ... for the stages
+        Tables 3-4 score, "" for the others (cs_draft: the simplifier before the supervisor's revision).
+    """
+    if not runs:
+        return []
+    rows = []
+    first = next(iter(runs.values()))
+    for name, run in first.items():
+        names = [s for s, _ in run.stages]
+        labels = {stage: label for label, stage in PAPER_ROWS[run.config.communication]}
+        labels[names[-1]] = run.config.label
+        for stage in names:
+            scores = [score_document(sources[doc_id], by_config[name].stage(stage), references.get(doc_id, ()),
+                                     bertscore, **check) for doc_id, by_config in runs.items()]
+            rows.append({"config": name, "label": labels.get(stage, ""), "stage": stage, **mean_scores(scores)})
+    return rows
+
+
+# ----------------------------------------------------------------------------- cost
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """LLM cost of one configuration ("all" = distinct calls of every configuration) in one step ("total" = sum)."""
+
+    config: str
+    step: str
+    calls: int = 0
+    attempts: int = 0
+    fallbacks: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    cached: int = 0
+
+    def plus(self, calls: int, outcome) -> CostRow:
+        return CostRow(self.config, self.step, self.calls + calls, self.attempts + outcome.attempts,
+                       self.fallbacks + int(outcome.fell_back), self.prompt_tokens + outcome.prompt_tokens,
+                       self.completion_tokens + outcome.completion_tokens, self.seconds + outcome.seconds,
+                       self.cached + outcome.cached)
+
+
+def cost_rows(runs: Mapping[str, Mapping[str, DocumentRun]]) -> list[CostRow]:
+    """Cost per configuration and step (plus "total"), then the same for "all" with shared calls counted once.
+
+    Args:
+        runs: doc id -> configuration name -> DocumentRun.
+    """
+    table: dict[tuple[str, str], CostRow] = {}
+    seen: set[str] = set()
+    configs = list(dict.fromkeys(name for by_config in runs.values() for name in by_config))
+    for by_config in runs.values():
+        for name, run in by_config.items():
+            for call, outcome in run.calls:
+                for config, fresh in ((name, True), ("all", call.key not in seen)):
+                    if fresh:
+                        for step in (call.step, "total"):
+                            row = table.get((config, step), CostRow(config, step))
+                            table[(config, step)] = row.plus(1, outcome)
+                seen.add(call.key)
+    order = [*configs, "all"]
+    return [table[(c, s)] for c in order for s in (*STEPS, "total") if (c, s) in table]
