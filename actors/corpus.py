@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -248,24 +247,18 @@ def read_asset(directory, split="valid", limit=None, offset=0) -> pd.DataFrame:
 
 
 def read_cord(path, limit=None, offset=0) -> pd.DataFrame:
-    """Read a CORD constrained-revision test set (Cao & Ng, 2025): JSONL with ``id`` and ``test_input``.
+    """A CORD constrained-revision file (paper 002) as a corpus, windowed by ``limit`` / ``offset``.
 
-    ``limit`` and ``offset`` window the rows as in :func:`read_corpus`.
-
-    Returns:
-        DataFrame with ``id`` (``cord-c2-000007``), ``source`` (the full agent instruction), ``cord_id``
-        (the file's integer id) and the file's other fields unchanged.
+    `eval.cord` parses and checks every line (the one CORD reader); here each instance becomes a row with ``id``
+    (``cord-c2-000007``), ``source`` (the text to revise), ``instruction``, ``level``, ``gold_calls``,
+    ``constraints_json`` and ``origin`` (file:line).
     """
-    frame = read_corpus(path, fmt="jsonl", text_column="test_input", id_column="id", limit=limit, offset=offset)
-    bad = [value for value in frame["id"] if not re.fullmatch(r"\d+", value)]
-    if bad:
-        raise CorpusError(f"{path}: CORD ids must be non-negative integers, found {bad[:5]}")
-    match = re.search(r"constraint_(\d+)", Path(path).name)
-    prefix = f"cord-c{match.group(1)}" if match else f"cord-{Path(path).stem}"
-    cord_ids = [int(value) for value in frame["id"]]
-    frame["id"] = [f"{prefix}-{value:06d}" for value in cord_ids]
-    frame.insert(2, "cord_id", cord_ids)
-    return frame
+    from eval.cord import read_cord as read_cord_rows
+
+    rows = read_cord_rows(path)
+    window = _slice_window(len(rows), limit, offset, Path(path))
+    frame = pd.DataFrame([rows[i].to_row() for i in window])
+    return frame.rename(columns={"source": "origin"}).rename(columns={"text": "source"})
 
 
 def read_standard(kind, path, **kw) -> pd.DataFrame:
