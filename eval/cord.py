@@ -212,11 +212,14 @@ def _parse_row(line: str, level: int, where: str, mode: str) -> CordRow:
     prompt = record.get("test_input")
     if not isinstance(prompt, str) or not prompt:
         raise CordError("no test_input (the planner prompt holding the instruction and the text)")
-    other = record.get("other_info") or {}
+    other = _mapping(record, "other_info")
     instruction, text = _instruction_and_text(prompt, other)
-    constraints = [_constraint(item, i) for i, item in enumerate(other.get("constraint_info") or [], start=1)]
+    items = other.get("constraint_info") or []
+    if not isinstance(items, list):
+        raise CordError(f"other_info.constraint_info: expected a list, got {type(items).__name__}")
+    constraints = [_constraint(item, i) for i, item in enumerate(items, start=1)]
     expected = [call for c in constraints for call in c.calls]
-    gold_raw = (record.get("tool_test_result") or {}).get("constraint_info")
+    gold_raw = _mapping(record, "tool_test_result").get("constraint_info")
     gold = expected if gold_raw is None else _gold_calls(gold_raw)
     if sorted(gold) != sorted(expected):
         raise CordError(f"tool_test_result.constraint_info {gold} disagrees with the constraints' calls {expected}")
@@ -226,6 +229,16 @@ def _parse_row(line: str, level: int, where: str, mode: str) -> CordRow:
         instruction = " ".join([TEMPLATE_BASE] + [c.prompt for c in constraints])
     return CordRow(id=row_id, level=level, text=text, instruction=instruction, constraints=constraints,
                    gold_calls=gold, source=where)
+
+
+def _mapping(record: dict, key: str) -> dict:
+    """An optional object field of a CORD line ({} when absent); another type is a CordError naming the field."""
+    value = record.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CordError(f"{key}: expected an object, got {type(value).__name__}")
+    return value
 
 
 def _instruction_and_text(prompt: str, other: dict) -> tuple[str, str]:
@@ -260,7 +273,9 @@ def _constraint(item, index: int) -> Constraint:
     if not isinstance(item, dict):
         raise CordError(f"{where}: expected an object, got {type(item).__name__}")
     kind, value, call_text = item.get("constrain_type"), item.get("value") or {}, item.get("function_call")
-    if kind not in CONSTRAINT_TYPES:
+    if not isinstance(value, dict):
+        raise CordError(f"{where}: value: expected an object, got {type(value).__name__}")
+    if not isinstance(kind, str) or kind not in CONSTRAINT_TYPES:
         raise CordError(f"{where}: unknown constrain_type {kind!r}")
     if not isinstance(call_text, str):
         raise CordError(f"{where}: no function_call")
@@ -295,7 +310,7 @@ def _args(calls: list[ToolCall], relation: str, value: dict) -> dict | str:
     if call.name == "sentence_modification_check":
         args = {"ids": list(call.args[0])}
         cnt = value.get("cnt")
-        same = (sorted(set(cnt)) if isinstance(cnt, list) else [cnt]) == args["ids"]
+        same = (sorted({c for c in cnt if isinstance(c, int)}) if isinstance(cnt, list) else [cnt]) == args["ids"]
     elif call.name == "keyword_keep_removal_check":
         args = {"keyword": call.args[0]}
         same = value.get("keyword") == args["keyword"]

@@ -41,7 +41,7 @@ import pandas as pd
 import yaml
 
 from core.config import Section, dotted, fail
-from core.files import json_object
+from core.files import json_object, read_utf8
 from eval.menlo_parse import MENLO_LABELS
 from eval.prompts import TemplateName, load_template, prompt_path
 
@@ -104,7 +104,7 @@ def read_menlo_jsonl(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     rows, seen = [], {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(read_utf8(path, MenloDataError).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}: line {lineno}"
@@ -161,7 +161,10 @@ def load_rubrics(path: str | Path) -> dict:
         MenloDataError: naming the file and the missing or malformed key.
     """
     path = Path(path)
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(read_utf8(path, MenloDataError))
+    except yaml.YAMLError as exc:
+        raise MenloDataError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise MenloDataError(f"{path}: top level must be a mapping of dimensions")
     for dim in DIMENSIONS:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.config import load_config
 from serve.config import ServeConfig
@@ -327,3 +329,24 @@ def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
             assert bad.json()["error"]["param"] == field
     finally:
         serve.delete("grm-smol")
+
+
+# fuzzed bodies (issue 13 §3): real field names with arbitrary JSON values, plus arbitrary JSON documents
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
+                       st.text(max_size=30))
+_json = st.recursive(_json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                     max_leaves=12)
+_FIELDS = ["prompt", "response", "responses", "response_a", "response_b", "reference", "scheme", "both_orders",
+           "dimension", "locale", "sampling", "timeout_s", "messages", "max_tokens", "temperature", "seed"]
+_bodies = st.one_of(_json, st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=6))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(path=st.sampled_from(["/score", "/compare", "/reward/group", "/v1/chat/completions"]), body=_bodies)
+def test_fuzzed_bodies_get_an_answer_or_a_4xx_with_a_json_error(grm, path, body):
+    resp = grm["client"].post(path, json=body, headers=AUTH)
+    assert resp.status_code < 500, (path, body, resp.status_code, resp.text)
+    if resp.status_code >= 400:
+        assert resp.json()["error"]["code"] == resp.status_code, resp.text
