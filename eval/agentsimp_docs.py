@@ -33,7 +33,6 @@ Pure: no ray, vllm, deepspeed or torch.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ import lxml.html
 from markdown_it import MarkdownIt
 
 from core.errors import CorpusError
-from core.files import read_utf8
+from core.files import json_object, read_utf8
 from eval.agentsimp_roles import join_paragraphs
 
 FORMATS = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html",
@@ -266,12 +265,7 @@ def _read(path: Path) -> str:
 
 def _jsonl_document(path: Path, number: int, line: str) -> Document:
     where = f"{path}: line {number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise CorpusError(f"{where}: malformed JSON: {err.msg} (column {err.colno})") from None
-    if not isinstance(record, dict):
-        raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    record = json_object(line, where, CorpusError)
     unknown = sorted(set(record) - set(JSONL_KEYS))
     if unknown:
         raise CorpusError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(JSONL_KEYS)})")

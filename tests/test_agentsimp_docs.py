@@ -101,7 +101,7 @@ def test_jsonl_corpus():
 
 
 @pytest.mark.parametrize("line,message", [
-    ('{"id": "a", "text": "x"', "line 2: malformed JSON"),
+    ('{"id": "a", "text": "x"', "line 2: not valid JSON"),
     ('["a"]', "line 2: expected a JSON object, got list"),
     ('{"id": "a", "txt": "x"}', "line 2: unknown key 'txt'"),
     ('{"id": "", "text": "x"}', "line 2: 'id' must be a non-empty string"),
