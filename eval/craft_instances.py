@@ -144,7 +144,11 @@ def sample_constraint(kind: str, text: str, rng: random.Random, *, reference: st
             return None
         return _constraint(kind, relation, {"count": n}, [f'sentence_length_check({n}, "{relation}")'],
                            f"Each sentence should contain {relation} {n} words.")
-    words = sorted({w for w in _KEYWORD.findall(reference) if w.lower() not in avoid})
+    # one candidate per word whatever its case (its first spelling): the tools count keywords case-insensitively
+    first: dict[str, str] = {}
+    for w in _KEYWORD.findall(reference):
+        first.setdefault(w.lower(), w)
+    words = sorted(w for low, w in first.items() if low not in avoid)
     if not words:
         return None
     word = rng.choice(words)

@@ -10,8 +10,18 @@ import pytest
 
 from eval.craft_instances import KINDS, first_sentences, instruction_text, make_instance, sample_constraint
 from eval.craft_react import parse_planner_output
-from eval.craft_selftrain import (ActionScore, Pair, ScoreWeights, action_score, dev_summary, oracle_step,
-                                  pick_pair, ppl_nom, sft_rows, stop_decision)
+from eval.craft_selftrain import (
+    ActionScore,
+    Pair,
+    ScoreWeights,
+    action_score,
+    dev_summary,
+    oracle_step,
+    pick_pair,
+    ppl_nom,
+    sft_rows,
+    stop_decision,
+)
 from eval.craft_tools import constraint_accuracy, tool_f1
 
 # 19 NLTK words (punctuation counts), 3 sentences of 6, 4 and 6 whitespace words
