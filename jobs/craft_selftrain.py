@@ -36,8 +36,15 @@ from eval.craft_agent import AgentConfig
 from eval.craft_selftrain import ScoreWeights, stop_decision
 from eval.prompts import load_template, prompt_path
 from jobs.cli import entry
-from jobs.craft_selftrain_stages import (adapter_of, stage_candidates, stage_dev, stage_instances, stage_pairs,
-                                         stage_sft_data, stage_train)
+from jobs.craft_selftrain_stages import (
+    adapter_of,
+    stage_candidates,
+    stage_dev,
+    stage_instances,
+    stage_pairs,
+    stage_sft_data,
+    stage_train,
+)
 from train.config import LoraSection, TrainConfig
 from train.losses import PreferenceLossConfig
 
@@ -88,6 +95,8 @@ class SftConfig(Section):
     def check(self, where: str = "") -> None:
         one_of(self.source, ("oracle", "jsonl"), dotted(where, "source"))
         if self.source == "jsonl":
+            if not self.path:
+                fail(dotted(where, "path"), "source 'jsonl' needs a file of {prompt_messages, target} rows")
             require_file(self.path, dotted(where, "path"))
         if self.trainer.loss != "sft":
             fail(dotted(where, "trainer.loss"), f"SFT trains with 'sft', got {self.trainer.loss!r}")

@@ -127,13 +127,15 @@ def score_states(cfg, frame: pd.DataFrame, adapter: str, *, k: int, agent: dict,
 
     planner = dataclasses.asdict(dataclasses.replace(cfg.planner.engine, adapter=adapter))
     reviser = dataclasses.asdict(cfg.reviser)
+    # list columns stay behind: the actor reads the JSON columns, and empty lists trip Ray's block size estimate
+    frame = frame.drop(columns=[c for c in ("keep_ids", "constraint_types") if c in frame])
     ds = ray.data.from_pandas(frame).map_batches(
         PlannerActionWorker, batch_format="pandas",
         fn_constructor_kwargs={"planner_spec": planner, "reviser_spec": reviser, "agent": agent,
                                "weights": dataclasses.asdict(cfg.rounds.weights), "k": k, "cache_dir": cache_dir,
                                "seed": cfg.data.seed},
         **cfg.planner.pool.map_batches_kwargs())
-    return ds.to_pandas()
+    return ds.to_pandas().sort_values("id", kind="stable").reset_index(drop=True)
 
 
 def stage_candidates(store: RunStore, cfg, round_no: int, adapter: str, cache_dir: str) -> StageResult:
@@ -145,7 +147,7 @@ def stage_candidates(store: RunStore, cfg, round_no: int, adapter: str, cache_di
                                "seed": 7919 * round_no + n} for n, i in enumerate(instances)])
         agent = dataclasses.asdict(dataclasses.replace(cfg.agent, planner_temperature=cfg.rounds.temperature))
         scored = score_states(cfg, frame, adapter, k=cfg.rounds.k, agent=agent, cache_dir=cache_dir)
-        write_table(pa.Table.from_pandas(scored, preserve_index=False), out_dir)
+        write_table(_table(scored), out_dir)
         return {"states": len(scored), "candidates": int(scored["n_candidates"].sum()),
                 "model_calls": int(scored["model_calls"].sum()), "constraints": constraint_mix(instances)}
 
@@ -153,12 +155,16 @@ def stage_candidates(store: RunStore, cfg, round_no: int, adapter: str, cache_di
     return store.run_stage(f"r{round_no}_candidates", key, produce)
 
 
+def _table(frame: pd.DataFrame) -> pa.Table:
+    """Arrow table without pandas metadata (Ray's ArrowDtype columns would not read back into pandas)."""
+    return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+
+
 def stage_pairs(store: RunStore, cfg, round_no: int) -> StageResult:
     """Best / worst action per state (ties and empty responses dropped and counted)."""
     def produce(out_dir: str) -> dict:
-        frame = store.read_stage(f"r{round_no}_candidates").to_pandas()
         pairs, reasons = [], {}
-        for row in frame.to_dict("records"):
+        for row in store.read_stage(f"r{round_no}_candidates").to_pylist():
             cands = json.loads(row["candidates"])
             picked = pick_pair([c["score"] for c in cands], [c["response"] for c in cands], cfg.rounds.min_margin)
             if isinstance(picked, str):
@@ -183,7 +189,7 @@ def stage_dev(store: RunStore, cfg, round_no: int, adapter: str, cache_dir: str)
         frame = store.read_stage("instances").to_pandas()
         frame = frame[frame["split"] == "dev"].reset_index(drop=True).assign(history_steps=0, seed=0)
         scored = score_states(cfg, frame, adapter, k=1, agent=greedy(cfg.agent), cache_dir=cache_dir)
-        write_table(pa.Table.from_pandas(scored, preserve_index=False), out_dir)
+        write_table(_table(scored), out_dir)
         scores = [ActionScore(c["score"], c["tool_f1"], c["quality"], c["accuracy"], c["n_calls"], c["degenerate"])
                   for cands in scored["candidates"] for c in json.loads(cands)]
         parsed = [parse_planner_output(c["response"]) for cands in scored["candidates"] for c in json.loads(cands)]
