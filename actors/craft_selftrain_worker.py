@@ -26,11 +26,9 @@ import pandas as pd
 
 from actors.cached_engine import CachedEngine
 from actors.engine import ChatRequest, Completion, SamplingParams
-from eval.craft_agent import AgentConfig, Systems, quality
-from eval.craft_guard import GuardConfig, degenerate_reason
-from eval.craft_react import parse_planner_output
-from eval.craft_render import render_history
-from eval.craft_selftrain import ScoreWeights, action_score
+from eval.craft_agent import AgentConfig, Systems
+from eval.craft_guard import GuardConfig
+from eval.craft_selftrain import ScoreWeights, score_state
 
 
 def agent_config(data: dict) -> AgentConfig:
@@ -66,25 +64,10 @@ class PlannerActionWorker:
         return pd.concat([batch.reset_index(drop=True), pd.DataFrame(out)], axis=1)
 
     def _row(self, row: dict) -> dict:
-        text, gold = row["text"], [str(c) for c in json.loads(row["gold_calls_json"])]
-        seed = int(row.get("seed", 0))
-        initial = self.systems.initial_messages(row["instruction"], text)
-        done, current = [], text
-        for step_no in range(int(row.get("history_steps", 0))):  # H_i: i steps of the current planner
-            proposal = self.systems.steps(render_history(initial, done, window=self.config.history_window), current,
-                                          text, k=1, seed=seed + 1000 * (step_no + 1))[0]
-            if not degenerate_reason(proposal.text, current, text, self.config.guard, truncated=proposal.truncated):
-                current = proposal.text  # a flagged revision is not accepted (the agent's rule)
-            done.append((parse_planner_output(proposal.planner_output), proposal.observation))
-        history = render_history(initial, done, window=self.config.history_window)
-        candidates = []
-        for proposal in self.systems.steps(history, current, text, k=self.k, seed=seed):
-            flag = degenerate_reason(proposal.text, current, text, self.config.guard, truncated=proposal.truncated)
-            score = action_score(list(proposal.tool_calls), gold, text, proposal.text,
-                                 quality(current, proposal.text), self.weights, degenerate=flag)
-            candidates.append({"response": proposal.planner_output, "tool_calls": list(proposal.tool_calls),
-                               "revision": proposal.text, "parse_errors": list(proposal.parse_errors),
-                               **score.to_dict()})
+        history, current, candidates = score_state(
+            self.systems, row["instruction"], row["text"], [str(c) for c in json.loads(row["gold_calls_json"])],
+            history_steps=int(row.get("history_steps", 0)), k=self.k, seed=int(row.get("seed", 0)),
+            weights=self.weights)
         usage = self.planner.take_usage()
         if self.reviser is not self.planner:
             usage.add(self.reviser.take_usage())

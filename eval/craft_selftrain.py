@@ -14,7 +14,8 @@
 - :func:`oracle_step`: the demo stand-in for GPT-4o's trajectories: one step whose tools are exactly the predefined
   calls plus ``text_eval()`` and whose plan keeps or polishes each sentence.
 - :func:`stop_decision`: "until ... no further measurable improvement" as a patience rule on the dev score.
-- :func:`ppl_nom`: App. D.3's normalised perplexity, the one quality term we can compute on CPU.
+- :func:`score_state`: Algorithm 1 lines 3-5 for one instance around `eval.craft_agent.Systems` (models behind
+  callables): roll the planner out to H_i, sample K actions, revise, score.
 
 Pure module: no ray, torch or model.
 """
@@ -25,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.config import Section, dotted, fail, in_range
+from eval.craft_agent import Systems, quality
+from eval.craft_guard import degenerate_reason
 from eval.craft_react import PlannerStep, parse_planner_output
 from eval.craft_render import render_history
 from eval.craft_text import REFERENCE, TextRules, split_sentences
@@ -89,21 +92,6 @@ def action_score(predicted_calls: Sequence[str], gold_calls: Sequence[str], orig
         accuracy, _ = constraint_accuracy(gold_calls, original, revised, rules)
     total = 100 * weights.tool * f1 + weights.quality * quality + 100 * weights.constraints * accuracy
     return ActionScore(total, f1, quality, accuracy, len(predicted_calls), degenerate)
-
-
-def ppl_nom(ppl: float, ppl_init: float, floor: float = -100.0) -> float:
-    """App. D.3: ``100·(PPL_min − PPL)/(PPL_min − PPL_max)`` with PPL_min = PPL(original), PPL_max = 0, i.e.
-    ``100·(1 − PPL/PPL_init)``: 0 at the original's perplexity, positive when more fluent. The paper does not
-    clamp; we floor it at ``floor`` so one garbled revision cannot outweigh the tool terms (README deviations).
-
-    >>> ppl_nom(15.0, 20.0)
-    25.0
-    >>> ppl_nom(1000.0, 10.0)
-    -100.0
-    """
-    if ppl_init <= 0:
-        raise ValueError(f"ppl_init must be positive, got {ppl_init}")
-    return max(floor, 100.0 * (1.0 - ppl / ppl_init))
 
 
 @dataclass(frozen=True)
@@ -214,3 +202,36 @@ def dev_summary(scores: Sequence[ActionScore]) -> dict:
     return {"dev_score": sum(s.total for s in scores) / n, "dev_tool_f1": sum(s.tool_f1 for s in scores) / n,
             "dev_accuracy": sum(s.accuracy for s in scores) / n, "dev_quality": sum(s.quality for s in scores) / n,
             "dev_rows": n, "dev_degenerate": sum(bool(s.degenerate) for s in scores)}
+
+
+def score_state(systems: Systems, instruction: str, text: str, gold_calls: Sequence[str], *, history_steps: int,
+                k: int, seed: int, weights: ScoreWeights) -> tuple[list[dict], str, list[dict]]:
+    """H_i, then K scored candidate actions on it.
+
+    The rollout takes ``history_steps`` steps of the current planner (one sample each, the agent's step: a
+    flagged revision is not accepted). Each candidate's S_c runs the predefined calls against the *original* text
+    (sentence ids refer to it); S_r is `eval.craft_agent.quality` of the revision against the current text.
+
+    Returns:
+        The history messages H_i, the current text y_i, and per candidate: response, tool calls, revision, parse
+        errors and `ActionScore.to_dict()`.
+    """
+    guard = systems.config.guard
+    initial = systems.initial_messages(instruction, text)
+    done: list[tuple[PlannerStep, str]] = []
+    current = text
+    for step_no in range(history_steps):
+        history = render_history(initial, done, window=systems.config.history_window)
+        proposal = systems.steps(history, current, text, k=1, seed=seed + 1000 * (step_no + 1))[0]
+        if not degenerate_reason(proposal.text, current, text, guard, truncated=proposal.truncated):
+            current = proposal.text
+        done.append((parse_planner_output(proposal.planner_output), proposal.observation))
+    history = render_history(initial, done, window=systems.config.history_window)
+    candidates = []
+    for proposal in systems.steps(history, current, text, k=k, seed=seed):
+        flag = degenerate_reason(proposal.text, current, text, guard, truncated=proposal.truncated)
+        score = action_score(list(proposal.tool_calls), gold_calls, text, proposal.text,
+                             quality(current, proposal.text), weights, degenerate=flag)
+        candidates.append({"response": proposal.planner_output, "tool_calls": list(proposal.tool_calls),
+                           "revision": proposal.text, "parse_errors": list(proposal.parse_errors), **score.to_dict()})
+    return history, current, candidates

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 
+from eval.craft_agent import AgentConfig, Systems
 from eval.craft_instances import KINDS, first_sentences, instruction_text, make_instance, sample_constraint
 from eval.craft_react import parse_planner_output
 from eval.craft_selftrain import (
@@ -18,7 +20,7 @@ from eval.craft_selftrain import (
     dev_summary,
     oracle_step,
     pick_pair,
-    ppl_nom,
+    score_state,
     sft_rows,
     stop_decision,
 )
@@ -123,13 +125,6 @@ def test_score_weights_are_checked():
         ScoreWeights(0, 0, 0).validate("w")
 
 
-def test_ppl_nom():
-    assert ppl_nom(10.0, 10.0) == 0.0 and ppl_nom(5.0, 10.0) == 50.0 and ppl_nom(12.0, 10.0) == pytest.approx(-20.0)
-    assert ppl_nom(50.0, 10.0, floor=-100) == -100.0
-    with pytest.raises(ValueError):
-        ppl_nom(5.0, 0.0)
-
-
 def test_pick_pair_best_worst_ties_and_empty_responses():
     assert pick_pair([3.0, 9.0, 1.0, 9.0], ["a", "b", "c", "d"]) == Pair(1, 2, 8.0)
     # worst ties: lowest index
@@ -193,3 +188,59 @@ def test_dev_summary():
     assert (s["dev_score"], s["dev_tool_f1"], s["dev_accuracy"], s["dev_quality"], s["dev_rows"],
             s["dev_degenerate"]) == (60.0, 0.75, 0.75, 10.0, 2, 1)
     assert math.isnan(dev_summary([])["dev_score"])
+
+
+class Script:
+    """Planner requests (the brief planner's system prompt) and reviser requests answered from two queues."""
+
+    def __init__(self, planner, reviser):
+        self.planner, self.reviser, self.seen = list(planner), list(reviser), []
+
+    def __call__(self, batch):
+        out = []
+        for messages, sampling in batch:
+            self.seen.append((messages, sampling))
+            is_planner = messages[0]["role"] == "system" and "tools that check" in messages[0]["content"]
+            out.append(SimpleNamespace(text=(self.planner if is_planner else self.reviser).pop(0),
+                                       finish_reason="stop"))
+        return out
+
+
+SHORT = "The cat sat. It was happy."
+MERGE = ('###THOUGHT: One sentence.\n###ACTION:\n   -###TOOLS:\nsentence_count_check(1, "equal")\n   -###PLAN:\n'
+         'Sentence: "The cat sat."; Improvement Plan: "Merge."\nSentence: "It was happy."; Improvement Plan: "Merge."')
+KEEP = ('###THOUGHT: Keep it.\n###ACTION:\n   -###TOOLS:\ntext_eval()\n   -###PLAN:\n'
+        'Sentence: "The cat sat."; Improvement Plan: "Keep."\nSentence: "It was happy."; Improvement Plan: "Keep."')
+
+
+def test_score_state_samples_k_actions_and_scores_them_with_eq1():
+    script = Script([MERGE, KEEP], ["The happy cat sat.", "The cat sat.\nIt was happy."])
+    systems = Systems(AgentConfig(planner_prompt="craft_planner_brief", quality_feedback=False), script, script)
+    history, current, cands = score_state(systems, "Polish. Use one sentence.", SHORT,
+                                          ['sentence_count_check(1, "equal")'], history_steps=0, k=2, seed=5,
+                                          weights=ScoreWeights())
+    assert current == SHORT and history == systems.initial_messages("Polish. Use one sentence.", SHORT)
+    # MERGE: F1 1; 1 sentence -> accuracy 1; quality 100 * 2 * 3 / (6 + 4) = 60 -> 50 + 15 + 25
+    # KEEP: F1 over {text_eval()} vs {sc1, text_eval()} = 2/3; 2 sentences -> 0; quality 100 -> 33.3 + 25 + 0
+    assert [c["revision"] for c in cands] == ["The happy cat sat.", SHORT]
+    assert [c["tool_f1"] for c in cands] == [1.0, pytest.approx(2 / 3)]
+    assert [c["accuracy"] for c in cands] == [1.0, 0.0]
+    assert [c["quality"] for c in cands] == [pytest.approx(60.0), pytest.approx(100.0)]
+    assert [c["score"] for c in cands] == [pytest.approx(90.0), pytest.approx(100 / 3 + 25)]
+    assert pick_pair([c["score"] for c in cands], [c["response"] for c in cands]) == Pair(0, 1, pytest.approx(
+        90 - 100 / 3 - 25))
+    planner_sampling = [s for m, s in script.seen if m[0]["role"] == "system"]
+    assert [s["seed"] for s in planner_sampling] == [5, 6] and all(s["temperature"] == 0.7 for s in planner_sampling)
+
+
+def test_score_state_rolls_out_history_steps_first():
+    # one history step (MERGE accepted as y_1), then one candidate on H_1 whose plan is empty: degenerate
+    script = Script([MERGE, "###THOUGHT: nothing"], ["The happy cat sat."])
+    systems = Systems(AgentConfig(planner_prompt="craft_planner_brief", quality_feedback=False), script, script)
+    history, current, cands = score_state(systems, "Polish.", SHORT, [], history_steps=1, k=1, seed=0,
+                                          weights=ScoreWeights())
+    assert current == "The happy cat sat."
+    assert history[-2] == {"role": "assistant", "content": MERGE} and history[-1]["role"] == "user"
+    assert cands[0]["degenerate"] == "empty" and cands[0]["accuracy"] == 0.0 and cands[0]["quality"] == 0.0
+    # C0 instance: F1 of {text_eval()} against {text_eval()} = 1 -> only the tool term
+    assert cands[0]["score"] == pytest.approx(50.0)
