@@ -79,3 +79,16 @@ def test_one_round_trains_the_planner_records_its_dev_score_and_resumes(ray_loca
 def test_config_errors_exit_2_naming_the_key(override, named, capsys):
     assert cli_main(["run", DEMO, override, "wandb.mode=disabled"]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_cluster_config_loads_with_the_papers_settings():
+    from core.config import check_tree, load_config
+    from jobs.craft_selftrain import Config
+
+    cfg = load_config(Config, REPO / "configs" / "craft_selftrain_cluster.yaml")
+    check_tree(cfg)
+    cfg.validate()
+    loss = cfg.rounds.trainer.loss_config
+    assert (cfg.rounds.trainer.loss, loss.beta, loss.simpo_gamma, loss.cpo_alpha) == ("cpo_simpo", 2.5, 1.375, 1.0)
+    assert (cfg.rounds.weights.tool, cfg.rounds.weights.quality, cfg.rounds.weights.constraints) == (0.5, 0.25, 0.25)
+    assert cfg.rounds.trainer.global_batch_size == 32 and cfg.data.train_texts == 2000
