@@ -151,8 +151,16 @@ def stage_candidates(store: RunStore, cfg, round_no: int, adapter: str, cache_di
         return {"states": len(scored), "candidates": int(scored["n_candidates"].sum()),
                 "model_calls": int(scored["model_calls"].sum()), "constraints": constraint_mix(instances)}
 
-    key = {"round": round_no, "adapter": adapter, **model_key(cfg), "rounds": dataclasses.asdict(cfg.rounds)}
-    return store.run_stage(f"r{round_no}_candidates", key, produce)
+    return store.run_stage(f"r{round_no}_candidates", candidates_key(cfg, round_no, adapter), produce)
+
+
+def candidates_key(cfg, round_no: int, adapter: str) -> dict:
+    """What a round's candidates depend on. Not `max_rounds`, the stop rule or the trainer: raising max_rounds
+    reuses the finished rounds (the trainer reaches later rounds through the stage chain)."""
+    r = cfg.rounds
+    return {"round": round_no, "adapter": adapter, **model_key(cfg), "k": r.k, "temperature": r.temperature,
+            "max_history_steps": r.max_history_steps, "weights": dataclasses.asdict(r.weights),
+            "data": dataclasses.asdict(cfg.data)}
 
 
 def _table(frame: pd.DataFrame) -> pa.Table:

@@ -92,3 +92,21 @@ def test_cluster_config_loads_with_the_papers_settings():
     assert (cfg.rounds.trainer.loss, loss.beta, loss.simpo_gamma, loss.cpo_alpha) == ("cpo_simpo", 2.5, 1.375, 1.0)
     assert (cfg.rounds.weights.tool, cfg.rounds.weights.quality, cfg.rounds.weights.constraints) == (0.5, 0.25, 0.25)
     assert cfg.rounds.trainer.global_batch_size == 32 and cfg.data.train_texts == 2000
+
+
+def test_more_rounds_or_another_stop_rule_reuse_the_finished_rounds():
+    import dataclasses
+
+    from core.config import load_config
+    from jobs.craft_selftrain import Config
+    from jobs.craft_selftrain_stages import candidates_key
+
+    cfg = load_config(Config, DEMO)
+    base = candidates_key(cfg, 1, "a")
+    for change in ({"max_rounds": 3}, {"patience": 2}, {"min_delta": 1.0}, {"min_margin": 5.0}):
+        other = dataclasses.replace(cfg, rounds=dataclasses.replace(cfg.rounds, **change))
+        assert candidates_key(other, 1, "a") == base, change
+    for change in ({"k": 5}, {"temperature": 0.9}, {"max_history_steps": 2}):
+        other = dataclasses.replace(cfg, rounds=dataclasses.replace(cfg.rounds, **change))
+        assert candidates_key(other, 1, "a") != base, change
+    assert candidates_key(cfg, 2, "a") != base and candidates_key(cfg, 1, "b") != base
