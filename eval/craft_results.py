@@ -8,7 +8,8 @@ Input: the job's results table, one row per (CORD instance, system) with ``id``,
 when every one of its gold calls holds on the revision (a word-count range is two calls, both must hold); an
 instance's accuracy is the fraction of its constraints that hold; a row with an ``error`` (a failed system run or a
 bad CORD line kept with ``data.on_error: keep``) counts as 0 on every constraint, so failures lower the score
-instead of vanishing. Per level (C1-C4 and "all", C0 has no constraint) the accuracy is the mean over instances;
+instead of vanishing; a kept bad CORD line has no constraint to check, so it gets one ``bad_input`` check that
+fails (its instance scores 0 in its level). Per level (C1-C4 and "all", C0 has no constraint) the accuracy is the mean over instances;
 per constraint type it is the share of that type's constraints that hold. 95% CIs: ``eval.agreement.bootstrap_ci``
 (percentile bootstrap, resampling instances: a type's constraints of one instance move together).
 
@@ -34,9 +35,12 @@ def constraint_checks(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (instance, system, gold constraint): ``id, level, system, type, satisfied``."""
     out = []
     for row in results.itertuples(index=False):
-        for c in json.loads(row.constraints_json):
+        constraints = json.loads(row.constraints_json)
+        if row.error and not constraints:
+            constraints = [{"type": "bad_input", "call": ""}]
+        for c in constraints:
             calls = [part.strip() for part in c["call"].split(";") if part.strip()]
-            ok = not row.error and all(check(call, row.text, row.revision).satisfied is True for call in calls)
+            ok = bool(calls) and not row.error and all(check(call, row.text, row.revision).satisfied is True for call in calls)
             out.append({"id": row.id, "level": int(row.level), "system": row.system, "type": c["type"],
                         "satisfied": bool(ok)})
     return pd.DataFrame(out, columns=["id", "level", "system", "type", "satisfied"])

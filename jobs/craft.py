@@ -137,6 +137,9 @@ def run_systems(cfg: Config, store: RunStore, cache: str):
                                    "systems": list(cfg.systems), "cache_dir": cache, "seed": cfg.seed,
                                    "secrets": secrets},
             **cfg.pool.map_batches_kwargs()).to_pandas()
+        # list columns come back as numpy arrays, which pandas' take cannot reorder: plain lists first
+        for col in ("gold_calls", "constraint_types"):
+            out[col] = [list(v) for v in out[col]]
         order = {s: i for i, s in enumerate(cfg.systems)}
         return out.assign(_o=out["system"].map(order)).sort_values(["_o", "level", "id"]).drop(columns="_o") \
             .reset_index(drop=True)
