@@ -73,3 +73,12 @@ def test_cost_quality_and_calls_per_solved():
     # mcts: "The happy cat sat." vs "The cat sat. It was happy." = 2 * 3 / 10 = 60 ("The", "cat sat.");
     # "A b. D d." vs "A b. C d." = 2 * 3 / 8 = 75; mean 67.5
     assert math.isclose(q.loc["mcts", "quality"], 67.5)
+
+
+def test_bench_reads_calls_per_solved_from_a_run(tmp_path):
+    from bench.craft import search_model_calls_per_solved
+
+    assert search_model_calls_per_solved(tmp_path) is None
+    (tmp_path / "runs").mkdir()
+    results().to_parquet(tmp_path / "runs" / "part-0.parquet")
+    assert search_model_calls_per_solved(tmp_path) == (5.5, 2, 2, 11)
