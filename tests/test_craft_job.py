@@ -150,3 +150,12 @@ def test_bad_line_kept_and_counted_as_failed_with_on_error_keep(ray_local, tmp_p
     level = pd.read_parquet(root / "craft" / "k" / "accuracy").set_index(["system", "level"])
     assert level.loc[("direct", "C1"), "instances"] == 2  # the failed row is scored (0), not dropped
     assert "failed" in (root / "craft" / "k" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("override, key", [("systems=[direct,nope]", "systems"), ("data.on_error=skip", "data.on_error"),
+                                           ("agent.planner_prompt=no_such_prompt", "agent.planner_prompt"),
+                                           ("mcts.width=0", "width: must be >= 1"), ("data.levels=[7]", "data.levels")])
+def test_config_errors_name_the_key(tmp_path, capsys, override, key):
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1")
+    assert cli_main(["run", str(cfg), f"run.root={tmp_path / 'runs'}", override]) == 2
+    assert key in capsys.readouterr().err
