@@ -27,13 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.config import Section, dotted, fail, positive
+from core.config import Section, dotted, positive
 from eval.craft_guard import GuardConfig, degenerate_reason
 from eval.craft_mcts import ExpandRequest, Proposal, RewardTerms
 from eval.craft_react import PlannerStep, join_revision, parse_planner_output, parse_suggestions
 from eval.craft_render import build_observation, render_history, render_plan_input
 from eval.craft_tools import CallError, constraint_accuracy
-from eval.prompts import load_template, prompt_path
+from eval.prompts import TemplateName, load_template, prompt_path
 
 LLM = Callable[[list[tuple[list[dict], dict]]], list[Any]]
 FEEDBACK_ASPECTS = ("fluency", "grammaticality", "coherence")
@@ -55,10 +55,10 @@ class AgentConfig(Section):
         guard: The degenerate-revision guard: a flagged agent step keeps the previous text.
     """
 
-    planner_prompt: str = "craft_planner"
-    reviser_prompt: str = "craft_reviser"
-    direct_prompt: str = "craft_direct"
-    iter_prompt: str = "craft_iter"
+    planner_prompt: TemplateName = "craft_planner"
+    reviser_prompt: TemplateName = "craft_reviser"
+    direct_prompt: TemplateName = "craft_direct"
+    iter_prompt: TemplateName = "craft_iter"
     max_steps: int = 5
     iter_rounds: int = 5
     planner_max_tokens: int = 1024
@@ -71,11 +71,6 @@ class AgentConfig(Section):
     def check(self, where: str = "") -> None:
         for name in ("max_steps", "iter_rounds", "planner_max_tokens", "reviser_max_tokens"):
             positive(getattr(self, name), dotted(where, name))
-        for name in ("planner_prompt", "reviser_prompt", "direct_prompt", "iter_prompt"):
-            try:
-                prompt_path(getattr(self, name))
-            except Exception as exc:  # noqa: BLE001 - any lookup failure is a config error naming the key
-                fail(dotted(where, name), str(exc))
 
 
 @dataclass
