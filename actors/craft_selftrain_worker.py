@@ -3,7 +3,7 @@
 One row is one constrained instance. The actor rolls the current planner out for ``history_steps`` steps to get
 H_i (each step: one planner sample -> reviser -> tools -> observation, `eval.craft_agent.Systems.steps`), then
 samples K candidate next actions (t_{i+1}, a_{i+1}) on H_i, has the vanilla reviser turn each plan into a revision,
-and scores each with Eq. 1 (`eval.craft_selftrain.action_score`). Greedy dev evaluation is the same call with K = 1
+and scores each with Eq. 1 (`eval.craft_selftrain.score_state`). Greedy dev evaluation is the same call with K = 1
 and temperature 0.
 
 The planner engine carries the round's LoRA adapter (`EngineSpec.adapter`; the request cache keys on the adapter's
