@@ -130,6 +130,9 @@ class RoundsConfig(Section):
     # improvement", no rule)
     patience: int = 1
     min_delta: float = 0.0
+    # what the stop rule and the best round read: mean S_a of greedy dev actions, or its tool-F1 part alone (the
+    # quantity of the paper's Fig. 8, right), or its constraint accuracy
+    dev_metric: str = "dev_score"
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     # Eq. 2: SimPO (beta 2.5, gamma 1.375, Meng et al.'s Llama-3-8B-Instruct values) + NLL on w (weight 1)
     trainer: TrainConfig = field(default_factory=lambda: TrainConfig(
@@ -143,6 +146,7 @@ class RoundsConfig(Section):
         if self.k < 2:
             fail(dotted(where, "k"), f"best/worst pairs need at least 2 candidates, got {self.k}")
         in_range(self.temperature, 0, 2, dotted(where, "temperature"), low_open=True)
+        one_of(self.dev_metric, ("dev_score", "dev_tool_f1", "dev_accuracy"), dotted(where, "dev_metric"))
         if self.trainer.loss == "sft":
             fail(dotted(where, "trainer.loss"), "rounds train on preference pairs; use cpo_simpo (Eq. 2)")
 
@@ -211,11 +215,12 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         dev = stage_dev(store, cfg, r, adapter, run.cache_dir)
         results.append(dev)
         rounds.append({"round": r, "adapter": adapter, "pairs": len(pairs), **_dev_numbers(dev.summary)})
-        decision = stop_decision([x["dev_score"] for x in rounds], cfg.rounds.patience, cfg.rounds.min_delta)
+        decision = stop_decision([x[cfg.rounds.dev_metric] for x in rounds], cfg.rounds.patience, cfg.rounds.min_delta)
         if decision.stop:
             stop_reason = decision.reason
             break
-    best = stop_decision([x["dev_score"] for x in rounds], cfg.rounds.patience, cfg.rounds.min_delta).best_round
+    best = stop_decision([x[cfg.rounds.dev_metric] for x in rounds], cfg.rounds.patience,
+                         cfg.rounds.min_delta).best_round
     table = pd.DataFrame(rounds)
     store.write_text("rounds.md", "# CRAFT planner self-training (paper 002, Algorithm 1)\n\n"
                      + table.to_markdown(index=False, floatfmt=".2f") + f"\n\nStop: {stop_reason}. Best planner: "

@@ -70,6 +70,7 @@ def test_one_round_trains_the_planner_records_its_dev_score_and_resumes(ray_loca
 
 @pytest.mark.parametrize("override, named", [
     ("rounds.k=1", "rounds.k"),
+    ("rounds.dev_metric=bleu", "rounds.dev_metric"),
     ("rounds.trainer.loss=sft", "rounds.trainer.loss"),
     ("sft.trainer.loss=cpo_simpo", "sft.trainer.loss"),
     ("sft.source=jsonl", "sft.path"),
