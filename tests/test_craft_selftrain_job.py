@@ -113,3 +113,18 @@ def test_more_rounds_or_another_stop_rule_reuse_the_finished_rounds():
         other = dataclasses.replace(cfg, rounds=dataclasses.replace(cfg.rounds, **change))
         assert candidates_key(other, 1, "a") != base, change
     assert candidates_key(cfg, 2, "a") != base and candidates_key(cfg, 1, "b") != base
+
+
+def test_bad_sft_jsonl_lines_name_file_and_line(tmp_path):
+    from core.errors import CorpusError
+    from jobs.craft_selftrain_stages import _read_sft_jsonl
+
+    good = '{"prompt_messages": [{"role": "user", "content": "u"}], "target": "t"}'
+    path = tmp_path / "steps.jsonl"
+    path.write_text(good + "\n\n" + good + "\n")
+    assert len(_read_sft_jsonl(str(path))) == 2
+    for bad, message in (("not json", "line 2"), ('{"target": "t"}', "line 2: needs 'prompt_messages'"),
+                         ('[1, 2]', "line 2: expected a JSON object")):
+        path.write_text(good + "\n" + bad + "\n")
+        with pytest.raises(CorpusError, match=f"steps.jsonl: {message}"):
+            _read_sft_jsonl(str(path))
