@@ -1,6 +1,6 @@
 """Throughput of CRAFT's constraint tools on CORD (paper 002), and the search's cost per solved instance.
 
-    python -m bench.craft [--data ../shared/data] [--repeats 3]
+    python -m bench.craft [--data ../shared/data] [--repeats 3] [--run runs/craft/craft_demo]
 
 `craft_tool_checks_per_s`: every gold call of the 500 CORD instances (1,051 calls: one per constraint, two for
 a word-count range) is parsed from its string and checked against the instance's original text with the
@@ -9,14 +9,18 @@ Parsing is included; reading the files is not. The NLTK tokenizer is loaded befo
 `--repeats` runs. Word counts dominate: NLTK's tokenizer takes a few milliseconds on a 700-token text, the
 other checks a fraction of that.
 
-`craft_search_model_calls_per_solved` (model calls the TG-MCTS search makes per instance whose constraints
-all hold) is not measured yet: the search is not in the tree. :func:`search_model_calls_per_solved` is the
-hook for it; until it is filled, the line is printed as `info ... pending`, never as a number.
+`craft_search_model_calls_per_solved`: LLM calls the TG-MCTS search sent to a model (planner, reviser, E.8
+feedback; request-cache hits excluded) summed over the constrained instances of a finished `jobs/craft` run,
+divided by the instances whose search answer meets every gold constraint (`eval.craft_results.calls_per_solved`).
+It is read from that run's `runs` stage (`--run`, default `runs/craft/craft_demo`, the demo's run directory), not
+measured here: a search costs minutes of model time. With no such run the line is `info ... pending`; with no
+solved instance the value is `inf`.
 
 Output lines:
 
     bench craft_tool_checks_per_s = X
-    info craft_search_model_calls_per_solved = pending (TG-MCTS not implemented yet)
+    bench craft_search_model_calls_per_solved = Y
+    info craft_search_from = RUN_DIR (N solved of M instances, C calls)
 """
 
 from __future__ import annotations
@@ -53,14 +57,21 @@ def measure(rows: list[CordRow], repeats: int) -> tuple[int, float]:
     return checks, best
 
 
-def search_model_calls_per_solved(rows: list[CordRow]) -> float | None:
-    """HOOK, to be filled when TG-MCTS lands: model calls (planner + reviser + feedback) per solved instance.
+def search_model_calls_per_solved(run_dir: Path) -> tuple[float, int, int, int] | None:
+    """(calls per solved instance, solved, instances, calls) of the run's TG-MCTS rows; None without such a run."""
+    import pandas as pd
 
-    Run the search on ``rows`` with the demo models, count every model call, and divide by the number of
-    instances whose final revision satisfies all gold calls. Returns None until then, and main() prints
-    no number for it.
-    """
-    return None
+    from eval.craft_results import calls_per_solved, constraint_checks
+
+    if not (run_dir / "runs").exists():
+        return None
+    runs = pd.read_parquet(run_dir / "runs")
+    runs = runs[(runs["system"] == "mcts") & (runs["level"] > 0)]
+    if runs.empty:
+        return None
+    checks = constraint_checks(runs)
+    solved = int(checks.groupby("id")["satisfied"].all().sum())
+    return calls_per_solved(runs, checks, "mcts"), solved, runs["id"].nunique(), int(runs["llm_calls"].sum())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding cord/")
     parser.add_argument("--repeats", type=int, default=3, help="passes over all calls; the best is reported")
+    parser.add_argument("--run", type=Path, default=Path("runs/craft/craft_demo"),
+                        help="a finished jobs/craft run directory (for the search's calls per solved instance)")
     args = parser.parse_args(argv)
     folder = args.data / "cord"
     if not folder.is_dir():
@@ -76,11 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     checks, seconds = measure(rows, args.repeats)
     print(f"info craft_tool_checks = {checks} over {len(rows)} instances")
     print(f"bench craft_tool_checks_per_s = {checks / seconds:.1f}")
-    per_solved = search_model_calls_per_solved(rows)
-    if per_solved is None:
-        print("info craft_search_model_calls_per_solved = pending (TG-MCTS not implemented yet)")
+    search = search_model_calls_per_solved(args.run)
+    if search is None:
+        print(f"info craft_search_model_calls_per_solved = pending (no finished craft run with mcts at {args.run})")
     else:
+        per_solved, solved, instances, calls = search
         print(f"bench craft_search_model_calls_per_solved = {per_solved:.1f}")
+        print(f"info craft_search_from = {args.run} ({solved} solved of {instances} instances, {calls} calls)")
     return 0
 
 

@@ -32,6 +32,8 @@ JOBS = {
     "judge_grpo": "jobs.judge_grpo",
     "judge_sft": "jobs.judge_sft",
     "policy_grpo": "jobs.policy_grpo",
+    "craft": "jobs.craft",
+    "craft_selftrain": "jobs.craft_selftrain",
 }
 
 USAGE = __doc__

@@ -1,0 +1,213 @@
+"""The four CRAFT systems of the CORD comparison (paper 002, §6.1) as pure loops around a chat model.
+
+- **Direct** (§6.1 (a)): one call, ``craft_direct`` (instruction + text).
+- **Iter** (§6.1 (d)): Direct, then ``iter_rounds - 1`` rounds of ``craft_iter`` (instruction, original, previous
+  revision); no tool feedback. Paper: 5 rounds.
+- **Agent** (§5.1-5.2): planner -> tool calls + per-sentence plan (``eval.craft_react``) -> reviser (E.7) ->
+  tools check the planner's own calls (``eval.craft_tools``) -> observation (``eval.craft_render``) fed back, at most
+  ``max_steps`` (paper 5); stops early once every call the planner wrote holds (over at least one real check).
+- **TG-MCTS** (§5.3): ``eval.craft_mcts.run_search`` with :func:`expander` (the agent's step, K samples per node) and
+  :func:`scorer`.
+
+Models sit behind ``llm(batch) -> replies``: ``batch`` is a list of ``(messages, sampling)`` pairs (``sampling`` =
+keyword arguments of ``actors.engine.SamplingParams``), each reply has ``.text`` and ``.finish_reason``. The Ray
+actor (``actors.craft_worker``) backs it with a cached engine; tests back it with a scripted fake. Nothing here
+raises on model output: parse errors and guard flags are counted in the result.
+
+Text quality (R_g here, and the report's quality column): ``quality()`` = 100 x difflib's word-level similarity
+ratio between the original and the revision (2 x matched words / total words). The paper's R_g is the mean of
+normalised perplexity, BARTScore and SOME (App. D.3), three extra models we do not run on CPU; this proxy only
+measures how much of the original is kept (content preservation), not fluency. README deviation row.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from core.config import Section, dotted, positive
+from eval.craft_guard import GuardConfig, degenerate_reason
+from eval.craft_mcts import ExpandRequest, Proposal, RewardTerms
+from eval.craft_react import PlannerStep, join_revision, parse_planner_output, parse_suggestions
+from eval.craft_render import build_observation, render_history, render_plan_input
+from eval.craft_tools import CallError, constraint_accuracy
+from eval.prompts import TemplateName, load_template, prompt_path
+
+LLM = Callable[[list[tuple[list[dict], dict]]], list[Any]]
+FEEDBACK_ASPECTS = ("fluency", "grammaticality", "coherence")
+
+
+@dataclass(frozen=True)
+class AgentConfig(Section):
+    """Prompts, decoding and loop knobs shared by the four systems.
+
+    Attributes:
+        planner_prompt / reviser_prompt / direct_prompt / iter_prompt: prompt files under configs/prompts/.
+        max_steps: Agent planner -> reviser steps at most (paper 5).
+        iter_rounds: Iter's revision rounds, the Direct one included (paper 5).
+        planner_max_tokens / reviser_max_tokens: Token caps of one planner / reviser answer.
+        planner_temperature: Sampling temperature of the planner (the agent's first sample and MCTS' K samples).
+        history_window: Planner steps kept in its chat (None = all, the paper; a small model's context cannot).
+        quality_feedback: Ask the reviser model for E.8 fluency / grammaticality / coherence feedback each step
+            (3 more calls per step; the paper does; off keeps a CPU demo affordable).
+        guard: The degenerate-revision guard: a flagged agent step keeps the previous text.
+    """
+
+    planner_prompt: TemplateName = "craft_planner"
+    reviser_prompt: TemplateName = "craft_reviser"
+    direct_prompt: TemplateName = "craft_direct"
+    iter_prompt: TemplateName = "craft_iter"
+    max_steps: int = 5
+    iter_rounds: int = 5
+    planner_max_tokens: int = 1024
+    reviser_max_tokens: int = 1024
+    planner_temperature: float = 0.7
+    history_window: int | None = None
+    quality_feedback: bool = True
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+    def check(self, where: str = "") -> None:
+        for name in ("max_steps", "iter_rounds", "planner_max_tokens", "reviser_max_tokens"):
+            positive(getattr(self, name), dotted(where, name))
+
+
+@dataclass
+class SystemRun:
+    """One system's answer for one row. ``steps`` holds per-step records (JSON-able) for the report and W&B."""
+
+    revision: str
+    steps: list[dict] = field(default_factory=list)
+    stop_reason: str = ""
+    parse_errors: int = 0
+    guard_flags: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def quality(original: str, revision: str) -> float:
+    """100 x word-level similarity ratio (difflib) of the revision to the original; see the module docstring.
+
+    >>> quality("a b c d", "a b x d")
+    75.0
+    """
+    a, b = original.split(), revision.split()
+    if not a and not b:
+        return 100.0
+    return 100.0 * difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+class Systems:
+    """The four systems for one model pair; ``llm_planner`` may be the same callable as ``llm_reviser``."""
+
+    def __init__(self, config: AgentConfig, llm_planner: LLM, llm_reviser: LLM, seed: int = 0):
+        self.config, self.planner, self.reviser, self.seed = config, llm_planner, llm_reviser, seed
+        self.templates = {name: load_template(prompt_path(getattr(config, f"{name}_prompt")))
+                          for name in ("planner", "reviser", "direct", "iter")}
+        self.feedback = {a: load_template(prompt_path(f"craft_feedback_{a}")) for a in FEEDBACK_ASPECTS}
+
+    def _sampling(self, max_tokens: int, temperature: float = 0.0, seed: int = 0, stop: Sequence[str] = ()) -> dict:
+        return {"max_tokens": max_tokens, "temperature": temperature, "seed": self.seed + seed, "stop": tuple(stop)}
+
+    # -- baselines -------------------------------------------------------------------------------------------
+    def direct(self, instruction: str, text: str) -> SystemRun:
+        messages = self.templates["direct"].render(instruction=instruction, text=text)
+        reply = self.reviser([(messages, self._sampling(self.config.reviser_max_tokens))])[0]
+        return SystemRun(revision=reply.text.strip(), steps=[{"round": 1, "finish_reason": reply.finish_reason}],
+                         stop_reason="done")
+
+    def iterate(self, instruction: str, text: str) -> SystemRun:
+        run = self.direct(instruction, text)
+        for round_no in range(2, self.config.iter_rounds + 1):
+            messages = self.templates["iter"].render(instruction=instruction, original=text, previous=run.revision)
+            reply = self.reviser([(messages, self._sampling(self.config.reviser_max_tokens))])[0]
+            run.revision = reply.text.strip()
+            run.steps.append({"round": round_no, "finish_reason": reply.finish_reason})
+        return run
+
+    # -- one planner -> reviser step (the agent's step and an MCTS child) -------------------------------------
+    def initial_messages(self, instruction: str, text: str) -> list[dict]:
+        return self.templates["planner"].render(examples="", instruction=instruction, text=text)
+
+    def steps(self, history: list[dict], current: str, original: str, k: int, seed: int) -> list[Proposal]:
+        """K planner samples on ``history``, each revised, checked and turned into an observation (batched)."""
+        cfg = self.config
+        outs = self.planner([(history, self._sampling(cfg.planner_max_tokens, cfg.planner_temperature, seed + i,
+                                                      ("###OBSERVATION",))) for i in range(k)])
+        parsed = [parse_planner_output(o.text) for o in outs]
+        with_plan = [i for i, s in enumerate(parsed) if s.plan]
+        revs = self.reviser([(self.templates["reviser"].render(plan=render_plan_input(parsed[i].plan)),
+                              self._sampling(cfg.reviser_max_tokens)) for i in with_plan])
+        texts = [""] * k  # a step without plan lines has no revision: the guard counts it as empty
+        truncated = [o.finish_reason == "length" for o in outs]
+        for i, rev in zip(with_plan, revs):
+            texts[i] = join_revision(rev.text)
+            truncated[i] = truncated[i] or rev.finish_reason == "length"
+        suggestions = self._quality_feedback(texts) if cfg.quality_feedback else [{} for _ in texts]
+        proposals = []
+        for i, (step, text) in enumerate(zip(parsed, texts)):
+            _, results = constraint_accuracy(step.tool_calls, original, text or current)
+            messages = [r.message for r in results if isinstance(r, CallError) or not r.pending]
+            calls = 1 + (i in with_plan) + (len(FEEDBACK_ASPECTS) if cfg.quality_feedback and text else 0)
+            proposals.append(Proposal(
+                text=text, planner_output=step.raw, plan=tuple(asdict(p) for p in step.plan),
+                observation=build_observation(text or current, messages, suggestions[i]),
+                tool_calls=tuple(step.tool_calls), feedback={"constraints": messages, "quality": suggestions[i]},
+                model_calls=calls, truncated=truncated[i], parse_errors=tuple(step.errors)))
+        return proposals
+
+    def _quality_feedback(self, texts: list[str]) -> list[dict]:
+        """E.8 suggestions per aspect for every non-empty text, all aspects of all texts in one batch."""
+        todo = [(i, a) for i, t in enumerate(texts) if t for a in FEEDBACK_ASPECTS]
+        replies = self.reviser([(self.feedback[a].render(text=texts[i]), self._sampling(self.config.reviser_max_tokens))
+                                for i, a in todo])
+        out: list[dict] = [{} for _ in texts]
+        for (i, aspect), reply in zip(todo, replies):
+            out[i][aspect.capitalize()] = [s.render() for s in parse_suggestions(reply.text)]
+        return out
+
+    # -- the agent ---------------------------------------------------------------------------------------------
+    def agent(self, instruction: str, text: str) -> SystemRun:
+        """Planner/reviser loop: at most max_steps, early stop when the planner's own checks all hold."""
+        cfg = self.config
+        initial = self.initial_messages(instruction, text)
+        done: list[tuple[PlannerStep, str]] = []
+        run = SystemRun(revision=text, stop_reason="max_steps")
+        for step_no in range(cfg.max_steps):
+            history = render_history(initial, done, window=cfg.history_window)
+            proposal = self.steps(history, run.revision, text, k=1, seed=1000 * step_no)[0]
+            reason = degenerate_reason(proposal.text, run.revision, text, cfg.guard, truncated=proposal.truncated)
+            run.parse_errors += bool(proposal.parse_errors)
+            if reason:
+                run.guard_flags[reason] = run.guard_flags.get(reason, 0) + 1
+            else:
+                run.revision = proposal.text  # a flagged revision is not accepted: the text stays as it was
+            accuracy, results = constraint_accuracy(proposal.tool_calls, text, run.revision)
+            n_checks = sum(isinstance(r, CallError) or not r.pending for r in results)
+            run.steps.append({"step": step_no + 1, "planner_output": proposal.planner_output, "revision": proposal.text,
+                              "guard": reason, "tool_calls": list(proposal.tool_calls), "own_accuracy": accuracy,
+                              "n_checks": n_checks, "parse_errors": list(proposal.parse_errors)})
+            done.append((parse_planner_output(proposal.planner_output), proposal.observation))
+            if n_checks and accuracy >= 1.0 and not reason:
+                run.stop_reason = "all_constraints_met"
+                break
+        return run
+
+
+def expander(systems: Systems, original: str) -> Callable[[ExpandRequest], list[Proposal]]:
+    """TG-MCTS expansion: K of the agent's steps on the node's history (``eval.craft_mcts.Expander``)."""
+    def expand(request: ExpandRequest) -> list[Proposal]:
+        return systems.steps(request.history, request.text, original, request.k, request.seed)
+    return expand
+
+
+def scorer(original: str, revisions: list[str], tool_calls: list[list[str]]) -> list[RewardTerms]:
+    """TG-MCTS evaluation (``eval.craft_mcts.Scorer``): R_g = :func:`quality`, accuracy over real checks only."""
+    out = []
+    for revision, calls in zip(revisions, tool_calls):
+        accuracy, results = constraint_accuracy(calls, original, revision)
+        n_checks = sum(isinstance(r, CallError) or not r.pending for r in results)
+        out.append(RewardTerms(quality=quality(original, revision), accuracy=accuracy, n_checks=n_checks))
+    return out

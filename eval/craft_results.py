@@ -1,0 +1,128 @@
+"""Results maths of the CRAFT CORD comparison (paper 002, §6): constraint accuracy, quality and cost per system.
+
+Input: the job's results table, one row per (CORD instance, system) with ``id``, ``level``, ``system``, ``text``
+(the original), ``revision``, ``constraints_json`` (``eval.cord.CordRow.to_row``), ``error`` and the cost columns
+``llm_calls``, ``prompt_tokens``, ``completion_tokens``, ``seconds``.
+
+**Constraint accuracy** is checked on CORD's gold constraints (never the planner's own calls): a constraint holds
+when every one of its gold calls holds on the revision (a word-count range is two calls, both must hold); an
+instance's accuracy is the fraction of its constraints that hold; a row with an ``error`` (a failed system run or a
+bad CORD line kept with ``data.on_error: keep``) counts as 0 on every constraint, so failures lower the score
+instead of vanishing; a kept bad CORD line has no constraint to check, so it gets one ``bad_input`` check that
+fails (its instance scores 0 in its level). Per level (C1-C4 and "all", C0 has no constraint) the accuracy is the mean over instances;
+per constraint type it is the share of that type's constraints that hold. 95% CIs: ``eval.agreement.bootstrap_ci``
+(percentile bootstrap, resampling instances: a type's constraints of one instance move together).
+
+**Quality**: ``eval.craft_agent.quality`` (word-level similarity to the original, 0..100; see there).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from eval.agreement import bootstrap_ci
+from eval.craft_agent import quality
+from eval.craft_tools import check
+
+SYSTEM_ORDER = ("direct", "iter", "agent", "mcts")
+COST_COLUMNS = ("llm_calls", "prompt_tokens", "completion_tokens", "seconds")
+
+
+def constraint_checks(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (instance, system, gold constraint): ``id, level, system, type, satisfied``."""
+    out = []
+    for row in results.itertuples(index=False):
+        constraints = json.loads(row.constraints_json)
+        if row.error and not constraints:
+            constraints = [{"type": "bad_input", "call": ""}]
+        for c in constraints:
+            calls = [part.strip() for part in c["call"].split(";") if part.strip()]
+            ok = bool(calls) and not row.error and all(check(call, row.text, row.revision).satisfied is True for call in calls)
+            out.append({"id": row.id, "level": int(row.level), "system": row.system, "type": c["type"],
+                        "satisfied": bool(ok)})
+    return pd.DataFrame(out, columns=["id", "level", "system", "type", "satisfied"])
+
+
+def _ci(values: np.ndarray, clusters=None, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    if len(values) == 0:
+        return float("nan"), float("nan"), float("nan")
+    return bootstrap_ci(np.mean, values.astype(float), clusters=clusters, n_boot=n_boot, seed=seed)
+
+
+def _systems(frame: pd.DataFrame) -> list[str]:
+    present = list(dict.fromkeys(frame["system"]))
+    return [s for s in SYSTEM_ORDER if s in present] + [s for s in present if s not in SYSTEM_ORDER]
+
+
+def accuracy_by_level(checks: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Mean per-instance constraint accuracy per system and level (C1..C4, then "all"), with 95% CIs."""
+    per_instance = checks.groupby(["system", "level", "id"], sort=False)["satisfied"].mean().reset_index()
+    rows = []
+    for system in _systems(per_instance) if len(per_instance) else []:
+        mine = per_instance[per_instance["system"] == system]
+        groups = [(f"C{lv}", mine[mine["level"] == lv]) for lv in sorted(mine["level"].unique())] + [("all", mine)]
+        for name, part in groups:
+            est, lo, hi = _ci(part["satisfied"].to_numpy(), n_boot=n_boot, seed=seed)
+            rows.append({"system": system, "level": name, "instances": len(part), "accuracy": est,
+                         "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows, columns=["system", "level", "instances", "accuracy", "ci_low", "ci_high"])
+
+
+def accuracy_by_type(checks: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Share of satisfied constraints per system and constraint type, CIs resampling instances."""
+    rows = []
+    for system in _systems(checks) if len(checks) else []:
+        mine = checks[checks["system"] == system]
+        for ctype in sorted(mine["type"].unique()):
+            part = mine[mine["type"] == ctype]
+            est, lo, hi = _ci(part["satisfied"].to_numpy(), clusters=part["id"].to_numpy(), n_boot=n_boot, seed=seed)
+            rows.append({"system": system, "type": ctype, "constraints": len(part), "accuracy": est,
+                         "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows, columns=["system", "type", "constraints", "accuracy", "ci_low", "ci_high"])
+
+
+def quality_table(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Mean text quality per system (failed rows score 0), with 95% CIs."""
+    rows = []
+    for system in _systems(results) if len(results) else []:
+        mine = results[results["system"] == system]
+        scores = np.array([0.0 if r.error else quality(r.text, r.revision) for r in mine.itertuples(index=False)])
+        est, lo, hi = _ci(scores, n_boot=n_boot, seed=seed)
+        rows.append({"system": system, "instances": len(mine), "quality": est, "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows, columns=["system", "instances", "quality", "ci_low", "ci_high"])
+
+
+def cost_table(results: pd.DataFrame) -> pd.DataFrame:
+    """LLM calls, tokens and seconds per system: totals and means per instance, plus failed rows."""
+    rows = []
+    for system in _systems(results) if len(results) else []:
+        mine = results[results["system"] == system]
+        row = {"system": system, "instances": len(mine), "failed": int((mine["error"] != "").sum())}
+        for col in COST_COLUMNS:
+            row[col] = float(mine[col].sum())
+            row[f"{col}_per_instance"] = float(mine[col].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def calls_per_solved(results: pd.DataFrame, checks: pd.DataFrame, system: str = "mcts") -> float:
+    """A system's LLM calls over the instances it solved (every gold constraint holds); inf when none is solved.
+
+    Instances without constraints (C0) are left out of both counts.
+    """
+    mine = checks[checks["system"] == system]
+    if mine.empty:
+        return float("nan")
+    solved = mine.groupby("id")["satisfied"].all()
+    spent = results[(results["system"] == system) & results["id"].isin(solved.index)]["llm_calls"].sum()
+    return float(spent / solved.sum()) if solved.sum() else float("inf")
+
+
+def sample_revisions(results: pd.DataFrame, per_system: int = 3) -> pd.DataFrame:
+    """A few revisions per system for W&B and the report (first instances in id order), texts cut to 600 chars."""
+    frame = results.sort_values(["system", "id"]).groupby("system", sort=False).head(per_system)
+    cut = frame.assign(text=frame["text"].str.slice(0, 600), revision=frame["revision"].str.slice(0, 600))
+    return cut[["system", "id", "level", "instruction", "text", "revision", "error"]].reset_index(drop=True)

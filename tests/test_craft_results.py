@@ -1,0 +1,84 @@
+"""eval.craft_results on a hand-worked results table (two CORD-like instances, three systems)."""
+
+import json
+import math
+
+import pandas as pd
+
+from eval.craft_results import (
+    accuracy_by_level,
+    accuracy_by_type,
+    calls_per_solved,
+    constraint_checks,
+    cost_table,
+    quality_table,
+)
+
+A = ("1:1", 1, "The cat sat. It was happy.", [("sentence_count", 'sentence_count_check(1, "equal")')])
+B = ("2:1", 2, "A b. C d.", [("sentence_count", 'sentence_count_check(3, "less than")'),
+                            ("remove_keyword", 'keyword_keep_removal_check("C", "remove")'),
+                            ("word_count", 'word_count_check(9, "less than"); word_count_check(2, "more than")')])
+
+
+def results():
+    rows = []
+    revisions = {"direct": {"1:1": A[2], "2:1": "A b. C d."},  # A: 2 sentences (0/1); B: count ok, C kept: 2/3
+                 "mcts": {"1:1": "The happy cat sat.", "2:1": "A b. D d."},  # 1/1 and 3/3
+                 "agent": {"1:1": "The happy cat sat.", "2:1": "A."}}  # A errored (0); B: "A." < 2 words: 2/3
+    calls = {"direct": 1, "mcts": 5, "agent": 3}
+    for system, revs in revisions.items():
+        for iid, level, text, constraints in (A, B):
+            rows.append({"id": iid, "level": level, "system": system, "text": text, "instruction": "Polish.",
+                         "revision": revs[iid], "error": "boom" if (system, iid) == ("agent", "1:1") else "",
+                         "constraints_json": json.dumps([{"type": t, "call": c} for t, c in constraints]),
+                         "llm_calls": calls[system] + (iid == "2:1"), "prompt_tokens": 10, "completion_tokens": 4,
+                         "seconds": 0.5})
+    return pd.DataFrame(rows)
+
+
+def test_accuracy_per_level_and_type_hand_worked():
+    checks = constraint_checks(results())
+    assert len(checks) == 3 * 4
+    level = accuracy_by_level(checks, n_boot=200).set_index(["system", "level"])
+    assert level.loc[("direct", "C1"), "accuracy"] == 0.0
+    assert math.isclose(level.loc[("direct", "C2"), "accuracy"], 2 / 3)
+    assert math.isclose(level.loc[("direct", "all"), "accuracy"], 1 / 3)
+    assert level.loc[("mcts", "all"), "accuracy"] == 1.0
+    assert math.isclose(level.loc[("agent", "all"), "accuracy"], 1 / 3)  # the failed row counts as 0
+    # one instance per level: the CI is the point; two instances: the bootstrap spans their values
+    assert level.loc[("direct", "C2"), ["ci_low", "ci_high"]].tolist() == [2 / 3, 2 / 3]
+    assert math.isclose(level.loc[("direct", "all"), "ci_low"], 0.0)
+    assert math.isclose(level.loc[("direct", "all"), "ci_high"], 2 / 3)
+    assert list(dict.fromkeys(level.reset_index()["system"])) == ["direct", "agent", "mcts"]
+    kind = accuracy_by_type(checks, n_boot=200).set_index(["system", "type"])
+    assert kind.loc[("direct", "sentence_count"), "accuracy"] == 0.5
+    assert kind.loc[("direct", "remove_keyword"), "accuracy"] == 0.0
+    assert kind.loc[("direct", "word_count"), "accuracy"] == 1.0
+    assert kind.loc[("agent", "word_count"), "accuracy"] == 0.0  # "A." is not more than 2 words
+    assert kind.loc[("mcts", "sentence_count"), "constraints"] == 2
+
+
+def test_cost_quality_and_calls_per_solved():
+    frame = results()
+    checks = constraint_checks(frame)
+    cost = cost_table(frame).set_index("system")
+    assert cost.loc["mcts", "llm_calls"] == 11 and cost.loc["mcts", "llm_calls_per_instance"] == 5.5
+    assert cost.loc["agent", "failed"] == 1 and cost.loc["direct", "seconds"] == 1.0
+    assert calls_per_solved(frame, checks, "mcts") == 5.5  # 11 calls / 2 solved
+    assert calls_per_solved(frame, checks, "direct") == math.inf
+    q = quality_table(frame, n_boot=100).set_index("system")
+    assert q.loc["direct", "quality"] == 100.0  # unchanged copies
+    # agent: failed row 0; "A." vs "A b. C d." shares no whitespace token ("A." is not "A"): 0
+    assert q.loc["agent", "quality"] == 0.0
+    # mcts: "The happy cat sat." vs "The cat sat. It was happy." = 2 * 3 / 10 = 60 ("The", "cat sat.");
+    # "A b. D d." vs "A b. C d." = 2 * 3 / 8 = 75; mean 67.5
+    assert math.isclose(q.loc["mcts", "quality"], 67.5)
+
+
+def test_bench_reads_calls_per_solved_from_a_run(tmp_path):
+    from bench.craft import search_model_calls_per_solved
+
+    assert search_model_calls_per_solved(tmp_path) is None
+    (tmp_path / "runs").mkdir()
+    results().to_parquet(tmp_path / "runs" / "part-0.parquet")
+    assert search_model_calls_per_solved(tmp_path) == (5.5, 2, 2, 11)

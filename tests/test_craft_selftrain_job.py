@@ -1,0 +1,130 @@
+"""CRAFT planner self-training end to end (paper 002 Algorithm 1) on CPU with SmolLM2-135M: SFT on demo
+trajectories, one round of sampled actions -> Eq. 1 -> pairs -> SimPO + NLL on Ray Train + DeepSpeed; the round's
+LoRA differs from the SFT one, its dev score is in the run store, and a second run reuses every stage."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from jobs.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = str(REPO / "configs" / "craft_selftrain_demo.yaml")
+
+TINY = ["wandb.mode=disabled", "data.train_texts=2", "data.dev_texts=1", "rounds.k=3",
+        "agent.planner_max_tokens=96", "agent.reviser_max_tokens=48", "sft.trainer.max_steps=1",
+        "sft.trainer.checkpoint_every=1", "rounds.trainer.max_steps=1", "rounds.trainer.checkpoint_every=1"]
+
+
+def lora(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+
+# the timeout turns a wait for CPUs held by another test's Ray actors into a failure instead of a hang
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_round_trains_the_planner_records_its_dev_score_and_resumes(ray_local, tmp_path):
+    args = ["run", DEMO, f"run.root={tmp_path}", "run.id=t", *TINY]
+    assert cli_main(args) == 0
+    run = tmp_path / "craft_selftrain" / "t"
+    manifest = json.loads((run / "manifest.json").read_text())
+    stages = manifest["stages"]
+    for name in ("instances", "sft_data", "sft", "dev_0", "r1_candidates", "r1_pairs", "r1_train", "r1_dev"):
+        assert stages[name]["status"] == "complete", name
+    assert stages["r1_candidates"]["summary"]["candidates"] == 2 * 3
+    assert stages["r1_pairs"]["summary"]["pairs"] >= 1
+
+    # the round continued the SFT adapter and changed every LoRA tensor
+    sft, round1 = lora(run / "sft" / "run" / "adapter"), lora(run / "r1_train" / "run" / "adapter")
+    assert sft.keys() == round1.keys() and sft and all("lora_" in k for k in sft)
+    for name, before in sft.items():
+        assert not torch.equal(round1[name], before), f"{name} did not change in round 1"
+    assert json.loads((run / "r1_train" / "run" / "train_config.json").read_text())["init_adapter"].endswith(
+        "sft/run/adapter")
+
+    # the dev score of each planner is recorded: per stage and in the run's round table
+    dev = stages["r1_dev"]["summary"]
+    assert math.isfinite(dev["dev_score"]) and dev["dev_rows"] == 1 and 0 <= dev["dev_tool_f1"] <= 1
+    rounds = manifest["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[1]["dev_score"] == dev["dev_score"]
+    assert rounds[1]["adapter"] == str(run / "r1_train" / "run" / "adapter")
+    assert manifest["stop_reason"] and manifest["best_round"] in (0, 1)
+    assert "Best planner" in (run / "rounds.md").read_text()
+
+    # a second run reuses every finished stage: nothing is sampled or trained again
+    adapter_bytes = (run / "r1_train" / "run" / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert cli_main(args) == 0
+    again = json.loads((run / "manifest.json").read_text())
+    for name, entry in stages.items():
+        assert again["stages"][name]["finished_at"] == entry["finished_at"], f"{name} ran again"
+    assert (run / "r1_train" / "run" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter_bytes
+    assert again["rounds"] == rounds
+
+
+@pytest.mark.parametrize("override, named", [
+    ("rounds.k=1", "rounds.k"),
+    ("rounds.dev_metric=bleu", "rounds.dev_metric"),
+    ("rounds.trainer.loss=sft", "rounds.trainer.loss"),
+    ("sft.trainer.loss=cpo_simpo", "sft.trainer.loss"),
+    ("sft.source=jsonl", "sft.path"),
+    ("rounds.trainer.lora.r=4", "rounds.trainer.lora"),
+    ("planner.engine.adapter=/tmp", "planner.engine.adapter"),
+    ("data.levels=[7]", "data.levels"),
+    ("run.root=s3://bucket/runs", "run.root"),
+])
+def test_config_errors_exit_2_naming_the_key(override, named, capsys):
+    assert cli_main(["run", DEMO, override, "wandb.mode=disabled"]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_cluster_config_loads_with_the_papers_settings():
+    from core.config import check_tree, load_config
+    from jobs.craft_selftrain import Config
+
+    cfg = load_config(Config, REPO / "configs" / "craft_selftrain_cluster.yaml")
+    check_tree(cfg)
+    cfg.validate()
+    loss = cfg.rounds.trainer.loss_config
+    assert (cfg.rounds.trainer.loss, loss.beta, loss.simpo_gamma, loss.cpo_alpha) == ("cpo_simpo", 2.5, 1.375, 1.0)
+    assert (cfg.rounds.weights.tool, cfg.rounds.weights.quality, cfg.rounds.weights.constraints) == (0.5, 0.25, 0.25)
+    assert cfg.rounds.trainer.global_batch_size == 32 and cfg.data.train_texts == 2000
+
+
+def test_more_rounds_or_another_stop_rule_reuse_the_finished_rounds():
+    import dataclasses
+
+    from core.config import load_config
+    from jobs.craft_selftrain import Config
+    from jobs.craft_selftrain_stages import candidates_key
+
+    cfg = load_config(Config, DEMO)
+    base = candidates_key(cfg, 1, "a")
+    for change in ({"max_rounds": 3}, {"patience": 2}, {"min_delta": 1.0}, {"min_margin": 5.0}):
+        other = dataclasses.replace(cfg, rounds=dataclasses.replace(cfg.rounds, **change))
+        assert candidates_key(other, 1, "a") == base, change
+    for change in ({"k": 5}, {"temperature": 0.9}, {"max_history_steps": 2}):
+        other = dataclasses.replace(cfg, rounds=dataclasses.replace(cfg.rounds, **change))
+        assert candidates_key(other, 1, "a") != base, change
+    assert candidates_key(cfg, 2, "a") != base and candidates_key(cfg, 1, "b") != base
+
+
+def test_bad_sft_jsonl_lines_name_file_and_line(tmp_path):
+    from core.errors import CorpusError
+    from jobs.craft_selftrain_stages import _read_sft_jsonl
+
+    good = '{"prompt_messages": [{"role": "user", "content": "u"}], "target": "t"}'
+    path = tmp_path / "steps.jsonl"
+    path.write_text(good + "\n\n" + good + "\n")
+    assert len(_read_sft_jsonl(str(path))) == 2
+    for bad, message in (("not json", "line 2"), ('{"target": "t"}', "line 2: needs 'prompt_messages'"),
+                         ('[1, 2]', "line 2: expected a JSON object")):
+        path.write_text(good + "\n" + bad + "\n")
+        with pytest.raises(CorpusError, match=f"steps.jsonl: {message}"):
+            _read_sft_jsonl(str(path))
