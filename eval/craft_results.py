@@ -124,5 +124,7 @@ def calls_per_solved(results: pd.DataFrame, checks: pd.DataFrame, system: str = 
 def sample_revisions(results: pd.DataFrame, per_system: int = 3) -> pd.DataFrame:
     """A few revisions per system for W&B and the report (first instances in id order), texts cut to 600 chars."""
     frame = results.sort_values(["system", "id"]).groupby("system", sort=False).head(per_system)
-    cut = frame.assign(text=frame["text"].str.slice(0, 600), revision=frame["revision"].str.slice(0, 600))
+    # one line per cell: a newline would break the markdown table
+    cut = frame.assign(text=frame["text"].str.slice(0, 600).str.replace(r"\s+", " ", regex=True),
+                       revision=frame["revision"].str.slice(0, 600).str.replace(r"\s+", " ", regex=True))
     return cut[["system", "id", "level", "instruction", "text", "revision", "error"]].reset_index(drop=True)
