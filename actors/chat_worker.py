@@ -19,9 +19,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from actors.cache import RequestCache, request_key
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
-from actors.engines import build_engine
+from actors.cached_engine import CachedEngine
+from actors.engine import ChatRequest, Completion, SamplingParams
 from actors.secrets import Secrets
 
 COMPLETION_COLUMNS = (
@@ -48,20 +47,13 @@ class ChatWorker:
                  max_parse_retries: int = 0, retry_temperature: float = 0.7, secrets: Secrets | None = None):
         if secrets is not None:
             secrets.install()  # the engine's API key, by name (actors.secrets: never a runtime-env variable)
-        self.spec = EngineSpec(**spec)
-        # Loaded on the first call, not here: Ray Data runs the constructor on the actor's main thread but every
-        # call on one worker thread, and torch's OpenMP pool built on the main thread (model load, warm-up) then
-        # competes with the worker thread's own pool - measured 22% slower decoding on 2 cores (bench.generate).
-        self.engine = None
-        self.cache = RequestCache(cache_dir) if cache_dir else None
+        # the engine (loaded on the first call) and the request cache: actors.cached_engine
+        self.model = CachedEngine(spec, cache_dir)
+        self.spec = self.model.spec
         self.check, self.max_parse_retries, self.retry_temperature = check, max_parse_retries, retry_temperature
-        # when the model was loaded: throughput measurements start here, not at actor scheduling
-        self.ready_at = 0.0
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        if self.engine is None:
-            self.engine = build_engine(self.spec)
-            self.ready_at = time.time()
+        self.model.load()
         started = time.time()
         rows = batch.to_dict("records")
         results = self._complete(rows, attempt=0)
@@ -88,7 +80,7 @@ class ChatWorker:
         out["attempts"] = attempts
         out["check_error"] = errors
         out["worker_seconds"] = [0.0 if hit else per_row for _, hit in results]
-        out["worker_ready_at"] = self.ready_at
+        out["worker_ready_at"] = self.model.ready_at
         return out
 
     def _check(self, row: dict, result: tuple[Completion, bool]) -> str:
@@ -99,15 +91,4 @@ class ChatWorker:
 
     def _complete(self, rows: list[dict], attempt: int) -> list[tuple[Completion, bool]]:
         """Completions for rows, from the cache where possible; returns (completion, was_cached) pairs."""
-        requests = [to_request(r, attempt, self.retry_temperature) for r in rows]
-        identity = self.spec.cache_identity()
-        keys = [request_key(identity, r) for r in requests]
-        found = [self.cache.get(k) if self.cache else None for k in keys]
-        missing = [i for i, c in enumerate(found) if c is None]
-        fresh = self.engine.generate([requests[i] for i in missing]) if missing else []
-        for i, completion in zip(missing, fresh):
-            found[i] = completion
-            if self.cache:
-                self.cache.put(keys[i], completion)
-        missing_set = set(missing)
-        return [(c, i not in missing_set) for i, c in enumerate(found)]
+        return self.model.complete_cached([to_request(r, attempt, self.retry_temperature) for r in rows])
