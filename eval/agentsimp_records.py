@@ -159,13 +159,14 @@ def stage_label(config: str, stage: str, last_stage: str) -> str:
     return dict((s, lab) for lab, s in PAPER_ROWS[communication]).get(stage, "")
 
 
-def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], float] | None = None,
+def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                 n_boot: int = 1000, seed: int = 0) -> list[dict]:
     """Mean of each score per (configuration, stage) over documents, with 95 % bootstrap CIs for `CI_KEYS`.
 
     Args:
         scores: `score_rows` output, stages in process order per configuration.
-        jury: (doc id, config) -> the document's jury score (mean over aspects and judges) of the final stage.
+        jury: (doc id, config) -> {"jury_<aspect>": score, ..., "jury": mean of the aspects} of the final stage
+            (the jury judges the configuration's output, not its intermediate stages).
         n_boot: Bootstrap resamples of documents (0 = no CIs).
 
     Returns:
@@ -182,10 +183,13 @@ def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], float]
         entry = {"config": config, "label": stage_label(config, stage, last[config]), "stage": stage, "n": len(rows)}
         values = {key: [r[key] for r in rows if r.get(key) is not None] for key in SCORE_KEYS}
         if jury is not None and stage == last[config]:
-            values["jury"] = [jury[(r["doc_id"], config)] for r in rows if (r["doc_id"], config) in jury]
+            aspects = sorted({a for (_, c), by in jury.items() if c == config for a in by})
+            for aspect in aspects:
+                values[aspect] = [jury[(r["doc_id"], config)][aspect] for r in rows
+                                  if jury.get((r["doc_id"], config), {}).get(aspect) is not None]
         for key, vals in values.items():
             entry[key] = float(np.mean(vals)) if vals else None
-            if key in CI_KEYS:
+            if key in CI_KEYS or key.startswith("jury"):
                 lo = hi = None
                 if vals and n_boot:
                     _, lo, hi = bootstrap_ci(np.mean, np.asarray(vals, dtype=float), n_boot=n_boot, seed=seed)
