@@ -181,12 +181,13 @@ def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], Mappin
     out = []
     for (config, stage), rows in groups.items():
         entry = {"config": config, "label": stage_label(config, stage, last[config]), "stage": stage, "n": len(rows)}
-        values = {key: [r[key] for r in rows if r.get(key) is not None] for key in SCORE_KEYS}
+        # None or NaN (a Parquet round trip turns None into NaN) = no value: no reference, no BERTScore
+        values = {key: [r[key] for r in rows if _present(r.get(key))] for key in SCORE_KEYS}
         if jury is not None and stage == last[config]:
             aspects = sorted({a for (_, c), by in jury.items() if c == config for a in by})
             for aspect in aspects:
                 values[aspect] = [jury[(r["doc_id"], config)][aspect] for r in rows
-                                  if jury.get((r["doc_id"], config), {}).get(aspect) is not None]
+                                  if _present(jury.get((r["doc_id"], config), {}).get(aspect))]
         for key, vals in values.items():
             entry[key] = float(np.mean(vals)) if vals else None
             if key in CI_KEYS or key.startswith("jury"):
@@ -196,3 +197,7 @@ def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], Mappin
                 entry[f"{key}_lo"], entry[f"{key}_hi"] = lo, hi
         out.append(entry)
     return out
+
+
+def _present(value) -> bool:
+    return value is not None and value == value
