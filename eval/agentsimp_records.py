@@ -20,6 +20,7 @@ Pure: no ray, vllm, deepspeed, torch.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -156,7 +157,7 @@ def stage_label(config: str, stage: str, last_stage: str) -> str:
     communication, _, label = CONFIGURATIONS[config]
     if stage == last_stage:
         return label
-    return dict((s, lab) for lab, s in PAPER_ROWS[communication]).get(stage, "")
+    return {s: lab for lab, s in PAPER_ROWS[communication]}.get(stage, "")
 
 
 def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
@@ -200,4 +201,4 @@ def score_table(scores: Sequence[Mapping], jury: Mapping[tuple[str, str], Mappin
 
 
 def _present(value) -> bool:
-    return value is not None and value == value
+    return value is not None and not (isinstance(value, float) and math.isnan(value))

@@ -59,7 +59,7 @@ def parse_args(argv: list[str]) -> dict:
 def simplify_one(cfg, path: str, configuration: str, cache_dir: str = "") -> dict:
     """The run record (eval.agentsimp_run.run_record) of one document under one configuration."""
     from actors.agentsimp_worker import AgentSimpWorker
-    from jobs.agentsimp import worker_kwargs
+    from jobs.agentsimp_config import worker_kwargs
 
     document = read_document(path)
     kwargs = {**worker_kwargs(cfg, cache_dir), "configs": [configuration]}
@@ -78,8 +78,8 @@ def side_by_side(left: list[str], right: list[str], width: int = WIDTH) -> str:
 
 def render_text(result: dict) -> str:
     record, row = result["record"], result["row"]
-    parts = [f"{result['document'].id}: {record['label']} ({record['config']}), {row['calls']} LLM calls, "
-             f"{row['fallbacks']} fallbacks", "",
+    parts = [(f"{result['document'].id}: {record['label']} ({record['config']}), {row['calls']} LLM calls, "
+              f"{row['fallbacks']} fallbacks"), "",
              side_by_side(list(result["document"].paragraphs), split_paragraphs(record["final"])), "",
              "Per-paragraph stages:"]
     for p in record["paragraphs"]:
@@ -110,7 +110,7 @@ def render_html(result: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from jobs.agentsimp import Config
+    from jobs.agentsimp_config import Config
 
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)

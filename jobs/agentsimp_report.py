@@ -18,10 +18,10 @@ MAIN_COLUMNS = ("sari", "dsari", "fkgl", "bertscore", "compression", "length_rat
 
 def _cell(row, key: str) -> str:
     value = row.get(key)
-    if value is None or value != value:
+    if pd.isna(value):
         return rep.NA
     lo, hi = row.get(f"{key}_lo"), row.get(f"{key}_hi")
-    if lo is None or hi is None or lo != lo or hi != hi:
+    if pd.isna(lo) or pd.isna(hi):
         return rep.fmt(value, 2)
     return f"{rep.fmt(value, 2)} [{rep.fmt(lo, 2)}, {rep.fmt(hi, 2)}]"
 
@@ -48,21 +48,21 @@ def health_table(runs: pd.DataFrame) -> pd.DataFrame:
 def notes(cfg, docs: int, refs: int) -> list[str]:
     b = cfg.backbone
     return [
-        f"{docs} documents ({refs} with references); backbone {b.name} ({b.engine.kind}: {b.engine.model}), "
+        (f"{docs} documents ({refs} with references); backbone {b.name} ({b.engine.kind}: {b.engine.model}), "
         f"temperature {b.temperature:g}, max tokens {b.max_tokens} per paragraph role and {b.document_max_tokens} "
         f"per document role; JSON roles {'decoded under their grammar' if b.constrained else 'decoded freely'}; "
-        f"an invalid answer retried {b.max_retries} times, then the stage falls back to its input (counted).",
-        "SARI and D-SARI: each reference alone, then the mean over references (paper App. A); documents as single "
+        f"an invalid answer retried {b.max_retries} times, then the stage falls back to its input (counted)."),
+        ("SARI and D-SARI: each reference alone, then the mean over references (paper App. A); documents as single "
         "segments. BERTScore: F1 with the bundled MiniLM encoder, mean over references (not comparable to "
         "published BERTScore). FKGL of the output (lower = simpler). compression = output/source characters; "
         "length_ratio = output/source words; coverage = share of source sentences with >= half their content "
-        "words kept; is_summary = share of documents flagged as a summary (eval.agentsimp_metrics.summary_check).",
-        "Jury: one LLM judge per aspect (coherence, simplicity, faithfulness; 1-5) on each configuration's final "
+        "words kept; is_summary = share of documents flagged as a summary (eval.agentsimp_metrics.summary_check)."),
+        ("Jury: one LLM judge per aspect (coherence, simplicity, faithfulness; 1-5) on each configuration's final "
         "document; jury = mean of the aspects. 95% CIs: percentile bootstrap over documents "
-        f"({cfg.evaluation.n_boot} resamples). n/a = no reference / nothing parsed.",
-        "Cost: LLM calls, attempts (with retries), prompt/completion tokens and engine seconds per configuration "
+        f"({cfg.evaluation.n_boot} resamples). n/a = no reference / nothing parsed."),
+        ("Cost: LLM calls, attempts (with retries), prompt/completion tokens and engine seconds per configuration "
         "and step as if it ran alone; 'all' counts every distinct call of a document once (what one run of all "
-        "configurations together costs). Cached calls cost 0 s.",
+        "configurations together costs). Cached calls cost 0 s."),
     ]
 
 
