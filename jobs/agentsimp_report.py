@@ -26,8 +26,12 @@ def _cell(row, key: str) -> str:
     return f"{rep.fmt(value, 2)} [{rep.fmt(lo, 2)}, {rep.fmt(hi, 2)}]"
 
 
-def results_table(table: pd.DataFrame, final_only: bool) -> pd.DataFrame:
-    """Rows (configuration, paper label, stage) with `value [lo, hi]` cells; final stages only or every stage."""
+def results_table(table: pd.DataFrame, final_only: bool, costs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Rows (configuration, paper label, stage) with `value [lo, hi]` cells; final stages only or every stage.
+
+    With `costs`, the final rows also carry the configuration's total LLM calls, tokens and engine seconds.
+    """
+    totals = {} if costs is None else {r["config"]: r for r in costs[costs["step"] == "total"].to_dict("records")}
     rows = []
     last = table.groupby("config", sort=False)["stage"].last().to_dict()
     jury_cols = sorted(c for c in table.columns if c.startswith("jury") and not c.endswith(("_lo", "_hi")))
@@ -36,7 +40,11 @@ def results_table(table: pd.DataFrame, final_only: bool) -> pd.DataFrame:
             continue
         rows.append({"config": row["config"], "row": row["label"] or "-", "stage": row["stage"], "n": row["n"],
                      **{k: _cell(row, k) for k in MAIN_COLUMNS},
-                     **({k: _cell(row, k) for k in jury_cols} if final_only else {})})
+                     **({k: _cell(row, k) for k in jury_cols} if final_only else {}),
+                     **({k: totals[row["config"]][k] for k in ("calls", "prompt_tokens", "completion_tokens")}
+                        if row["config"] in totals and final_only else {}),
+                     **({"seconds": round(float(totals[row["config"]]["seconds"]), 1)}
+                        if row["config"] in totals and final_only else {})})
     return pd.DataFrame(rows)
 
 
@@ -71,11 +79,12 @@ def write_report(cfg, store: RunStore, tracker, runs: pd.DataFrame) -> pd.DataFr
     costs = store.read_stage("costs").to_pandas()
     docs = store.read_stage("documents").to_pandas()
     n_refs = int((docs["references_json"] != "[]").sum())
-    final, ablations = results_table(table, True), results_table(table, False)
+    final, ablations = results_table(table, True, costs), results_table(table, False)
     costs_view = costs.assign(seconds=costs["seconds"].round(1))
     sections = [
         rep.Section("Results per configuration (paper Table 2 layout)", final,
-                    "Cells: mean [95% CI] over documents."),
+                    "Cells: mean [95% CI] over documents; calls, tokens and seconds: the configuration's total cost "
+                    "as if it ran alone (see the cost table)."),
         rep.Section("Every stage per configuration (paper Tables 3-4 ablation rows)", ablations,
                     "row: the paper's ablation name scored at that stage (w/o PF = the architect's output, ...)."),
         rep.Section("Cost per configuration and step", costs_view),
