@@ -190,3 +190,19 @@ def test_simplify_doc_prints_side_by_side_and_writes_html(tmp_path, capsys):
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and "A(A(ti(ma(rev(cs(P1))))))" in page and "<table" in page
     assert len(team.calls) == 1 + 3 * 5 + 2 + 1
+
+
+def test_hf_engine_decodes_every_json_role_under_its_grammar(tiny_model_dir):
+    """A random 2-layer model never writes the roles' JSON by itself; under the grammars every JSON answer parses."""
+    from eval.agentsimp_roles import role_spec
+
+    doc = Document("d", (Block("paragraph", "The council will resurface Mill Road."),
+                         Block("paragraph", "Buses will divert via Station Street.")))
+    spec = {"kind": "hf", "model": tiny_model_dir, "num_threads": 1}
+    out = AgentSimpWorker(spec, {}, ["sync_direct"], max_tokens=96, max_retries=0)(pd.DataFrame([document_row(doc)]))
+    calls = json.loads(out.iloc[0]["record_json"])["calls"]
+    json_calls = [c for c in calls if role_spec(c["role"]).output == "json"]
+    assert {c["role"] for c in json_calls} >= {"article_logic_analyst", "content_simplifier", "terminology_interpreter",
+                                               "metaphorical_analyst", "simplify_supervisor", "proofreader"}
+    assert [c["errors"] for c in json_calls if c["errors"]] == []
+    assert all(c["attempts"] == 1 and not c["fell_back"] for c in json_calls)
