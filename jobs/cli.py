@@ -5,6 +5,7 @@
     quorum serve CONFIG.yaml [key=value ...]                 start / update the reward-model Serve app
     quorum human export RUN_DIR --out DIR | import DIR A.csv ...   blind human-rating sheet out, ratings in
     quorum curve RUN_DIR ... --out DIR                        SARI vs training rows over runs (paper 000 Fig. 3)
+    quorum simplify-doc FILE [--configuration C] [--html OUT] [key=value ...]   one document through AgentSimp
 
 Exit codes: 0 success, 2 bad config or bad input (the message names the key, file or line), 1 anything else.
 """
@@ -34,6 +35,7 @@ JOBS = {
     "policy_grpo": "jobs.policy_grpo",
     "craft": "jobs.craft",
     "craft_selftrain": "jobs.craft_selftrain",
+    "agentsimp": "jobs.agentsimp",
 }
 
 USAGE = __doc__
@@ -114,11 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.human_cli import main as human_main
 
             return human_main(rest)
+        if command == "simplify-doc":
+            from jobs.agentsimp_cli import main as simplify_doc_main
+
+            return simplify_doc_main(rest)
         if command == "serve":
             from jobs.serve_grm import main as serve_main
 
             return serve_main(rest)
-        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve or serve")
+        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve, simplify-doc or serve")
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2

@@ -11,9 +11,10 @@ costs 100 prompt tokens, 10 completion tokens and 0.5 s, so costs can be checked
 from __future__ import annotations
 
 import json
+import re
 
 from eval.agentsimp_outputs import Reply, role_fields
-from eval.agentsimp_roles import join_paragraphs, split_paragraphs
+from eval.agentsimp_roles import ROLE_IDS, join_paragraphs, load_role_book, split_paragraphs
 
 OUTLINE = {"title": "T", "subheadings": ["S1", "S2"]}
 INVALID = "Sure! Here is the simplified paragraph, without any JSON."
@@ -72,3 +73,67 @@ class FakeTeam:
         else:
             text = answer(call.role, dict(call.inputs), self.ma_none, self.pf_fix)
         return Reply(text, prompt_tokens=100, completion_tokens=10, seconds=0.5)
+
+
+# ----------------------------------------------------------------------------- the same team behind an HTTP API
+
+
+def _role_patterns() -> list[tuple[str, re.Pattern]]:
+    """(role, regex) per role: its template rendered with every variable as a named group (repeats backreferenced)."""
+    book = load_role_book()
+    patterns = []
+    for role in ROLE_IDS:
+        template = book.template(role)
+        marks = {v: f"\x00{v}\x00" for v in template.variables}
+        text = _SEP.join(m["content"] for m in template.render(**marks))
+        seen: set[str] = set()
+        regex = ""
+        for piece in re.split("(\x00[a-z_]+\x00)", text):
+            name = piece.strip("\x00")
+            if piece.startswith("\x00") and name in marks:
+                regex += f"(?P={name})" if name in seen else f"(?P<{name}>.*?)"
+                seen.add(name)
+            else:
+                regex += re.escape(piece)
+        patterns.append((role, re.compile(regex, re.DOTALL)))
+    return patterns
+
+
+_SEP = "\n\x01\n"
+
+
+class ServerTeam:
+    """`reply_body` for tests/fake_openai_server.py: tells the role and its inputs from the rendered prompt.
+
+    `calls` records (role, inputs) in arrival order. `invalid` maps a marker to (role, times): that role answers
+    prose instead of JSON (or nothing, for a free-text role) to its first `times` prompts (None = all) whose inputs
+    contain the marker. A prompt of no role (a jury judge) gets `unknown`, or fails the test when it is None.
+    """
+
+    def __init__(self, invalid: dict[str, tuple[str, int | None]] | None = None, unknown: str | None = None):
+        self.patterns = _role_patterns()
+        self.invalid = {marker: list(spec) for marker, spec in (invalid or {}).items()}
+        self.unknown = unknown
+        self.calls: list[tuple[str, dict]] = []
+
+    def identify(self, body: dict) -> tuple[str, dict]:
+        text = _SEP.join(m["content"] for m in body["messages"])
+        found = [(role, m.groupdict()) for role, p in self.patterns if (m := p.fullmatch(text))]
+        if not found:
+            raise AssertionError(f"prompt matches no role template: {text[:200]!r}")
+        # a template that extends another (the simplifier's revision prompt) also matches the shorter one, with a
+        # variable swallowing the extra blocks: the most specific template leaves the least text to its variables
+        return min(found, key=lambda f: sum(len(v) for v in f[1].values()))
+
+    def __call__(self, body: dict) -> str:
+        if self.unknown is not None and not any(p.fullmatch(_SEP.join(m["content"] for m in body["messages"]))
+                                                for _, p in self.patterns):
+            return self.unknown
+        role, inputs = self.identify(body)
+        self.calls.append((role, inputs))
+        for marker, spec in self.invalid.items():
+            bad_role, times = spec
+            if bad_role == role and any(marker in v for v in inputs.values()) and (times is None or times > 0):
+                spec[1] = None if times is None else times - 1
+                return INVALID if role_fields(role) else ""
+        return answer(role, inputs)

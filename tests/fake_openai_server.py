@@ -11,7 +11,8 @@ Answer for the last user message `m`: content `"ECHO: " + m.upper()` with usage 
 change the answer: `[think]` wraps reasoning in `<think>…</think>` inside the content, `[reasoning_content]` /
 `[reasoning]` return it in that message field instead, `[length]` sets finish_reason "length", and
 `[sleep=0.2]` delays the answer (to reorder completions or hold requests in flight). A `reply` function can
-script the answers instead (a hosted judge that follows the output format).
+script the answers instead (a hosted judge that follows the output format); `reply_body` does the same from
+the whole request body (a multi-role agent team told apart by its system prompts: tests/agentsimp_fake.py).
 """
 
 from __future__ import annotations
@@ -64,9 +65,12 @@ class _State:
 class FakeOpenAIServer:
     """Runs the fake API with uvicorn in a daemon thread; use as a context manager or call start()/stop()."""
 
-    def __init__(self, api_key: str = "", reply: Callable[[str], str | None] | None = None):
+    def __init__(self, api_key: str = "", reply: Callable[[str], str | None] | None = None,
+                 reply_body: Callable[[dict], str | None] | None = None):
         # reply(last user message) -> the answer text, or None for the default echo (a scripted hosted model)
         self.reply = reply
+        # reply_body(request body) -> the answer text, or None; tried before `reply`
+        self.reply_body = reply_body
         self._state = _State(api_key=api_key)
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -156,10 +160,13 @@ def take_fault(faults: list[Fault], text: str) -> Fault | None:
     return None
 
 
-def build_answer(body: dict, reply: Callable[[str], str | None] | None = None) -> dict:
+def build_answer(body: dict, reply: Callable[[str], str | None] | None = None,
+                 reply_body: Callable[[dict], str | None] | None = None) -> dict:
     """The deterministic chat-completions response for a request body."""
     text = last_user_message(body)
-    scripted = reply(text) if reply else None
+    scripted = reply_body(body) if reply_body else None
+    if scripted is None and reply:
+        scripted = reply(text)
     answer = scripted if scripted is not None else "ECHO: " + text.upper()
     message = {"role": "assistant", "content": answer}
     if "[think]" in text:
@@ -216,7 +223,7 @@ def build_app(server: FakeOpenAIServer) -> FastAPI:
             delay = _SLEEP.search(last_user_message(body))
             if delay:
                 await asyncio.sleep(float(delay.group(1)))
-            response = JSONResponse(build_answer(body, server.reply))
+            response = JSONResponse(build_answer(body, server.reply, server.reply_body))
             return response
         finally:
             server.end_call(call, response.status_code)

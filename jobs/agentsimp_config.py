@@ -1,0 +1,163 @@
+"""Config of the agentsimp job (paper 004): inputs, backbone, the configurations and plan knobs, evaluation.
+
+Shared by `jobs.agentsimp` (the Ray job) and `jobs.agentsimp_cli` (`quorum simplify-doc`), which builds the same
+worker in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actors.engine import EngineSpec
+from actors.jury import JudgeConfig, JuryConfig
+from actors.stage_config import LIGHT_CPU, PoolConfig, SamplingConfig, engine_secrets
+from core.config import ConfigError, Section, dotted, fail, one_of, require_file
+from core.jobrun import JobSections
+from eval.agentsimp_docs import FORMATS
+from eval.agentsimp_grammar import role_grammar
+from eval.agentsimp_plan import CONFIGURATIONS, PlanConfig
+from eval.agentsimp_roles import ROLE_IDS, load_role_book
+from eval.agentsimp_run import PAPER_TEMPERATURE
+
+ASPECTS = ("coherence", "simplicity", "faithfulness")
+# document-level roles write a whole article (or its guideline / proofread copy): more tokens
+DOCUMENT_ROLES = ("project_director", "article_architect_direct", "proofreader")
+
+
+@dataclass
+class InputsConfig(Section):
+    # .txt / .md / .html files, JSONL corpora ({id, text | paragraphs, references?}) or directories of them
+    paths: list[str] = field(default_factory=lambda: ["configs/data/agentsimp_demo/corpus.jsonl"])
+    # optional JSONL {id, references: [...]} (a corpus file works) giving references to file documents by id
+    references_path: str = ""
+    # first documents in path order (0 = all)
+    limit: int = 0
+
+    def check(self, where: str = "") -> None:
+        if not self.paths:
+            fail(dotted(where, "paths"), "at least one file or directory is required")
+        for i, path in enumerate(self.paths):
+            if not Path(path).exists():
+                fail(dotted(where, f"paths.{i}"), f"no such file or directory: {path}")
+
+    def files(self) -> list[Path]:
+        """The input files: each path, or the supported files of a directory (sorted; corpus.jsonl excluded)."""
+        out = []
+        for path in map(Path, self.paths):
+            if path.is_dir():
+                out += sorted(p for p in path.iterdir() if p.suffix.lower() in FORMATS and p.suffix != ".jsonl")
+            else:
+                out.append(path)
+        return out
+
+
+@dataclass
+class BackboneConfig(Section):
+    """The LLM behind every role (the paper uses one backbone per run), its sampling and its actor pool."""
+
+    name: str = "smollm2"
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    pool: PoolConfig = field(default_factory=lambda: PoolConfig(batch_size=4))
+    # §4.2: "We set the temperature parameter to 0.6 for all models"
+    temperature: float = PAPER_TEMPERATURE
+    seed: int = 0
+    # completion tokens of the paragraph-level roles and of the document-level ones (DOCUMENT_ROLES)
+    max_tokens: int = 256
+    document_max_tokens: int = 1024
+    # role id -> tokens, overriding the two above
+    role_max_tokens: dict[str, int] = field(default_factory=dict)
+    # decode JSON roles under their grammar where the engine takes one (hf, vllm, openai with structured_outputs)
+    constrained: bool = True
+    # retries of an invalid answer (new seed, T >= 0.7) before the stage falls back to its input
+    max_retries: int = 2
+
+    def tokens(self) -> dict[str, int]:
+        return {role: self.role_max_tokens.get(role, self.document_max_tokens if role in DOCUMENT_ROLES
+                                              else self.max_tokens) for role in ROLE_IDS}
+
+    def check(self, where: str = "") -> None:
+        for role in self.role_max_tokens:
+            one_of(role, ROLE_IDS, dotted(where, f"role_max_tokens.{role}"))
+        for role, tokens in self.tokens().items():
+            try:
+                role_grammar(role, tokens)
+            except ValueError as exc:
+                fail(dotted(where, "max_tokens" if role not in self.role_max_tokens else f"role_max_tokens.{role}"),
+                     str(exc))
+
+
+@dataclass
+class AgentsConfig(Section):
+    # which of pl_direct, pl_iterative, sync_direct, sync_iterative to run (one run shares their common calls)
+    configurations: list[str] = field(default_factory=lambda: list(CONFIGURATIONS))
+    # knobs shared by the configurations (communication and reconstruction are set per configuration)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    # role id -> another prompt template (same variables)
+    templates: dict[str, str] = field(default_factory=dict)
+
+    def check(self, where: str = "") -> None:
+        if not self.configurations:
+            fail(dotted(where, "configurations"), "at least one configuration is required")
+        for i, name in enumerate(self.configurations):
+            one_of(name, tuple(CONFIGURATIONS), dotted(where, f"configurations.{i}"))
+        if len(set(self.configurations)) != len(self.configurations):
+            fail(dotted(where, "configurations"), f"repeated: {self.configurations}")
+        try:
+            load_role_book(self.templates)
+        except ValueError as exc:
+            fail(dotted(where, "templates"), str(exc))
+
+
+def default_jury() -> JuryConfig:
+    return JuryConfig(judges=[JudgeConfig(name=aspect, template=f"agentsimp_jury_{aspect}",
+                                          sampling=SamplingConfig(max_tokens=96)) for aspect in ASPECTS])
+
+
+@dataclass
+class EvaluationConfig(Section):
+    # BERTScore F1 against each reference (mean over references); "" = the bundled MiniLM encoder
+    bertscore: bool = True
+    bertscore_model_dir: str = ""
+    # the document-level LLM jury on each configuration's output (one judge per aspect)
+    jury_enabled: bool = True
+    jury: JuryConfig = field(default_factory=default_jury)
+    # summary check (eval.agentsimp_metrics.summary_check)
+    min_length_ratio: float = 0.5
+    min_coverage: float = 0.5
+    min_overlap: float = 0.5
+    # bootstrap resamples of documents per CI (0 = none)
+    n_boot: int = 1000
+    seed: int = 0
+
+
+@dataclass
+class Config(JobSections):
+    inputs: InputsConfig = field(default_factory=InputsConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    agentsimp: AgentsConfig = field(default_factory=AgentsConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+    def validate(self) -> None:
+        if self.inputs.references_path:
+            require_file(self.inputs.references_path, "inputs.references_path")
+        if self.ray.address or not self.ray.num_cpus:
+            return
+        pools = {"backbone.pool": self.backbone.pool.concurrency * self.backbone.pool.num_cpus}
+        if self.evaluation.jury_enabled:
+            pools["evaluation.jury"] = sum(j.pool.concurrency * j.pool.num_cpus for j in self.evaluation.jury.judges)
+        for key, cpus in pools.items():
+            if cpus + LIGHT_CPU > self.ray.num_cpus:
+                raise ConfigError(f"{key}: the pools ask for {cpus:g} CPUs, plus {LIGHT_CPU} for Ray Data's tasks, "
+                                  f"but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")
+
+
+
+def worker_kwargs(cfg: Config, cache_dir: str) -> dict:
+    b = cfg.backbone
+    return {"spec": dataclasses.asdict(b.engine), "plan": dataclasses.asdict(cfg.agentsimp.plan),
+            "configs": list(cfg.agentsimp.configurations), "max_tokens": b.tokens(), "temperature": b.temperature,
+            "seed": b.seed, "constrained": b.constrained, "max_retries": b.max_retries,
+            "templates": dict(cfg.agentsimp.templates), "cache_dir": cache_dir,
+            "secrets": engine_secrets(b.engine)}
