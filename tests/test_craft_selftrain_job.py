@@ -18,8 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = str(REPO / "configs" / "craft_selftrain_demo.yaml")
 
 TINY = ["wandb.mode=disabled", "data.train_texts=2", "data.dev_texts=1", "rounds.k=3",
-        "agent.planner_max_tokens=96", "agent.reviser_max_tokens=48", "sft.trainer.max_steps=1",
-        "sft.trainer.checkpoint_every=1", "rounds.trainer.max_steps=1", "rounds.trainer.checkpoint_every=1"]
+        "agent.planner_max_tokens=64", "agent.reviser_max_tokens=32", "sft.trainer.max_steps=1",
+        "sft.trainer.checkpoint_every=1", "rounds.trainer.max_steps=1", "rounds.trainer.checkpoint_every=1",
+        "sft.trainer.max_prompt_length=384", "sft.trainer.max_completion_length=64",
+        "rounds.trainer.max_prompt_length=384", "rounds.trainer.max_completion_length=64"]
 
 
 def lora(adapter_dir: Path) -> dict[str, torch.Tensor]:
