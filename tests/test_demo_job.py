@@ -30,9 +30,9 @@ def scripted_judge(prompt: str) -> str | None:
 
 
 def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) -> list[str]:
-    """The demo config, shrunk: tiny model everywhere, 8 sources, 4 eval sentences, 2 training steps, plus a
+    """The demo config, shrunk: tiny model everywhere, 4 sources, 3 eval sentences, 1 training step, plus a
     hosted-API judge whose key lives only in the environment."""
-    overrides = [f"run.root={root}", "wandb.mode=offline", "data.limit=8", "pairs.dev_fraction=0.0",
+    overrides = [f"run.root={root}", "wandb.mode=offline", "data.limit=4", "pairs.dev_fraction=0.0",
                  "features.align.enabled=true"]
     for i in range(4):
         overrides += [f"generate.{i}.engine.model={model_dir}", f"generate.{i}.engine.num_threads=1",
@@ -45,10 +45,10 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
                      "sampling: {max_tokens: 48}, max_parse_retries: 0}, "
                      "{name: judge-api, template: judge_policy_brief, "
                      f"format: best_worst, {api}}}]")
-    overrides += [f"train.trainer.model={model_dir}", "train.trainer.max_steps=2", "train.trainer.micro_batch_size=1",
-                  "train.trainer.checkpoint_every=2", "train.trainer.lora.r=4", "train.trainer.lora.alpha=8",
+    overrides += [f"train.trainer.model={model_dir}", "train.trainer.max_steps=1", "train.trainer.micro_batch_size=1",
+                  "train.trainer.checkpoint_every=1", "train.trainer.lora.r=4", "train.trainer.lora.alpha=8",
                   "train.trainer.max_prompt_length=48", "train.trainer.max_completion_length=16"]
-    overrides += [f"evaluate.path={turk_dir}", "evaluate.limit=4", f"evaluate.engine.model={model_dir}",
+    overrides += [f"evaluate.path={turk_dir}", "evaluate.limit=3", f"evaluate.engine.model={model_dir}",
                   "evaluate.sampling.max_tokens=8", "evaluate.pool.num_cpus=0.5", "evaluate.n_boot=100",
                   "evaluate.rejudge_limit=3",
                   # paper 000's GPT-4o row: a baseline system with its own (hosted) engine
@@ -74,7 +74,7 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
                   "eval_generate", "rejudge", "results"):
         assert (run_dir / stage).is_dir(), stage
     candidates = pd.read_parquet(run_dir / "generate")
-    assert len(candidates) == 8 * 2 * 4  # sources x policies x generators
+    assert len(candidates) == 4 * 2 * 4  # sources x policies x generators
     features = pd.read_parquet(run_dir / "features")
     usable = features[features["generation_error"] == ""]
     assert (usable["alignment_json"] != "").all()
@@ -95,12 +95,12 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     adapter = run_dir / "train" / "run" / "adapter"
     assert (adapter / "adapter_config.json").is_file()
     outputs = pd.read_parquet(run_dir / "eval_generate")
-    assert sorted(outputs["model"].unique()) == ["api-baseline", "trained", "vanilla"] and len(outputs) == 3 * 4
+    assert sorted(outputs["model"].unique()) == ["api-baseline", "trained", "vanilla"] and len(outputs) == 3 * 3
     results = pd.read_parquet(run_dir / "results").set_index("system")
     assert set(results.index) == {"vanilla", "trained", "api-baseline"}
     for system in results.index:
         row = results.loc[system]
-        assert row["sari_lo"] <= row["sari"] <= row["sari_hi"] and row["n"] == 4
+        assert row["sari_lo"] <= row["sari"] <= row["sari_hi"] and row["n"] == 3
     # 3 re-judged sources x 3 system pairs x both orders; the scripted judge grades position A higher, so in each
     # pair each system wins once
     assert len(pd.read_parquet(run_dir / "rejudge")) == 3 * 3 * 2
@@ -120,8 +120,8 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     # the job's run, and the trainer's rank-0 run under train/
     assert len(runs) == 2 and any("loss" in row for r in runs for row in r["history"])
     logged = next(r for r in runs if "data" in r["config"])
-    assert logged["config"]["data"]["limit"] == 8
-    assert logged["summary"]["generate/rows_out"] == 64
+    assert logged["config"]["data"]["limit"] == 4
+    assert logged["summary"]["generate/rows_out"] == 32
     assert "jury/parse_failures" in logged["summary"] and "train/loss" in logged["summary"]
     assert "judge_signal/lexical_best_agreement" in logged["summary"]
 
