@@ -25,26 +25,6 @@ def test_target_is_the_gold_verdict_the_judges_parser_reads():
         assert (grades.grade_a, grades.grade_b) == (int(a + 0.5), int(b + 0.5))  # gold rounded half up
 
 
-@pytest.mark.slow
-def test_judge_sft_end_to_end(ray_local, tiny_model_dir, tmp_path):
-    root = tmp_path / "runs"
-    args = ["run", DEMO, f"run.root={root}", "run.id=t", "wandb.mode=disabled", "data.limit=4", "data.val_limit=2",
-            f"train.model={tiny_model_dir}", "train.num_workers=1", "train.max_steps=2", "train.checkpoint_every=2",
-            "train.micro_batch_size=2"]
-    assert cli_main(args) == 0
-    run = root / "judge_sft" / "t"
-    rows = pd.read_parquet(run / "rows")
-    assert (rows["role"] == "train").sum() == 4 * 2  # both A/B orders
-    for _, row in rows.iterrows():  # the target follows the shown order's gold grades
-        grades = parse_menlo_grades(row["target"])
-        assert (grades.grade_a, grades.grade_b) == (int(row["gold_a"] + 0.5), int(row["gold_b"] + 0.5))
-        assert json.loads(row["prompt_messages"])[0]["role"] == "system"
-    assert (run / "train" / "run" / "adapter" / "adapter_config.json").is_file()
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["stages"]["train"]["summary"]["steps"] == 2
-    assert "Judge SFT" in (run / "summary.md").read_text()
-
-
 @pytest.mark.parametrize("override, named", [
     ("train.loss=arpo", "train.loss: judge SFT trains with 'sft'"),
     ("data.path=/no/such.jsonl", "data.path"),
@@ -72,17 +52,30 @@ def test_init_adapter_must_match_the_lora_section(tmp_path):
 
 @pytest.mark.slow
 def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir, tmp_path):
-    """Paper 003's SFT -> RL: judge GRPO continues the judge_sft adapter instead of a fresh LoRA."""
+    """Judge SFT end to end, then paper 003's SFT -> RL: judge GRPO continues the judge_sft adapter instead of a
+    fresh LoRA."""
     from safetensors.torch import load_file
 
     import jobs.judge_grpo as judge_job
     from core.config import load_config
 
     root = tmp_path / "runs"
-    assert cli_main(["run", DEMO, f"run.root={root}", "run.id=sft", "wandb.mode=disabled", "data.limit=2",
-                     "data.val_splits=[]", f"train.model={tiny_model_dir}", "train.num_workers=1",
+    # judge SFT end to end (the job's own outputs), then its adapter starts the RL run
+    assert cli_main(["run", DEMO, f"run.root={root}", "run.id=sft", "wandb.mode=disabled", "data.limit=4",
+                     "data.val_limit=2", f"train.model={tiny_model_dir}", "train.num_workers=1",
                      "train.max_steps=2", "train.checkpoint_every=2", "train.micro_batch_size=2", "train.lr=0.01"]) == 0
-    sft = root / "judge_sft" / "sft" / "train" / "run" / "adapter"
+    run = root / "judge_sft" / "sft"
+    rows = pd.read_parquet(run / "rows")
+    assert (rows["role"] == "train").sum() == 4 * 2  # both A/B orders
+    for _, row in rows.iterrows():  # the target follows the shown order's gold grades
+        grades = parse_menlo_grades(row["target"])
+        assert (grades.grade_a, grades.grade_b) == (int(row["gold_a"] + 0.5), int(row["gold_b"] + 0.5))
+        assert json.loads(row["prompt_messages"])[0]["role"] == "system"
+    assert (run / "train" / "run" / "adapter" / "adapter_config.json").is_file()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["train"]["summary"]["steps"] == 2
+    assert "Judge SFT" in (run / "summary.md").read_text()
+    sft = run / "train" / "run" / "adapter"
     cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml", [
         f"run.root={root}", "run.id=rl", "wandb.enabled=false", "data.dimensions=[tone]", "data.val_splits=[]",
         f"grpo.model={tiny_model_dir}", f"grpo.init_adapter={sft}", "grpo.num_workers=1", "grpo.group_size=2",
