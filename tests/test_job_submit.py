@@ -1,9 +1,9 @@
 """The README's `ray job submit` commands against a real Ray head (token auth on), through the real CLI.
 
 A small policy_simplify job (configs/demo_scores.yaml, 4 sources, one tiny-model generator and one judge: sources ->
-generate -> jury) is submitted as documented; its results land under QUORUM_HOME, outside Ray's session folder, and
-the job's last lines say where. A second submission is stopped during the jury stage and submitted again: it resumes
-from the run store with exact row counts.
+generate -> jury) is submitted, stopped during the jury stage and submitted again with the documented command: it
+resumes from the run store with exact row counts, its results land under QUORUM_HOME, outside Ray's session folder,
+and the job's last lines say where.
 """
 
 from __future__ import annotations
@@ -62,38 +62,6 @@ def printed(output: str, label: str) -> list[str]:
     return re.findall(rf"^quorum: {label}: (\S+)$", output, flags=re.MULTILINE)
 
 
-def test_documented_submit_writes_results_outside_ray(head, tiny_model_dir, tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    head.set_home(str(home))
-    result = head.sh(submit_command(tiny_model_dir), timeout=420)
-    out = result.stdout + result.stderr
-    assert "succeeded" in out
-
-    (run_dir,) = printed(out, "run directory")
-    assert run_dir == str(home / "runs" / "policy_simplify" / "demo_scores")  # relative run.root, QUORUM_HOME
-    assert not run_dir.startswith(head.temp_dir)
-    manifest = json.loads(Path(run_dir, "manifest.json").read_text())
-    assert manifest["finished_at"] and manifest["config_hash"] and manifest["packages"]["ray"] == "2.60.0"
-    assert {name: s["status"] for name, s in manifest["stages"].items()} == {
-        "sources": "complete", "generate": "complete", "jury": "complete"}
-    assert manifest["stages"]["generate"]["rows"] == SOURCES * POLICIES
-    assert printed(out, "summary") == [f"{run_dir}/summary.md"] and Path(run_dir, "summary.md").is_file()
-    (wandb_run,) = [p.split()[-1] for p in re.findall(r"^quorum: W&B offline run: (.+)$", out, flags=re.MULTILINE)]
-    assert Path(wandb_run).is_dir() and wandb_run.startswith(run_dir)
-    # what was uploaded: the code and configs, not the 10 MB wheel at the root (nor runs/, .venv/, wandb/)
-    packages = [p for p in Path(head.temp_dir).glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*")
-                if p.is_dir()]
-    assert any((p / "jobs" / "cli.py").is_file() and (p / "configs" / "demo_scores.yaml").is_file() for p in packages)
-    for package in packages:
-        assert not list(package.glob("*.whl")), package
-        assert not (package / ".venv").exists() and not (package / "runs").exists(), package
-
-    logs = head.sh(command("ray job logs").replace("SUBMISSION_ID", submission_id(out)))
-    assert printed(logs.stdout, "run directory") == [run_dir]
-    assert printed(logs.stdout, "summary") == [f"{run_dir}/summary.md"]
-
-
 def _manifest(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -103,7 +71,8 @@ def _manifest(path: Path) -> dict:
 
 
 
-def test_stop_during_jury_then_resubmit_resumes(head, tiny_model_dir, tmp_path):
+def test_stop_during_jury_then_documented_resubmit_resumes_and_writes_results_outside_ray(head, tiny_model_dir,
+                                                                                          tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     head.set_home(str(home))
@@ -130,11 +99,32 @@ def test_stop_during_jury_then_resubmit_resumes(head, tiny_model_dir, tmp_path):
         assert time.time() < deadline, f"the stopped driver {driver} is still alive"
         time.sleep(0.5)
 
+    # the README's command, as documented: it finishes the stopped run
     again = head.sh(submit_command(tiny_model_dir), timeout=420)
     out = again.stdout + again.stderr
     assert "succeeded" in out
-    assert printed(out, "run directory") == [str(run_dir)]
+    assert printed(out, "run directory") == [str(run_dir)]  # relative run.root, under QUORUM_HOME
+    assert not str(run_dir).startswith(head.temp_dir)
     manifest = _manifest(run_dir / "manifest.json")
+    assert manifest["finished_at"] and manifest["config_hash"] and manifest["packages"]["ray"] == "2.60.0"
+    assert {name: s["status"] for name, s in manifest["stages"].items()} == {
+        "sources": "complete", "generate": "complete", "jury": "complete"}
+    assert manifest["stages"]["generate"]["rows"] == SOURCES * POLICIES
+    assert printed(out, "summary") == [f"{run_dir}/summary.md"] and Path(run_dir, "summary.md").is_file()
+    wandb_runs = [p.split()[-1] for p in re.findall(r"^quorum: W&B offline run: (.+)$", out, flags=re.MULTILINE)]
+    assert len(wandb_runs) == 2  # the stopped submission's and this one's, both in the run directory
+    assert all(Path(w).is_dir() and w.startswith(str(run_dir)) for w in wandb_runs)
+    # what was uploaded: the code and configs, not the 10 MB wheel at the root (nor runs/, .venv/, wandb/)
+    packages = [p for p in Path(head.temp_dir).glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*")
+                if p.is_dir()]
+    assert any((p / "jobs" / "cli.py").is_file() and (p / "configs" / "demo_scores.yaml").is_file() for p in packages)
+    for package in packages:
+        assert not list(package.glob("*.whl")), package
+        assert not (package / ".venv").exists() and not (package / "runs").exists(), package
+    logs = head.sh(command("ray job logs").replace("SUBMISSION_ID", submission_id(out)))
+    assert printed(logs.stdout, "run directory") == [str(run_dir)]
+    assert printed(logs.stdout, "summary") == [f"{run_dir}/summary.md"]
+
     stages = manifest["stages"]
     assert all(s["status"] == "complete" for s in stages.values()) and manifest["finished_at"]
     # the finished stages were reused, not redone; the stopped one was redone whole
