@@ -53,7 +53,7 @@ def test_init_adapter_must_match_the_lora_section(tmp_path):
 @pytest.mark.slow
 def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir, tmp_path):
     """Judge SFT end to end, then paper 003's SFT -> RL: judge GRPO continues the judge_sft adapter instead of a
-    fresh LoRA."""
+    fresh LoRA, scores its rollouts with the MENLO reward and keeps the best adapter by validation reward."""
     from safetensors.torch import load_file
 
     import jobs.judge_grpo as judge_job
@@ -76,20 +76,42 @@ def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir,
     assert manifest["stages"]["train"]["summary"]["steps"] == 2
     assert "Judge SFT" in (run / "summary.md").read_text()
     sft = run / "train" / "run" / "adapter"
+    # judge GRPO (paper 003 RL) from the SFT adapter: one worker, two steps validated on the held-out tone pair
     cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml", [
-        f"run.root={root}", "run.id=rl", "wandb.enabled=false", "data.dimensions=[tone]", "data.val_splits=[]",
+        f"run.root={root}", "run.id=rl", "wandb.enabled=false", "data.dimensions=[tone]",
         f"grpo.model={tiny_model_dir}", f"grpo.init_adapter={sft}", "grpo.num_workers=1", "grpo.group_size=2",
-        "grpo.prompts_per_step=2", "grpo.micro_batch_size=4", "grpo.max_steps=1", "grpo.max_completion_length=6",
-        "grpo.checkpoint_every=1", "grpo.weight_decay=0.0"])
+        "grpo.prompts_per_step=2", "grpo.micro_batch_size=4", "grpo.max_steps=2", "grpo.max_completion_length=6",
+        "grpo.checkpoint_every=1", "grpo.eval_every=1", "grpo.weight_decay=0.0"])
     table = judge_job.main(cfg, "rl.yaml").set_index("metric")["value"]
     start = load_file(sft / "adapter_model.safetensors")
-    after = load_file(root / "judge_grpo" / "rl" / "train" / "run" / "adapter" / "adapter_model.safetensors")
+    rl = root / "judge_grpo" / "rl"
+    after = load_file(rl / "train" / "run" / "adapter" / "adapter_model.safetensors")
     assert any(v.abs().sum() > 0 for k, v in start.items() if "lora_B" in k)  # SFT moved B off its zero init
     # the tiny judge never writes the tags: equal rewards, zero advantages, no update, so the RL adapter is still
     # exactly the SFT one (a fresh LoRA would have all-zero B)
     assert table["reward/groups_zero_std"] == 2
     assert start.keys() == after.keys()
     assert all(torch.allclose(start[k], after[k], atol=1e-6) for k in start)
+
+    # the MENLO reward wiring: every rollout earns exactly the two penalties, so the group's rewards are equal (zero
+    # advantage) and no service is involved (no failures)
+    assert table["reward/mean"] == pytest.approx(-1.2) and table["reward/extract_fail"] == 1.0
+    assert table["reward/format_penalty"] == pytest.approx(-0.2) and table["reward/extract_penalty"] == -1.0
+    for term in ("exact_a", "exact_b", "near_a", "near_b", "pref_bonus"):
+        assert table[f"reward/{term}"] == 0.0
+    assert table["reward/groups"] == 2 and table["reward/groups_failed"] == 0
+    assert table["updates_skipped"] == 0
+    assert (rl / "train" / "run" / "adapter" / "adapter_config.json").is_file()
+    manifest = json.loads((rl / "manifest.json").read_text())
+    rows = manifest["stages"]["rows"]["summary"]
+    assert (rows["train_rows"], rows["val_rows"]) == (12, 2)  # 6 train + 1 val tone pair, both A/B orders
+    # validation scored both orders of the val pair: the same -1.2 at steps 1 and 2, so the tie keeps step 1
+    assert table["val/reward/mean"] == pytest.approx(-1.2) and table["val/reward/groups"] == 2
+    best = json.loads((rl / "train" / "run" / "best_adapter" / "best.json").read_text())
+    assert best["step"] == 1 and best["score"] == pytest.approx(-1.2) and best["score_key"] == "val/reward/mean"
+    assert (rl / "train" / "run" / "best_adapter" / "adapter_model.safetensors").is_file()
+    assert manifest["stages"]["train"]["summary"]["best_step"] == 1
+    assert "Best adapter by val/reward/mean" in (rl / "summary.md").read_text()
 
 
 @pytest.mark.slow
