@@ -1,32 +1,15 @@
 """eval.craft_agent: Direct, Iter, the planner/reviser agent and TG-MCTS wiring, with a scripted fake model."""
 
-from types import SimpleNamespace
 
 from eval.craft_agent import AgentConfig, Systems, expander, quality, scorer
 from eval.craft_mcts import MCTSConfig, run_search
+from tests.craft_fake import Script
 
 TEXT = "The cat sat. It was happy."
 INSTRUCTION = "Polish the text. Use exactly one sentence"
 PLAN = ('###THOUGHT: One sentence is asked.\n###ACTION:\n   -###TOOLS:\nsentence_count_check(1, "equal")\n'
         '   -###PLAN:\nSentence: "The cat sat."; Improvement Plan: "Merge."\n'
         'Sentence: "It was happy."; Improvement Plan: "Merge."')
-
-
-class Script:
-    """Answers planner requests (they carry the brief planner's system prompt) and reviser/direct requests from
-    two queues, recording every request."""
-
-    def __init__(self, planner, reviser):
-        self.planner, self.reviser, self.seen = list(planner), list(reviser), []
-
-    def __call__(self, batch):
-        out = []
-        for messages, sampling in batch:
-            self.seen.append((messages, sampling))
-            is_planner = messages[0]["role"] == "system" and "tools that check" in messages[0]["content"]
-            queue = self.planner if is_planner else self.reviser
-            out.append(SimpleNamespace(text=queue.pop(0), finish_reason="stop"))
-        return out
 
 
 def systems(script, **kw):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-from types import SimpleNamespace
 
 import pytest
 
@@ -25,6 +24,7 @@ from eval.craft_selftrain import (
     stop_decision,
 )
 from eval.craft_tools import constraint_accuracy, tool_f1
+from tests.craft_fake import Script
 
 # 19 NLTK words (punctuation counts), 3 sentences of 6, 4 and 6 whitespace words
 TEXT = "The cat sat on the mat. It was happy there. Everyone watched the little animal closely."
@@ -188,22 +188,6 @@ def test_dev_summary():
     assert (s["dev_score"], s["dev_tool_f1"], s["dev_accuracy"], s["dev_quality"], s["dev_rows"],
             s["dev_degenerate"]) == (60.0, 0.75, 0.75, 10.0, 2, 1)
     assert math.isnan(dev_summary([])["dev_score"])
-
-
-class Script:
-    """Planner requests (the brief planner's system prompt) and reviser requests answered from two queues."""
-
-    def __init__(self, planner, reviser):
-        self.planner, self.reviser, self.seen = list(planner), list(reviser), []
-
-    def __call__(self, batch):
-        out = []
-        for messages, sampling in batch:
-            self.seen.append((messages, sampling))
-            is_planner = messages[0]["role"] == "system" and "tools that check" in messages[0]["content"]
-            out.append(SimpleNamespace(text=(self.planner if is_planner else self.reviser).pop(0),
-                                       finish_reason="stop"))
-        return out
 
 
 SHORT = "The cat sat. It was happy."
