@@ -25,22 +25,17 @@ test for it). Ours, with two numbers:
 - A document is flagged ``is_summary`` when length_ratio < ``min_length_ratio`` (0.5) **or** coverage <
   ``min_coverage`` (0.5): a summary is short or drops whole sentences' content. All thresholds are arguments.
 
-**Stage tables** (Tables 3-4 are built by "evaluating intermediate results"): `stage_table` scores every stage
-of every configuration; `PAPER_ROWS` names the stage behind each row of the paper's tables.
-
-**Cost** (`cost_rows`): calls, attempts, fallbacks, prompt/completion tokens and seconds per configuration and
-step, each configuration counted as if run alone, plus rows "all" for the distinct calls really made when the
-four configurations share calls (a call is identified by its key, so shared calls count once).
+**Stage names** (Tables 3-4 are built by "evaluating intermediate results"): `PAPER_ROWS` names the stage
+behind each row of the paper's tables; the job's tables (per stage, with CIs) and its cost accounting are in
+`eval.agentsimp_records`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from eval.agentsimp_plan import DocumentRun
-from eval.agentsimp_roles import STEPS
 from eval.dsari import document_sari
 from eval.sari import corpus_sari
 from eval.textmetrics import compression_ratio, sentence_fkgl
@@ -179,89 +174,3 @@ def score_document(source: str, output: str, references: Sequence[str] = (),
         "content_recall": summary.content_recall,
         "is_summary": float(summary.is_summary),
     }
-
-
-def mean_scores(scores: Sequence[Mapping[str, float | None]]) -> dict[str, float | int | None]:
-    """Mean of each score over the documents that have it (None if none has); `n` documents, `n_refs` with SARI."""
-    out: dict[str, float | int | None] = {"n": len(scores), "n_refs": sum(1 for s in scores if s["sari"] is not None)}
-    for key in SCORE_KEYS:
-        values = [s[key] for s in scores if s.get(key) is not None]
-        out[key] = sum(values) / len(values) if values else None
-    return out
-
-
-def stage_table(sources: Mapping[str, str], references: Mapping[str, Sequence[str]],
-                runs: Mapping[str, Mapping[str, DocumentRun]],
-                bertscore: Callable[[str, str], float] | None = None, **check) -> list[dict]:
-    """One row per (configuration, stage): mean scores over documents, labelled with the paper's row name.
-
-    Args:
-        sources: doc id -> source text (`Document.text`).
-        references: doc id -> references (may be empty).
-        runs: doc id -> configuration name -> DocumentRun (every document has the same configurations).
-        bertscore, check: as for `score_document`.
-
-    Returns:
-        Rows {"config", "label", "stage", **mean_scores} in configuration order, stages in process order; "label"
-        is the paper's row: the configuration's label ("PL", ...) for its last stage, "w/o PF" ... for the stages
-        Tables 3-4 score, "" for the others (cs_draft: the simplifier before the supervisor's revision).
-    """
-    if not runs:
-        return []
-    rows = []
-    first = next(iter(runs.values()))
-    for name, run in first.items():
-        names = [s for s, _ in run.stages]
-        labels = {stage: label for label, stage in PAPER_ROWS[run.config.communication]}
-        labels[names[-1]] = run.config.label
-        for stage in names:
-            scores = [score_document(sources[doc_id], by_config[name].stage(stage), references.get(doc_id, ()),
-                                     bertscore, **check) for doc_id, by_config in runs.items()]
-            rows.append({"config": name, "label": labels.get(stage, ""), "stage": stage, **mean_scores(scores)})
-    return rows
-
-
-# ----------------------------------------------------------------------------- cost
-
-
-@dataclass(frozen=True)
-class CostRow:
-    """LLM cost of one configuration ("all" = distinct calls of every configuration) in one step ("total" = sum)."""
-
-    config: str
-    step: str
-    calls: int = 0
-    attempts: int = 0
-    fallbacks: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    cached: int = 0
-
-    def plus(self, calls: int, outcome) -> CostRow:
-        return CostRow(self.config, self.step, self.calls + calls, self.attempts + outcome.attempts,
-                       self.fallbacks + int(outcome.fell_back), self.prompt_tokens + outcome.prompt_tokens,
-                       self.completion_tokens + outcome.completion_tokens, self.seconds + outcome.seconds,
-                       self.cached + outcome.cached)
-
-
-def cost_rows(runs: Mapping[str, Mapping[str, DocumentRun]]) -> list[CostRow]:
-    """Cost per configuration and step (plus "total"), then the same for "all" with shared calls counted once.
-
-    Args:
-        runs: doc id -> configuration name -> DocumentRun.
-    """
-    table: dict[tuple[str, str], CostRow] = {}
-    seen: set[str] = set()
-    configs = list(dict.fromkeys(name for by_config in runs.values() for name in by_config))
-    for by_config in runs.values():
-        for name, run in by_config.items():
-            for call, outcome in run.calls:
-                for config, fresh in ((name, True), ("all", call.key not in seen)):
-                    if fresh:
-                        for step in (call.step, "total"):
-                            row = table.get((config, step), CostRow(config, step))
-                            table[(config, step)] = row.plus(1, outcome)
-                seen.add(call.key)
-    order = [*configs, "all"]
-    return [table[(c, s)] for c in order for s in (*STEPS, "total") if (c, s) in table]

@@ -1,22 +1,22 @@
 """AgentSimp evaluation helpers (eval.agentsimp_metrics): hand-worked coverage, length and compression numbers, the
-per-reference mean of SARI / D-SARI, stage tables with the paper's row names, and cost accounting."""
+per-reference mean of SARI / D-SARI; the paper's row names of every stage and the cost accounting of four runs
+(eval.agentsimp_records, what the job uses)."""
 
 from __future__ import annotations
 
 import doctest
+import json
+from types import SimpleNamespace
 
 import pytest
 
-from eval import agentsimp_metrics
+from eval import agentsimp_metrics, agentsimp_records
 from eval.agentsimp_metrics import (
     content_recall,
     content_words,
-    cost_rows,
     length_ratio,
-    mean_scores,
     score_document,
     sentence_coverage,
-    stage_table,
     summary_check,
 )
 from eval.agentsimp_plan import configurations, plan_document
@@ -83,8 +83,9 @@ def test_document_scores_average_over_references_one_by_one():
     assert scores["compression"] == pytest.approx(len(output) / len(source))  # 36 / 47 characters
     bare = score_document(source, output)
     assert bare["sari"] is bare["dsari"] is bare["bertscore"] is None
-    means = mean_scores([scores, bare])
-    assert (means["n"], means["n_refs"], means["sari"]) == (2, 1, scores["sari"])
+    means = agentsimp_records.score_table([{"doc_id": d, "config": "pl_direct", "stage": "pf", **s}
+                                           for d, s in (("a", scores), ("b", bare))], n_boot=10)[0]
+    assert (means["n"], means["sari"]) == (2, scores["sari"])
     assert means["fkgl"] == pytest.approx(scores["fkgl"])
 
 
@@ -96,22 +97,31 @@ def four_runs():
     return {"d1": runs}, " \n\n".join(paras)
 
 
-def test_stage_table_rows_carry_the_papers_labels(four_runs):
+def test_every_stage_carries_the_papers_row_name(four_runs):
     runs, source = four_runs
-    rows = stage_table({"d1": source}, {"d1": ["The cat sat on the mat. It was happy. Then it left."]}, runs)
-    labels = {(r["config"], r["stage"]): r["label"] for r in rows}
+    labels = {}
+    for name, run in runs["d1"].items():
+        names = [s for s, _ in run.stages]
+        labels.update({(name, s): agentsimp_records.stage_label(name, s, names[-1]) for s in names})
     assert [s for (c, s) in labels if c == "pl_direct"] == ["cs_draft", "cs", "ma", "ti", "aa", "pf"]
     assert labels[("pl_direct", "pf")] == "PL" and labels[("pl_iterative", "pf")] == "PL†"
     assert labels[("pl_direct", "aa")] == "w/o PF" and labels[("pl_direct", "ti")] == "w/o AA"
     assert labels[("pl_direct", "ma")] == "w/o TI" and labels[("pl_direct", "cs")] == "w/o MA"
     assert labels[("sync_direct", "ci")] == "w/o AA" and labels[("sync_direct", "cs")] == "w/o CI, w/ CS"
     assert labels[("sync_iterative", "pf")] == "SYNC†" and labels[("pl_direct", "cs_draft")] == ""
-    assert all(r["sari"] is not None and r["n"] == 1 for r in rows)
+    # and every stage of every configuration is scored against the reference
+    stages = [row for name, run in runs["d1"].items() for row in agentsimp_records.stage_rows(
+        "d1", json.loads(agentsimp_records.run_rows("d1", {name: run})[0]["record_json"]))]
+    scored = agentsimp_records.score_rows({"d1": source}, {"d1": ["The cat sat on the mat. It was happy. Then it left."]},
+                                          stages)
+    assert len(scored) == len(labels) and all(r["sari"] is not None for r in scored)
 
 
-def test_cost_rows_count_each_configuration_alone_and_shared_calls_once(four_runs):
+def test_cost_counts_each_configuration_alone_and_shared_calls_once(four_runs):
     runs, _ = four_runs
-    rows = {(r.config, r.step): r for r in cost_rows(runs)}
+    calls = [row for name, run in runs["d1"].items() for row in agentsimp_records.call_rows(
+        "d1", json.loads(agentsimp_records.run_rows("d1", {name: run})[0]["record_json"]))]
+    rows = {(r["config"], r["step"]): SimpleNamespace(**r) for r in agentsimp_records.cost_table(calls)}
     # 3 paragraphs: pl_direct = PD + ALA + 3 x (CS, SS, CS', MA, TI) + AA + PF = 19 calls; TI on p2 failed 3 times
     total = rows[("pl_direct", "total")]
     assert (total.calls, total.attempts, total.fallbacks) == (19, 21, 1)
