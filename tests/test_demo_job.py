@@ -1,8 +1,13 @@
-"""The main job end to end on real Ray with a tiny model: outputs, W&B offline files, secrets, resume speed."""
+"""The main job end to end on real Ray with a tiny model: a driver SIGKILLed mid-job, then the run finished from its
+manifest; outputs, W&B offline files, secrets, resume speed."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -57,18 +62,61 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
     return overrides
 
 
-def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared_data, tmp_path, monkeypatch):
+def stages_of(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()).get("stages", {})
+    except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or caught mid-rename
+        return {}
+
+
+def kill_driver_during(stage: str, args: list[str], run_dir: Path, log: Path) -> dict:
+    """Run the job in its own driver process on the session's Ray cluster and SIGKILL it once `stage` is running:
+    no handler, no cleanup, what a lost head node or an OOM kill does. Returns the manifest as the driver left it."""
+    import ray
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log.open("w") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "jobs.cli", *args, "wandb.enabled=false",
+                                   f"ray.address={ray.get_runtime_context().gcs_address}"],
+                                  cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 300
+            while stages_of(run_dir).get(stage, {}).get("status") != "running":
+                assert driver.poll() is None, f"the driver exited ({driver.returncode}):\n{log.read_text()[-3000:]}"
+                assert time.time() < deadline, f"stage {stage} never started:\n{log.read_text()[-3000:]}"
+                time.sleep(0.1)
+            driver.send_signal(signal.SIGKILL)
+        finally:
+            driver.kill()
+            driver.wait(timeout=60)
+    return stages_of(run_dir)
+
+
+def test_demo_job_killed_driver_then_resumed_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared_data,
+                                                                           tmp_path, monkeypatch):
     monkeypatch.setenv("QUORUM_TEST_JUDGE_KEY", SECRET)
+    run_dir = tmp_path / "policy_simplify" / "demo"
     with FakeOpenAIServer(api_key=SECRET, reply=scripted_judge) as server:
         args = ["run", str(REPO / "configs" / "demo.yaml"),
                 *tiny_overrides(tiny_model_dir, tmp_path, server.base_url, shared_data / "turkcorpus")]
+        killed = kill_driver_during("jury", args, run_dir, tmp_path / "killed-driver.log")
+        # the killed driver's finished stages are on record; the interrupted one never looks finished
+        assert {name: s["status"] for name, s in killed.items()} == {
+            "sources": "complete", "generate": "complete", "features": "complete", "jury": "running"}
+        assert not (run_dir / "jury").exists()
+        assert "finished_at" not in json.loads((run_dir / "manifest.json").read_text())
+
         started = time.time()
-        assert cli_main(args) == 0
+        assert cli_main(args) == 0  # the same command again finishes the run
         first = time.time() - started
         assert server.calls, "the hosted judge was never asked"
         assert all(c.headers.get("authorization") == f"Bearer {SECRET}" for c in server.calls)
 
-    run_dir = tmp_path / "policy_simplify" / "demo"
+    resumed = stages_of(run_dir)
+    for name in ("sources", "generate", "features"):  # reused, not redone
+        assert resumed[name]["finished_at"] == killed[name]["finished_at"], name
+    assert resumed["jury"]["status"] == "complete"  # redone whole from its input
+    assert not list(run_dir.glob(".*.tmp-*")), "the killed attempt's partial output was left behind"
     manifest = (run_dir / "manifest.json").read_text()
     for stage in ("sources", "generate", "features", "jury", "judge_signal", "pairs", "train", "eval_set",
                   "eval_generate", "rejudge", "results"):
@@ -80,7 +128,9 @@ def test_demo_job_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared
     assert (usable["alignment_json"] != "").all()
     judgments = pd.read_parquet(run_dir / "jury")
     sets = usable.groupby(["id", "policy"]).ngroups
-    assert len(judgments) == sets * 2  # every candidate set judged by both judges, none dropped
+    assert len(judgments) == sets * 2  # every candidate set judged by both judges, none dropped or duplicated
+    assert not judgments.duplicated(["id", "policy", "judge"]).any()
+    assert len(candidates) == 32 and not candidates.duplicated(["id", "policy", "model"]).any()
     # a tiny random model never writes the format by itself; decoded under the best/worst grammar (on by default) every
     # verdict parses, and the constraint is in the cached request; the hosted judge writes it anyway
     tiny = judgments[judgments["judge"] == "judge-tiny"]
