@@ -118,7 +118,9 @@ def test_jury_keeps_and_counts_unparseable_outputs(ray_local, tiny_model_dir, tm
     assert (out["parse_error"] == "").all() and (out["attempts"] == 1).all() and out["score"].between(1, 5).all()
 
 
-def test_best_worst_order_is_fixed_by_default_or_shuffled_reproducibly(ray_local, tiny_model_dir):
+def test_best_worst_order_can_be_shuffled_reproducibly(ray_local, tiny_model_dir):
+    """Shuffled per (seed, source, judge) by eval.aggregate.shuffle_order, whose reproducibility across processes is
+    pinned in test_aggregate; the fixed default order is checked on the too-few-candidates run below."""
     import ray.data
 
     cands = pd.DataFrame({"id": ["a"] * 4 + ["b"] * 4, "policy": "overall", "model": ["m0", "m1", "m2", "m3"] * 2,
@@ -127,12 +129,8 @@ def test_best_worst_order_is_fixed_by_default_or_shuffled_reproducibly(ray_local
     judge = JudgeConfig(name="j", engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
                         template="judge_policy", format="best_worst", sampling=SamplingConfig(max_tokens=4),
                         pool=PoolConfig(num_cpus=0.5, batch_size=2), max_parse_retries=0)
-    fixed = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge], seed=11), "").to_pandas()
-    assert list(fixed["order_json"]) == ["[0, 1, 2, 3]"] * 2  # paper 000: generator order, every judgment
     jury = JuryConfig(judges=[judge], seed=11, candidate_order="shuffled")
     first = build_jury_dataset(ray.data.from_pandas(cands), jury, "").to_pandas().sort_values("id")
-    second = build_jury_dataset(ray.data.from_pandas(cands), jury, "").to_pandas().sort_values("id")
-    assert list(first["order_json"]) == list(second["order_json"])
     for row in first.to_dict("records"):
         assert json.loads(row["order_json"]) == shuffle_order(4, 11, f"{row['id']}|overall|j")
         assert json.loads(row["models_json"]) == ["m0", "m1", "m2", "m3"]
@@ -178,6 +176,7 @@ def test_best_worst_sets_with_too_few_usable_candidates_are_kept_and_counted(ray
     assert sorted(out.index) == ["a", "b", "c"]
     assert out.loc["b", "parse_error"] == "too_few_candidates: 1 usable of 2 needed"
     assert out.loc["b", "completion_tokens"] == 0 and out.loc["c", "completion_tokens"] > 0  # c was judged
+    assert out.loc["a", "order_json"] == "[0, 1, 2, 3]"  # paper 000: generator order by default
 
     out = build_jury_dataset(cands, JuryConfig(judges=[judge]), "", expected_candidates=4).to_pandas()
     summary = summarize_jury(out, 1.0)
