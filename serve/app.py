@@ -186,34 +186,30 @@ class GRMServer:
         return [(completion, identity) for completion in completions]
 
     async def check_health(self) -> None:
-        """Serve's liveness check (every `health.period_s`, see serve.config.HealthConfig): raising marks a failure.
-
-        Healthy = settings applied, a judge loaded (or a reload under way), no engine call running past
-        `health.max_engine_call_s`, and, when idle with `health.probe`, the engine generating one token. Under load
-        the batches themselves show the engine answers, so the probe never queues behind them.
-        """
+        """Serve's liveness check (every `health.period_s`; see serve.config.HealthConfig): raising is a failure.
+        Healthy = settings applied, a judge loaded (or reloading), no engine call running past
+        `health.max_engine_call_s`, and, when idle with `health.probe`, one token generated (under load the batches
+        show the engine answers, so the probe never queues behind them)."""
         settings = self.settings
         if settings is None:
             raise RuntimeError("no settings applied (reconfigure never succeeded)")
-        if self.engine is None:
-            if self.loading:
-                return
+        if self.engine is None and not self.loading:
             raise RuntimeError("the judge engine is not loaded")
         busy_since, limit = self._engine_busy_since, settings.health.max_engine_call_s
-        if busy_since is not None:
-            running = time.monotonic() - busy_since
-            if limit and running > limit:
-                raise RuntimeError(f"an engine call has run {running:.0f} s (health.max_engine_call_s = {limit:g}): "
-                                   "the replica is wedged")
+        if busy_since is not None and limit and time.monotonic() - busy_since > limit:
+            raise RuntimeError(f"an engine call has run {time.monotonic() - busy_since:.0f} s "
+                               f"(health.max_engine_call_s = {limit:g}): the replica is wedged")
+        if (self.engine is None or busy_since is not None or not settings.health.probe
+                or settings.judge.engine.kind == "openai" or self._engine_lock.locked()):
             return
-        if not settings.health.probe or settings.judge.engine.kind == "openai" or self._engine_lock.locked():
-            return
+        probe = ChatRequest(messages=[{"role": "user", "content": "Say OK."}],
+                            sampling=SamplingParams(temperature=0.0, max_tokens=1))
         async with self._engine_lock:
             self._engine_busy_since = time.monotonic()
             try:
-                probe = ChatRequest(messages=[{"role": "user", "content": "Say OK."}],
-                                    sampling=SamplingParams(temperature=0.0, max_tokens=1))
                 completion = (await asyncio.to_thread(self.engine.generate, [probe]))[0]
+            except Exception as exc:  # noqa: BLE001 - any engine failure is this replica's ill health
+                completion = Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
             finally:
                 self._engine_busy_since = None
         self.counters["health_probes"] += 1

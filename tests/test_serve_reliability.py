@@ -208,3 +208,42 @@ def test_fault_paths_write_no_token_to_the_ray_logs(faults_app):
     assert list(logs.rglob("serve/*.log")), f"no Serve logs under {logs}"
     holding = [str(p) for p in logs.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
     assert holding == []
+
+
+def test_check_health_fails_for_each_way_a_replica_is_useless(tiny_model_dir):
+    """GRMServer.check_health (what Serve calls every health.period_s) on the real tiny engine, without Ray: no
+    settings, no judge, a wedged engine call, a broken engine each fail it; an idle engine is probed, a busy one
+    is not (the probe would queue behind the batch)."""
+    from serve.adapter import build_judge_engine
+    from serve.app import GRMServer
+
+    settings = faults_config(tiny_model_dir, 8000).replica_settings()
+    # the class as written, below the wrapper @serve.ingress adds (whose async __init__ needs a replica)
+    written = GRMServer.func_or_class.__mro__[1]
+    assert "check_health" in vars(written)
+    server = written()
+
+    async def check() -> None:
+        await server.check_health()
+
+    with pytest.raises(RuntimeError, match="no settings applied"):
+        asyncio.run(check())
+    server.settings = settings
+    with pytest.raises(RuntimeError, match="judge engine is not loaded"):
+        asyncio.run(check())
+    server.loading = True  # a reload in progress is not a failure
+    asyncio.run(check())
+    server.loading, server.engine = False, build_judge_engine(settings.judge)
+    asyncio.run(check())
+    assert server.counters["health_probes"] == 1
+    server._engine_busy_since = time.monotonic() - 30  # a batch running, within health.max_engine_call_s
+    asyncio.run(check())
+    assert server.counters["health_probes"] == 1
+    server._engine_busy_since = time.monotonic() - settings.health.max_engine_call_s - 1
+    with pytest.raises(RuntimeError, match="the replica is wedged"):
+        asyncio.run(check())
+    server._engine_busy_since = None
+    server.engine.close()  # the model is gone: the engine cannot answer
+    with pytest.raises(RuntimeError, match="the engine failed the health probe"):
+        asyncio.run(check())
+    assert server._engine_busy_since is None and not server._engine_lock.locked()
