@@ -82,7 +82,8 @@ class EngineSpec(Section):
     device: str = "auto"
     # rows per forward pass for the hf engine
     max_batch_size: int = 16
-    # torch intra-op threads for the hf engine on CPU; 0 leaves torch's default
+    # torch intra-op threads for the hf engine on CPU; 0 = the CPUs Ray assigned the actor (pool.num_cpus, floor,
+    # at least 1), or torch's default outside Ray (actors.threads)
     num_threads: int = 0
     # a LoRA adapter directory (peft format) applied on top of `model`; "" = the base model.
     # hf merges it into the weights at load; vllm serves it as a LoRA request; openai ignores it (name the

@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
 from actors.models import resolve_model_dir
+from actors.threads import set_torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -55,8 +56,8 @@ class HFEngine:
     def __init__(self, spec: EngineSpec):
         validate_spec(spec)
         self.spec = spec
-        if spec.num_threads > 0:
-            torch.set_num_threads(spec.num_threads)
+        # engine.num_threads if pinned, else the CPUs Ray assigned this actor (actors.threads)
+        self.threads = set_torch_threads(spec.num_threads)
         self.device = pick_device(spec.device)
         self.dtype = pick_dtype(spec.dtype, self.device)
         model_dir = resolve_model_dir(spec.model)

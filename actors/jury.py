@@ -318,10 +318,23 @@ def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> ray
                               num_cpus=LIGHT_CPU)
 
 
-def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
-    """Per-stage numbers: judgments, parse failures (kept, counted), retries, tokens, throughput."""
+def actor_incarnations(df: pd.DataFrame) -> dict[str, int]:
+    """Per judge: how many actor lives produced its rows. Every ChatWorker life stamps its rows with the time its
+    model became ready (`worker_ready_at`), so a pool actor that Ray restarted (its node died, it crashed) shows up
+    as one more distinct stamp. Rows no actor saw (too_few_candidates: stamp 0) are not counted."""
+    seen = df[df["worker_ready_at"] > 0]
+    return {str(k): int(v) for k, v in seen.groupby("judge")["worker_ready_at"].nunique().items()}
+
+
+def summarize_jury(df: pd.DataFrame, seconds: float, pool_sizes: dict[str, int] | None = None) -> dict:
+    """Per-stage numbers: judgments, parse failures (kept, counted), retries, tokens, throughput, and with
+    `pool_sizes` ({judge: pool.concurrency}) the actor restarts (actor lives beyond the pool's size)."""
     tokens = int(df["completion_tokens"].sum())
     too_few = df["parse_error"].str.startswith("too_few_candidates")
+    lives = actor_incarnations(df)
+    restarts = {}
+    if pool_sizes is not None:
+        restarts = {"actor_restarts": sum(max(0, n - pool_sizes.get(judge, 1)) for judge, n in lives.items())}
     return {
         "rows_out": len(df), "parse_failures": int(((df["parse_error"] != "") & ~too_few).sum()),
         "sources_too_few_candidates": int(too_few.sum()),
@@ -330,4 +343,5 @@ def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
         "completion_tokens": tokens, "actor_seconds": round(float(df["worker_seconds"].sum()), 3),
         "seconds": round(seconds, 3), "rows_per_s": round(len(df) / seconds, 3) if seconds else None,
         "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
+        "actor_lives": sum(lives.values()), **restarts,
     }

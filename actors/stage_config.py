@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from actors.engine import EngineSpec, SamplingParams, check_sampling
 from actors.secrets import Secrets
-from core.config import Section, dotted, fail
+from core.config import Section, check_custom_resources, dotted, fail
 
 # CPUs requested by the light pure pre/post functions around model actors. Whole-CPU defaults would let the
 # model pools reserve every core (two 1-CPU pools on a 2-core box) and starve these tasks: the stage would hang.
@@ -45,12 +45,16 @@ class PoolConfig(Section):
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     batch_size: int = 16
+    # custom Ray resources per actor, e.g. {gpu_slot: 1}: the pool is placed only on nodes that advertise them
+    # (a cluster's node type declares them; the autoscaler starts such a node for the pool's demand)
+    resources: dict[str, float] = field(default_factory=dict)
 
     def check(self, where: str = "") -> None:
         # num_cpus / num_gpus >= 0 is check_tree's floor for every number
         for name in ("concurrency", "batch_size"):
             if getattr(self, name) < 1:
                 fail(dotted(where, name), f"must be >= 1, got {getattr(self, name)}")
+        check_custom_resources(self.resources, dotted(where, "resources"))
 
     def map_batches_kwargs(self) -> dict:
         import ray.data
@@ -59,6 +63,8 @@ class PoolConfig(Section):
                   "num_cpus": self.num_cpus}
         if self.num_gpus:
             kwargs["num_gpus"] = self.num_gpus
+        if self.resources:
+            kwargs["resources"] = {name: float(amount) for name, amount in self.resources.items()}
         return kwargs
 
 

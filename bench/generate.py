@@ -18,6 +18,17 @@ Prints `bench <name> = <value>` lines (plus `info ...` context lines):
   2 * N + 4 * n_layers * t * d_attn, with N the weights of every linear layer, the LM head included (counted
   from their shapes; it runs once per generated token), and d_attn = heads * head_dim (QK^T and AV).
 
+With `--contention N` (0 by default), N CPU-bound processes (`while True: pass`, bench.contention: each stops by
+itself, and is killed when its measurement ends) run beside a second measurement of each side, right after the
+idle one on the same loaded model:
+
+- `contention_vs_idle`: engine tokens/s with N competitors / idle; `ray_data_contention_vs_idle`: the same for the
+  Ray Data stage (a fair share with one competitor on 2 cores is 0.5);
+- `engine_vs_bare_generate_contention`: engine / bare `generate`, both under the N competitors (must stay >= 1).
+
+`--ray-worker-niceness 15` starts the Ray Data side's cluster with Ray's own worker nice value instead of quorum's
+0 (core.ray_env.RayConfig.worker_niceness), to see what it costs beside a busy process.
+
 Completion token counts include the EOS token, for both the engine and bare generate. Runtime ~2 min on 2
 idle cores; on a busy machine every number is noisy, ratios less so (each side is measured back to back).
 """
@@ -25,6 +36,7 @@ idle cores; on a busy machine every number is noisy, ratios less so (each side i
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -33,6 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
 from actors.hf_engine import HFEngine, PackedLinear, render_prompt
 from actors.models import resolve_model_dir
+from bench.contention import competitors
 
 INSTRUCTION = (
     "Simplify this sentence for a young reader, then explain in two or three short sentences what you "
@@ -181,8 +194,9 @@ def measure_bare_loop(prompts: list[ChatRequest], spec: EngineSpec) -> float:
     return tokens / seconds
 
 
-def measure_bare_generate(requests: list[ChatRequest], spec: EngineSpec) -> float:
-    """Tokens/s of plain `model.generate(do_sample=False)` over left-padded batches of `spec.max_batch_size`.
+def measure_bare_generate(requests: list[ChatRequest], spec: EngineSpec, contention: int = 0) -> list[float]:
+    """Tokens/s of plain `model.generate(do_sample=False)` over left-padded batches of `spec.max_batch_size`:
+    idle, then (if `contention`) beside that many busy processes, on the same loaded model.
 
     The model is loaded as `from_pretrained` does by default (the checkpoint's dtype); generated tokens are
     counted up to and including each row's first EOS, as the engine counts them.
@@ -195,12 +209,16 @@ def measure_bare_generate(requests: list[ChatRequest], spec: EngineSpec) -> floa
     texts = [render_prompt(tokenizer, r.messages, spec.thinking) for r in requests]
     max_new = max(r.sampling.max_tokens for r in requests)
     size = spec.max_batch_size
+    rates = []
     with torch.inference_mode():
         _run_generate(model, tokenizer, texts[:2], 2)  # warm-up
-        start, tokens = time.perf_counter(), 0
-        for i in range(0, len(texts), size):
-            tokens += _count_until_eos(_run_generate(model, tokenizer, texts[i : i + size], max_new), eos)
-        return tokens / (time.perf_counter() - start)
+        for load in (0, contention) if contention else (0,):
+            with competitors(load):
+                start, tokens = time.perf_counter(), 0
+                for i in range(0, len(texts), size):
+                    tokens += _count_until_eos(_run_generate(model, tokenizer, texts[i : i + size], max_new), eos)
+                rates.append(tokens / (time.perf_counter() - start))
+    return rates
 
 
 def _run_generate(model, tokenizer, texts: list[str], max_new_tokens: int) -> torch.Tensor:
@@ -256,7 +274,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=48, help="number of prompts")
     parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per prompt")
     parser.add_argument("--batch-size", type=int, default=16, help="engine max_batch_size / bare generate batch")
+    parser.add_argument("--contention", type=int, default=0,
+                        help="also measure each side beside this many CPU-bound processes (0 = idle only)")
+    parser.add_argument("--ray-worker-niceness", type=int, default=0,
+                        help="nice value of the Ray Data side's workers (Ray's own default: 15)")
     args = parser.parse_args(argv)
+    if args.contention < 0:
+        parser.error("--contention must be >= 0")
+    print(f"info load_average_1m={os.getloadavg()[0]:.2f} contention={args.contention}", flush=True)
     spec = EngineSpec(kind="hf", model=args.model, max_batch_size=args.batch_size)
     requests = build_requests(args.prompts, args.max_tokens)
     subset = requests[: args.batch_size]
@@ -278,20 +303,33 @@ def main(argv: list[str] | None = None) -> None:
     subset_seconds, subset_completions = measure_engine(engine, subset)
     batch_tps = sum(c.completion_tokens for c in subset_completions) / subset_seconds
     print(f"bench batched_vs_single = {batch_tps / measure_one_at_a_time(engine, subset):.2f}", flush=True)
+    if args.contention:
+        with competitors(args.contention):
+            busy_seconds, busy_completions = measure_engine(engine, requests)
+        busy_tps = sum(c.completion_tokens for c in busy_completions) / busy_seconds
+        print(f"bench engine_contention_tokens_per_s = {busy_tps:.1f}")
+        print(f"bench contention_vs_idle = {busy_tps / engine_tps:.2f}", flush=True)
     engine.close()
 
-    bare_tps = measure_bare_generate(requests, spec)
+    bare_tps, *bare_busy = measure_bare_generate(requests, spec, args.contention)
     print(f"bench bare_generate_tokens_per_s = {bare_tps:.1f}")
     print(f"bench engine_vs_bare_generate = {engine_tps / bare_tps:.2f}", flush=True)
+    if args.contention:
+        print(f"bench bare_generate_contention_tokens_per_s = {bare_busy[0]:.1f}")
+        print(f"bench engine_vs_bare_generate_contention = {busy_tps / bare_busy[0]:.2f}", flush=True)
 
     # ----- Ray Data comparison: the generate stage's worker vs the same engine in a bare in-process loop -----
     from bench.ray_data_stage import measure_ray_data
 
     loop_tps = measure_bare_loop(requests, spec)
-    ray_tps = measure_ray_data(requests, spec)
+    ray_tps = measure_ray_data(requests, spec, worker_niceness=args.ray_worker_niceness)
     print(f"bench bare_loop_tokens_per_s = {loop_tps:.1f}")
     print(f"bench ray_data_tokens_per_s = {ray_tps:.1f}")
     print(f"bench ray_data_vs_bare = {ray_tps / loop_tps:.2f}", flush=True)
+    if args.contention:
+        ray_busy_tps = measure_ray_data(requests, spec, args.contention, args.ray_worker_niceness)
+        print(f"bench ray_data_contention_tokens_per_s = {ray_busy_tps:.1f}")
+        print(f"bench ray_data_contention_vs_idle = {ray_busy_tps / ray_tps:.2f}", flush=True)
 
 
 if __name__ == "__main__":

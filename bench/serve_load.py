@@ -3,6 +3,7 @@
     python -m bench.serve_load                          # tiny random Llama, 500 chat calls from 16 clients
     python -m bench.serve_load --endpoint score         # the judge path: /score with the jury_score template
     python -m bench.serve_load --model smollm2-135m --requests 200
+    python -m bench.serve_load --model smollm2-135m --endpoint all    # /score, /compare, /reward/group in one run
 
 Starts a local Ray (2 CPUs) and the real Serve app (`serve.app`, HTTP on 127.0.0.1 only), sends `--requests`
 distinct calls (response cache off, so every call is a generation of `--max-tokens` tokens) from `--concurrency`
@@ -10,13 +11,21 @@ concurrent clients, once at `batching.max_batch_size = --batch-size` and once at
 update of the same app; the engine's own batch limit stays the same). A hard time cap bounds each phase; calls not
 finished by then count as errors.
 
-The default load is POST /v1/chat/completions with a one-sentence prompt: decode-bound, where batching pays. With
-`--endpoint score` every call carries the ~900-token few-shot jury prompt, whose prefill is compute-bound on a
-CPU, so batching gains much less there (see the hf engine's own bench). Prints `bench <name> = <value>` lines:
+The default load is POST /v1/chat/completions with a one-sentence prompt: decode-bound, where batching pays. The
+judge endpoints carry paper 001's jury templates (`--endpoint score`: the ~900-token few-shot pointwise prompt;
+`compare`: the pairwise prompt, two grade blocks; `reward_group`: `--group-size` responses judged all_pairs, i.e.
+n(n-1)/2 pairwise judgments per call); their shared instructions are prefilled once per engine call, so batching
+pays there too. `--endpoint all` runs score, compare and reward_group against the same two deployments (batched,
+then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requests` calls (32 by default: each one
+prefills the whole judge prompt on its own, so 500 of them would take most of an hour per endpoint on 2 cores);
+throughput is a rate, so a shorter phase measures it as well. Defaults are sized so that a SmolLM2 `--endpoint all`
+run stays under ~25 minutes on 2 idle cores (64 max tokens: MENLO's two grade blocks need ~50).
+Prints `bench <name> = <value>` lines, `<ep>` being the endpoint (chat, score, compare, reward_group):
 
-- `serve_batched_vs_unbatched`: requests/s with batching / requests/s at max_batch_size 1 (same load).
-- `serve_p50_ms`, `serve_p99_ms`: client-side latency percentiles of the batched phase.
-- `serve_errors`: non-200 answers, transport errors and capped calls, both phases together.
+- `serve_<ep>_batched_vs_unbatched`: requests/s with batching / requests/s at max_batch_size 1.
+- `serve_<ep>_p50_ms`, `serve_<ep>_p99_ms`: client-side latency percentiles of the batched phase.
+- `serve_<ep>_5xx`: answers with a 5xx status, both phases (target 0).
+- `serve_<ep>_other_errors`: other non-200 answers, transport errors and calls cut by the time cap, both phases.
 
 Client, proxy and replica share the machine's cores, so absolute numbers are noisy; the ratio is measured back to
 back on the same load.
@@ -29,6 +38,7 @@ import asyncio
 import socket
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -36,19 +46,28 @@ from core.config import load_config
 from serve.config import ServeConfig
 
 APP, PREFIX = "grm-bench", "/bench"
+ENDPOINTS = {"chat": "/v1/chat/completions", "score": "/score", "compare": "/compare",
+             "reward_group": "/reward/group"}
+JUDGE_ENDPOINTS = ("score", "compare", "reward_group")
 PROMPT = "The committee postponed its decision because several members were unable to attend the meeting."
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="'tiny' (2-layer random Llama) or a model spec/dir")
-    parser.add_argument("--requests", type=int, default=500, help="calls per phase")
+    parser.add_argument("--requests", type=int, default=500, help="calls of the batched phase, per endpoint")
+    parser.add_argument("--unbatched-requests", type=int, default=0,
+                        help="calls of the unbatched phase, per endpoint (0 = --requests for chat, 32 for the judge "
+                             "endpoints)")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
     parser.add_argument("--batch-size", type=int, default=16, help="max_batch_size of the batched phase")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per call")
+    # 64: MENLO's two grade blocks (/compare, /reward/group) take ~50 tokens; /score's rationale gets the rest
+    parser.add_argument("--max-tokens", type=int, default=64, help="max tokens generated per judge call")
+    parser.add_argument("--group-size", type=int, default=2, help="responses per /reward/group call")
     parser.add_argument("--batch-wait-s", type=float, default=0.1, help="batching.batch_wait_timeout_s")
-    parser.add_argument("--endpoint", choices=("chat", "score"), default="chat", help="what each call asks for")
-    parser.add_argument("--time-cap-s", type=float, default=240.0, help="hard cap per phase, seconds")
+    parser.add_argument("--endpoint", choices=(*ENDPOINTS, "all"), default="chat",
+                        help="what each call asks for; all = score, compare and reward_group")
+    parser.add_argument("--time-cap-s", type=float, default=600.0, help="hard cap per phase, seconds")
     return parser.parse_args()
 
 
@@ -67,6 +86,8 @@ def bench_config(model: str, port: int, batch_size: int, args: argparse.Namespac
         # paper 001's short pointwise prompt (the README's figures): MENLO's rubric prompt is ~4x longer
         "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
         "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
+        "prompts.pairwise=jury_pairwise",
+        "prompts.pairwise_vars={prompt: source, response_a: candidate_a, response_b: candidate_b}",
     ])
 
 
@@ -83,36 +104,50 @@ def deploy(cfg: ServeConfig) -> None:
         time.sleep(0.5)
 
 
-def request_body(endpoint: str, tag: str, i: int) -> dict:
+def request_body(endpoint: str, tag: str, i: int, group_size: int = 2) -> dict:
+    reply = f"{tag} reply {i}: the meeting decision was delayed."
     if endpoint == "score":
-        return {"prompt": PROMPT, "response": f"{tag} reply {i}: the meeting decision was delayed."}
+        return {"prompt": PROMPT, "response": reply}
+    if endpoint == "compare":
+        return {"prompt": PROMPT, "response_a": reply, "response_b": f"{tag} {i}: the vote waited for members."}
+    if endpoint == "reward_group":
+        return {"prompt": PROMPT, "responses": [f"{reply} (variant {k})" for k in range(group_size)]}
     return {"messages": [{"role": "user", "content": f"Simplify ({tag} {i}): {PROMPT}"}]}
 
 
-async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: float,
-                   tag: str) -> tuple[float, list[float], int]:
-    """Returns (requests/s over the finished calls, latencies in ms, errors)."""
+@dataclass
+class Phase:
+    """One phase's outcome: finished calls' latencies and the errors by kind."""
+
+    rps: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    errors_5xx: int = 0
+    errors_other: int = 0
+
+
+async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: float, tag: str,
+                   group_size: int = 2) -> Phase:
+    """`n` calls from `concurrency` clients; a call unfinished at `cap_s` counts as an `other` error."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i)
-    latencies: list[float] = []
-    errors = 0
+    phase = Phase()
 
     async def client(http: httpx.AsyncClient) -> None:
-        nonlocal errors
         while not queue.empty():
             i = queue.get_nowait()
-            body = request_body(endpoint, tag, i)
+            body = request_body(endpoint, tag, i, group_size)
             start = time.perf_counter()
             try:
-                resp = await http.post(url, json=body)
-                ok = resp.status_code == 200
+                status = (await http.post(url, json=body)).status_code
             except httpx.HTTPError:
-                ok = False
-            if ok:
-                latencies.append((time.perf_counter() - start) * 1000)
+                status = 0
+            if status == 200:
+                phase.latencies_ms.append((time.perf_counter() - start) * 1000)
+            elif status >= 500:
+                phase.errors_5xx += 1
             else:
-                errors += 1
+                phase.errors_other += 1
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=cap_s, limits=limits) as http:
@@ -122,8 +157,9 @@ async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: flo
         for task in pending:
             task.cancel()
         elapsed = time.perf_counter() - start
-    capped = n - len(latencies) - errors
-    return len(latencies) / elapsed, latencies, errors + capped
+    phase.errors_other += n - len(phase.latencies_ms) - phase.errors_5xx - phase.errors_other
+    phase.rps = len(phase.latencies_ms) / elapsed
+    return phase
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -131,11 +167,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
+def phase_requests(args: argparse.Namespace, endpoint: str, batched: bool) -> int:
+    if batched:
+        return args.requests
+    if args.unbatched_requests:
+        return args.unbatched_requests
+    return args.requests if endpoint == "chat" else min(args.requests, 32)
+
+
 def main() -> None:
     import ray
     from ray import serve
 
     args = parse_args()
+    endpoints = JUDGE_ENDPOINTS if args.endpoint == "all" else (args.endpoint,)
     model = args.model
     scratch = tempfile.TemporaryDirectory(prefix="quorum-bench-tiny-")
     if model == "tiny":
@@ -143,36 +188,48 @@ def main() -> None:
 
         model = build_tiny_random_model(scratch.name)
     port = free_port()
+    base = f"http://127.0.0.1:{port}{PREFIX}"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    results: dict[tuple[str, int], Phase] = {}
+    started = time.perf_counter()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        path = "/score" if args.endpoint == "score" else "/v1/chat/completions"
-        url = f"http://127.0.0.1:{port}{PREFIX}{path}"
-        results = {}
         for batch_size in (args.batch_size, 1):
             deploy(bench_config(model, port, batch_size, args))
-            warmup = run_load(url, args.endpoint, 2 * args.concurrency, args.concurrency, 60, f"warmup{batch_size}")
-            asyncio.run(warmup)
-            # the same bodies in both phases, so both generate the same tokens
-            load = run_load(url, args.endpoint, args.requests, args.concurrency, args.time_cap_s, "load")
-            results[batch_size] = asyncio.run(load)
-            rps, _, errors = results[batch_size]
-            stats = httpx.get(f"http://127.0.0.1:{port}{PREFIX}/stats", timeout=30).json()
-            print(f"info max_batch_size={batch_size}: {rps:.1f} req/s, errors {errors}, "
-                  f"batch sizes {stats['batch_sizes']}", flush=True)
+            for endpoint in endpoints:
+                url = base + ENDPOINTS[endpoint]
+                # first calls pay one-off costs (grammar compile, allocator growth); unbatched, two suffice
+                n_warm = args.concurrency if batch_size > 1 else 2
+                warmup = run_load(url, endpoint, n_warm, args.concurrency, 300, f"warmup{batch_size}",
+                                  args.group_size)
+                asyncio.run(warmup)
+                n = phase_requests(args, endpoint, batch_size > 1)
+                # the same bodies in both phases, so both generate the same tokens
+                phase = asyncio.run(run_load(url, endpoint, n, args.concurrency, args.time_cap_s, "load",
+                                             args.group_size))
+                results[endpoint, batch_size] = phase
+                stats = httpx.get(f"{base}/stats", timeout=30).json()
+                print(f"info {endpoint} max_batch_size={batch_size}: {n} calls, {phase.rps:.2f} req/s, "
+                      f"5xx {phase.errors_5xx}, other errors {phase.errors_other}, p50 "
+                      f"{percentile(phase.latencies_ms, 0.5):.0f} ms, replica batch sizes so far "
+                      f"{stats['batch_sizes']}", flush=True)
     finally:
         serve.shutdown()
         ray.shutdown()
         scratch.cleanup()
-    batched_rps, latencies, batched_errors = results[args.batch_size]
-    single_rps, _, single_errors = results[1]
     print(f"info model={args.model} endpoint={args.endpoint} requests={args.requests} "
-          f"concurrency={args.concurrency} max_tokens={args.max_tokens} batch_wait_s={args.batch_wait_s}")
-    print(f"bench serve_batched_vs_unbatched = {batched_rps / single_rps:.2f}")
-    print(f"bench serve_p50_ms = {percentile(latencies, 0.50):.1f}")
-    print(f"bench serve_p99_ms = {percentile(latencies, 0.99):.1f}")
-    print(f"bench serve_errors = {batched_errors + single_errors}")
+          f"concurrency={args.concurrency} max_tokens={args.max_tokens} group_size={args.group_size} "
+          f"batch_wait_s={args.batch_wait_s} wall_s={time.perf_counter() - started:.0f}")
+    for endpoint in endpoints:
+        batched, single = results[endpoint, args.batch_size], results[endpoint, 1]
+        name = f"serve_{endpoint}"
+        ratio = batched.rps / single.rps if single.rps else float("nan")
+        print(f"bench {name}_batched_vs_unbatched = {ratio:.2f}")
+        print(f"bench {name}_p50_ms = {percentile(batched.latencies_ms, 0.50):.1f}")
+        print(f"bench {name}_p99_ms = {percentile(batched.latencies_ms, 0.99):.1f}")
+        print(f"bench {name}_5xx = {batched.errors_5xx + single.errors_5xx}")
+        print(f"bench {name}_other_errors = {batched.errors_other + single.errors_other}")
 
 
 if __name__ == "__main__":

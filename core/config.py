@@ -360,3 +360,21 @@ def require_file(path: str, key: str) -> None:
     """Raise ConfigError if the file behind config key `key` does not exist."""
     if path and not Path(path).exists():
         fail(key, f"file not found: {path}")
+
+
+# CPU / GPU / memory have their own fields (num_cpus, num_gpus, ...); Ray refuses them inside `resources`
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_custom_resources(resources: dict, key: str) -> None:
+    """A `{name: amount}` map of custom Ray resources (`{gpu_slot: 1}`): names non-empty strings other than Ray's
+    built-in ones, amounts finite numbers >= 0. Errors name `key.<name>`."""
+    if not isinstance(resources, dict):
+        fail(key, f"must be a mapping of resource name to amount, got {type(resources).__name__}")
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name.strip():
+            fail(key, f"resource names must be non-empty strings, got {name!r}")
+        if name in RESERVED_RESOURCES:
+            fail(dotted(key, name), f"{name} is not a custom resource; use the section's num_cpus / num_gpus field")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount < 0:
+            fail(dotted(key, name), f"must be a finite number >= 0, got {amount!r}")

@@ -35,6 +35,12 @@ class RayConfig:
     num_cpus: int = 0
     # extra environment variables for every worker
     env_vars: dict[str, str] = field(default_factory=dict)
+    # nice value of the workers of a *local* cluster. Ray's own default is 15 (keeps its raylet responsive on a
+    # dedicated node), which on a shared laptop or CI runner lets any plain process starve the model actors: an
+    # actor at nice 15 gets ~3% of a core beside one busy nice-0 process, and its torch threads wait for the
+    # slowest of them at every barrier (bench.generate --contention 1: 0.05 of idle). A cluster started with
+    # `ray start` sets it there: `RAY_worker_niceness=0 ray start --head`
+    worker_niceness: int = 0
 
 
 def worker_env(extra: dict[str, str]) -> dict[str, str]:
@@ -62,5 +68,24 @@ def init_ray(cfg: RayConfig) -> None:
         # this machine last recorded in /tmp/ray/ray_current_cluster, i.e. someone else's
         log.info("starting a local Ray cluster (num_cpus=%s)", cfg.num_cpus or "all")
         ray.init(address="local", num_cpus=cfg.num_cpus or None, runtime_env=runtime_env, include_dashboard=False,
-                 log_to_driver=True)
+                 log_to_driver=True, _system_config={"worker_niceness": cfg.worker_niceness})
     ray.data.DataContext.get_current().enable_progress_bars = True
+
+
+def intra_op_threads(pinned: int, ray_cpus: float | None, available: int) -> int:
+    """Torch intra-op threads for a model in this process; 0 = leave torch's default (outside Ray, unpinned).
+
+    `pinned` (engine.num_threads > 0) wins. In a Ray actor or task (`ray_cpus` = the CPUs Ray assigned it, 0 when
+    it asked for none), the floor of that share, at least 1 and at most the `available` cores: never
+    `os.cpu_count()`, or several actors on one node each start a thread per core and wait for each other's
+    descheduled threads at every barrier. Ray's own OMP_NUM_THREADS default says the same, but only when nothing
+    set the variable first (a pass-through from the driver, an earlier task in a reused worker).
+
+    >>> intra_op_threads(0, 0.5, 2), intra_op_threads(0, 2.0, 2), intra_op_threads(0, 8.0, 2), intra_op_threads(3, 1.0, 2)
+    (1, 2, 2, 3)
+    """
+    if pinned > 0:
+        return pinned
+    if ray_cpus is None:
+        return 0
+    return max(1, min(int(ray_cpus), available))

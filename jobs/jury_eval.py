@@ -21,6 +21,7 @@ source-clustered bootstrap CI). Then report.md and report.html (tables + plots) 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -293,7 +294,8 @@ def run_jury(cfg: Config, store: RunStore, cache: str, stage: str = "jury", jury
         return build_jury_dataset(to_dataset(items, block), jury, cache).to_pandas()
 
     key = {"judges": model_key(jury.judges), "seed": jury.seed}
-    return stage_frame(cfg, store, stage, key, judge, summarize_jury)
+    pools = {j.name: j.pool.concurrency for j in jury.judges}
+    return stage_frame(cfg, store, stage, key, judge, functools.partial(summarize_jury, pool_sizes=pools))
 
 
 JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "object", "score": "float64",

@@ -31,7 +31,7 @@ from ray import serve
 from starlette.exceptions import HTTPException
 
 from actors.cache import request_key
-from actors.engine import ChatRequest, Completion
+from actors.engine import ChatRequest, Completion, SamplingParams
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
 from core.config import ConfigError, build, with_defaults
@@ -91,6 +91,8 @@ class GRMServer:
         self.cache = LRUCache()
         self._token = b""
         self._engine_lock = asyncio.Lock()
+        # monotonic start of the engine call now running (a batch or the health probe); None = idle
+        self._engine_busy_since: float | None = None
         self.counters = collections.Counter()
         self.batch_sizes = collections.Counter()
 
@@ -171,6 +173,7 @@ class GRMServer:
         async with self._engine_lock:
             engine, identity = self.engine, self.identity
             self.batch_sizes[len(requests)] += 1
+            self._engine_busy_since = time.monotonic()
             try:
                 completions = await asyncio.to_thread(engine.generate, requests)
             except Exception as exc:  # noqa: BLE001 - whatever one request did, the others must still be answered
@@ -178,7 +181,40 @@ class GRMServer:
                 log.warning("a batch of %d failed (%s: %s); generating its requests one by one", len(requests),
                             type(exc).__name__, exc)
                 completions = [await asyncio.to_thread(generate_alone, engine, r) for r in requests]
+            finally:
+                self._engine_busy_since = None
         return [(completion, identity) for completion in completions]
+
+    async def check_health(self) -> None:
+        """Serve's liveness check (every `health.period_s`; see serve.config.HealthConfig): raising is a failure.
+        Healthy = settings applied, a judge loaded (or reloading), no engine call running past
+        `health.max_engine_call_s`, and, when idle with `health.probe`, one token generated (under load the batches
+        show the engine answers, so the probe never queues behind them)."""
+        settings = self.settings
+        if settings is None:
+            raise RuntimeError("no settings applied (reconfigure never succeeded)")
+        if self.engine is None and not self.loading:
+            raise RuntimeError("the judge engine is not loaded")
+        busy_since, limit = self._engine_busy_since, settings.health.max_engine_call_s
+        if busy_since is not None and limit and time.monotonic() - busy_since > limit:
+            raise RuntimeError(f"an engine call has run {time.monotonic() - busy_since:.0f} s "
+                               f"(health.max_engine_call_s = {limit:g}): the replica is wedged")
+        if (self.engine is None or busy_since is not None or not settings.health.probe
+                or settings.judge.engine.kind == "openai" or self._engine_lock.locked()):
+            return
+        probe = ChatRequest(messages=[{"role": "user", "content": "Say OK."}],
+                            sampling=SamplingParams(temperature=0.0, max_tokens=1))
+        async with self._engine_lock:
+            self._engine_busy_since = time.monotonic()
+            try:
+                completion = (await asyncio.to_thread(self.engine.generate, [probe]))[0]
+            except Exception as exc:  # noqa: BLE001 - any engine failure is this replica's ill health
+                completion = Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+            finally:
+                self._engine_busy_since = None
+        self.counters["health_probes"] += 1
+        if completion.finish_reason == "error":
+            raise RuntimeError(f"the engine failed the health probe: {completion.error}")
 
     async def _complete(self, messages: list[dict], sampling) -> tuple[Completion, bool]:
         """One judge generation: from the cache, else through the batch queue. Returns (completion, cached)."""
@@ -330,6 +366,12 @@ def deployment_options(cfg: ServeConfig) -> dict:
         "user_config": cfg.user_config(),
         "max_ongoing_requests": scaling.max_ongoing_requests,
         "ray_actor_options": {"num_cpus": cfg.resources.num_cpus, "num_gpus": cfg.resources.num_gpus},
+        # liveness: Serve calls GRMServer.check_health every period; 3 failures in a row replace the replica
+        "health_check_period_s": cfg.health.period_s,
+        "health_check_timeout_s": cfg.health.timeout_s,
+        # a stopping replica finishes its ongoing requests first (up to the timeout), then goes
+        "graceful_shutdown_wait_loop_s": cfg.shutdown.wait_loop_s,
+        "graceful_shutdown_timeout_s": cfg.shutdown.timeout_s,
         # a rolling restart starts the new replica before stopping the old one: no gap with one replica
         "max_surge_percent": 100,
     }

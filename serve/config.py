@@ -7,8 +7,9 @@ Two parts with different update paths:
 - `ReplicaSettings` (judge model + adapter, prompts, sampling, batching, limits, cache, request timeout, auth env
   name) travels to every replica as the deployment's `user_config`. With `serve deploy` a change of it is applied
   in place by `GRMServer.reconfigure` (no replica restart); `quorum serve` re-runs roll the replicas instead.
-- The rest (HTTP host/port, route prefix, app name, autoscaling, per-replica resources, Ray address) shapes the
-  deployment itself.
+- The rest (HTTP host/port, route prefix, app name, autoscaling, per-replica resources, health-check period and
+  timeout, graceful shutdown, Ray address) shapes the deployment itself. `health` travels both ways: its period and
+  timeout are deployment options, its probe settings are read by the replica's `check_health`.
 
 Secrets never appear here: `serve.auth_token_env` is the *name* of the environment variable holding the token.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from actors.engine import EngineSpec
 from actors.stage_config import SamplingConfig
-from core.config import check_tree, fail, in_range, one_of, positive
+from core.config import Section, check_tree, dotted, fail, in_range, one_of, positive
 from core.ray_env import RayConfig
 from serve import protocol
 
@@ -86,13 +87,55 @@ class BatchingConfig:
 
 
 @dataclass
-class AutoscalingConfig:
+class AutoscalingConfig(Section):
+    # min_replicas == max_replicas: a fixed number of replicas (no autoscaling)
     min_replicas: int = 1
     max_replicas: int = 1
     # Serve adds replicas when ongoing requests per replica exceed this
     target_ongoing_requests: float = 8.0
     # HTTP requests one replica accepts at once; must be >= batching.max_batch_size to fill batches
     max_ongoing_requests: int = 64
+
+    def check(self, where: str = "") -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            fail(dotted(where, "min_replicas"), f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas}.."
+                                                f"{self.max_replicas}")
+        positive(self.target_ongoing_requests, dotted(where, "target_ongoing_requests"))
+        positive(self.max_ongoing_requests, dotted(where, "max_ongoing_requests"))
+
+
+@dataclass
+class HealthConfig(Section):
+    """Liveness of a replica. Serve calls `GRMServer.check_health` every `period_s`; a call that raises or outlasts
+    `timeout_s` is a failure, and after 3 in a row (Ray's REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD) the controller
+    kills the replica and starts a new one. A dead replica actor is noticed at the next period."""
+
+    period_s: float = 10.0
+    timeout_s: float = 30.0
+    # while idle, check_health generates one token of a fixed prompt, so "healthy" means the engine answers (local
+    # engines only: a hosted `openai` judge is not called every period); false = loaded is enough
+    probe: bool = True
+    # an engine call (one batch) running longer than this is a wedged replica; 0 = no limit. Must be >=
+    # serve.request_timeout_s: a batch may legitimately take that long
+    max_engine_call_s: float = 600.0
+
+    def check(self, where: str = "") -> None:
+        positive(self.period_s, dotted(where, "period_s"))
+        positive(self.timeout_s, dotted(where, "timeout_s"))
+
+
+@dataclass
+class ShutdownConfig(Section):
+    """A replica being stopped (scale-down, rolling update, `serve delete`) first stops taking requests, then waits
+    for its ongoing ones, checking every `wait_loop_s`, at most `timeout_s` before it is killed."""
+
+    wait_loop_s: float = 2.0
+    # must cover serve.request_timeout_s, or a rolling update cuts requests the deadline still allows
+    timeout_s: float = 130.0
+
+    def check(self, where: str = "") -> None:
+        positive(self.wait_loop_s, dotted(where, "wait_loop_s"))
+        positive(self.timeout_s, dotted(where, "timeout_s"))
 
 
 @dataclass
@@ -115,6 +158,7 @@ class ReplicaSettings:
     cache_size: int = 1024
     request_timeout_s: float = 120.0
     auth_token_env: str = ""
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 @dataclass
@@ -127,6 +171,8 @@ class ServeConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     limits: protocol.Limits = field(default_factory=protocol.Limits)
     cache_size: int = 1024
 
@@ -141,10 +187,6 @@ class ServeConfig:
         positive(http.request_timeout_s, "serve.request_timeout_s")
         validate_replica_settings(self.replica_settings())
         scaling = self.autoscaling
-        if not 1 <= scaling.min_replicas <= scaling.max_replicas:
-            fail("autoscaling", f"need 1 <= min_replicas <= max_replicas, got {scaling.min_replicas}.."
-                                f"{scaling.max_replicas}")
-        positive(scaling.target_ongoing_requests, "autoscaling.target_ongoing_requests")
         if scaling.max_ongoing_requests < self.batching.max_batch_size:
             fail("autoscaling.max_ongoing_requests", f"{scaling.max_ongoing_requests} must be >= "
                  f"batching.max_batch_size ({self.batching.max_batch_size}) or batches never fill")
@@ -152,12 +194,19 @@ class ServeConfig:
         if engine.kind == "vllm" and self.resources.num_gpus < engine.tensor_parallel_size:
             fail("resources.num_gpus", f"{self.resources.num_gpus} must cover judge.engine.tensor_parallel_size "
                                        f"({engine.tensor_parallel_size}) for vllm")
+        if self.shutdown.timeout_s < http.request_timeout_s:
+            fail("shutdown.timeout_s", f"{self.shutdown.timeout_s:g} must be >= serve.request_timeout_s "
+                 f"({http.request_timeout_s:g}) or a rolling update cuts requests their deadline still allows")
+        limit = self.health.max_engine_call_s
+        if limit and limit < http.request_timeout_s:
+            fail("health.max_engine_call_s", f"{limit:g} must be 0 or >= serve.request_timeout_s "
+                 f"({http.request_timeout_s:g}): a batch may run that long")
 
     def replica_settings(self) -> ReplicaSettings:
         return ReplicaSettings(
             judge=self.judge, prompts=self.prompts, sampling=self.sampling, batching=self.batching,
             limits=self.limits, cache_size=self.cache_size, request_timeout_s=self.serve.request_timeout_s,
-            auth_token_env=self.serve.auth_token_env,
+            auth_token_env=self.serve.auth_token_env, health=self.health,
         )
 
     def user_config(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -316,6 +317,41 @@ def test_shipped_configs_load_and_bad_values_name_the_key(tmp_path):
         load_config(ServeConfig, REPO / "configs" / "grm.yaml", ["sampling.max_tokens=5000"])
 
 
+@pytest.mark.parametrize("override, key", [
+    ("autoscaling.min_replicas=3", "autoscaling.min_replicas: need 1 <= min_replicas <= max_replicas, got 3..1"),
+    ("autoscaling.min_replicas=0", "autoscaling.min_replicas"),
+    ("autoscaling.target_ongoing_requests=0", "autoscaling.target_ongoing_requests: must be > 0"),
+    ("health.period_s=0", "health.period_s: must be > 0"),
+    ("health.timeout_s=-1", "health.timeout_s: must be >= 0"),
+    ("shutdown.wait_loop_s=0", "shutdown.wait_loop_s: must be > 0"),
+    ("shutdown.timeout_s=60", "shutdown.timeout_s: 60 must be >= serve.request_timeout_s"),
+    ("health.max_engine_call_s=30", "health.max_engine_call_s: 30 must be 0 or >= serve.request_timeout_s"),
+    ("health.probe_s=1", "health.probe_s"),
+])
+def test_deployment_settings_are_checked_under_their_key(override, key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(ServeConfig, REPO / "configs" / "grm.yaml", [override])
+
+
+def test_deployment_settings_reach_serve_and_the_replicas():
+    """configs/grm*.yaml's replica, health and shutdown settings become Serve's deployment options (autoscaling
+    when min < max), and the health probe settings travel to the replicas in user_config."""
+    from serve.app import deployment_options
+
+    local = deployment_options(load_config(ServeConfig, REPO / "configs" / "grm.yaml", ["health.probe=false"]))
+    assert {k: local[k] for k in ("num_replicas", "max_ongoing_requests", "health_check_period_s",
+                                  "health_check_timeout_s", "graceful_shutdown_wait_loop_s",
+                                  "graceful_shutdown_timeout_s")} == {
+        "num_replicas": 1, "max_ongoing_requests": 64, "health_check_period_s": 10.0, "health_check_timeout_s": 30.0,
+        "graceful_shutdown_wait_loop_s": 2.0, "graceful_shutdown_timeout_s": 130.0}
+    assert local["user_config"]["health"] == {"period_s": 10.0, "timeout_s": 30.0, "probe": False,
+                                              "max_engine_call_s": 600.0}
+    cluster = deployment_options(load_config(ServeConfig, REPO / "configs" / "grm_cluster.yaml"))
+    assert "num_replicas" not in cluster and cluster["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 4.0}
+    assert cluster["graceful_shutdown_timeout_s"] >= 600 and cluster["max_ongoing_requests"] == 128
+
+
 def test_print_config_is_a_valid_serve_config_without_secrets(monkeypatch, capsys):
     import yaml
     from ray.serve.schema import ServeDeploySchema
@@ -331,3 +367,6 @@ def test_print_config_is_a_valid_serve_config_without_secrets(monkeypatch, capsy
     assert app.import_path == "serve.app:build_app" and schema.http_options.port == 8123
     assert app.deployments[0].user_config["auth_token_env"] == "QUORUM_SERVE_TOKEN"
     assert app.args["serve"]["port"] == 8123
+    deployment = app.deployments[0]
+    assert (deployment.health_check_period_s, deployment.health_check_timeout_s) == (10.0, 30.0)
+    assert (deployment.graceful_shutdown_wait_loop_s, deployment.graceful_shutdown_timeout_s) == (2.0, 130.0)

@@ -20,7 +20,7 @@ import os
 import typing
 from typing import Any
 
-from core.config import Section, dotted, fail, in_range, one_of, positive
+from core.config import Section, check_custom_resources, dotted, fail, in_range, one_of, positive
 from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
 from train.losses import PreferenceLossConfig
 
@@ -171,6 +171,9 @@ class WorkerFields:
     num_workers: int = 1
     use_gpu: bool = False
     cpus_per_worker: int = 1
+    # custom Ray resources per training worker on top of its CPUs/GPU, e.g. {gpu_slot: 1}: the workers are placed
+    # only on nodes that advertise them (ScalingConfig.resources_per_worker)
+    resources_per_worker: dict[str, float] = dataclasses.field(default_factory=dict)
     # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
     precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -180,6 +183,7 @@ class WorkerFields:
     def _check_workers(self, where: str) -> None:
         for name in ("micro_batch_size", "num_workers", "cpus_per_worker"):
             positive(getattr(self, name), dotted(where, name))
+        check_custom_resources(self.resources_per_worker, dotted(where, "resources_per_worker"))
         one_of(self.precision, PRECISIONS, dotted(where, "precision"))
 
 

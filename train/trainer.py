@@ -74,6 +74,11 @@ def worker_env(cfg: TrainerBase) -> dict[str, str]:
     return env
 
 
+def worker_resources(cfg: TrainerBase) -> dict[str, float]:
+    """Ray resources of one training worker: its CPUs plus the config's custom resources ({gpu_slot: 1})."""
+    return {"CPU": cfg.cpus_per_worker, **{k: float(v) for k, v in cfg.resources_per_worker.items()}}
+
+
 def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: Any = None) -> Any:
     """The `TorchTrainer` for `cfg` (either trainer's config); `loop_config` is the worker function's whole input,
     `loop` the worker function (default: preference training's `train.loop.train_loop_per_worker`)."""
@@ -84,7 +89,7 @@ def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: 
         from train.loop import train_loop_per_worker as loop
 
     scaling = ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                            resources_per_worker={"CPU": cfg.cpus_per_worker})
+                            resources_per_worker=worker_resources(cfg))
     run = RunConfig(
         storage_path=storage_path,
         name=cfg.run_name,
