@@ -13,6 +13,13 @@ dropped. Printed lines:
     bench train_2_vs_1_workers = X        2-worker tokens/s ÷ 1-worker tokens/s (ideal 2.0)
     bench train_mfu = X                   2-worker achieved FLOP/s ÷ (2 × single-thread matmul peak)
     bench train_mfu_1w = X                1-worker achieved FLOP/s ÷ single-thread matmul peak
+    bench train_step_s_2w = X             seconds per step of the 2-worker run, and where they go:
+    bench train_forward_frac_2w = X       forward + loss
+    bench train_backward_frac_2w = X      backward, including ZeRO-2's gradient reduction (hooks inside backward)
+    bench train_optimizer_frac_2w = X     optimizer step, including ZeRO-2's all-gather of updated partitions
+    bench train_other_frac_2w = X         the rest: collation, tokenization, metric reduction
+    bench train_allreduce_frac_2w = X     one all-reduce of the LoRA gradient's size on the same process group,
+                                          timed apart (part of backward + optimizer above, not an extra slice)
 
 FLOPs per token (the formula; not 6·N): with LoRA the base weights are frozen, so autograd computes input gradients
 through every base matmul but no weight gradients for them. Per token that is forward 2·N + backward 2·N for the
@@ -91,7 +98,7 @@ def measured_tokens_per_s(history: list[dict], warmup: int) -> float:
     return tokens / sum(m["tokens"] / m["tokens_per_s"] for m in steps)
 
 
-def run(model_dir: str, workers: int, args, out: Path) -> float:
+def run(model_dir: str, workers: int, args, out: Path) -> tuple[float, dict[str, float]]:
     from train.config import DeepSpeedSection, TrainConfig
     from train.trainer import run_training
 
@@ -101,7 +108,20 @@ def run(model_dir: str, workers: int, args, out: Path) -> float:
                       keep_checkpoints=total, deepspeed=DeepSpeedSection(zero_stage=2), run_name=f"bench_{workers}w",
                       max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length)
     result = run_training(cfg, make_rows(), run_dir=str(out / f"{workers}w"))
-    return measured_tokens_per_s(result.history, args.warmup)
+    return measured_tokens_per_s(result.history, args.warmup), step_breakdown(result.history, args.warmup)
+
+
+def step_breakdown(history: list[dict], warmup: int) -> dict[str, float]:
+    """Mean seconds per step after warm-up, and each phase's share of it (see the module docstring)."""
+    steps = [m for m in history if m["step"] > warmup]
+    seconds = sum(m["tokens"] / m["tokens_per_s"] for m in steps) / len(steps)
+    shares = {name: sum(m[f"time/{name}_s"] for m in steps) / len(steps) / seconds
+              for name in ("forward", "backward", "optimizer")}
+    shares["other"] = 1.0 - sum(shares.values())
+    allreduce = history[-1].get("time/allreduce_s")
+    if allreduce is not None:
+        shares["allreduce"] = allreduce / seconds
+    return {"step_s": seconds} | shares
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,15 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from actors.models import build_tiny_random_model, resolve_model_dir
+    from core.ray_env import RayConfig, init_ray
     from train.config import LoraSection, TrainConfig
 
     out = Path(tempfile.mkdtemp(prefix="bench-train-"))
     model_dir = build_tiny_random_model(out / "tiny") if args.model == "tiny" else resolve_model_dir(args.model)
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        init_ray(RayConfig(num_cpus=2))  # what jobs do: a local cluster, workers at nice 0
     peak = matmul_peak_flops()
     per_token, n_base, n_lora = flops_per_token(model_dir, TrainConfig(model=model_dir, lora=LoraSection()))
-    tps = {workers: run(model_dir, workers, args, out) for workers in (1, 2)}
+    runs = {workers: run(model_dir, workers, args, out) for workers in (1, 2)}
+    tps = {workers: tokens_per_s for workers, (tokens_per_s, _) in runs.items()}
     print(f"# model={args.model} base_linear_params={n_base} lora_params={n_lora} flops_per_token={per_token:.4g} "
           f"matmul_peak_1thread={peak / 1e9:.1f} GFLOP/s, ZeRO-2, cpus_per_worker=1, micro={args.micro}")
     print(f"bench train_tokens_per_s_1w = {tps[1]:.1f}")
@@ -133,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench train_2_vs_1_workers = {tps[2] / tps[1]:.3f}")
     print(f"bench train_mfu = {tps[2] * per_token / (2 * peak):.4f}")
     print(f"bench train_mfu_1w = {tps[1] * per_token / peak:.4f}")
+    for name, value in runs[2][1].items():
+        print(f"bench train_{name}_2w = {value:.3f}" if name == "step_s" else f"bench train_{name}_frac_2w = {value:.3f}")
     return 0
 
 

@@ -25,3 +25,20 @@ def test_flops_count_every_linear_layer_packed_or_not(tiny_model_dir):
         pytest.skip("oneDNN packed linear unavailable in this torch build")
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
     assert count_useful_flops(packed.model, completions) == pytest.approx(expected)
+
+
+def test_train_step_breakdown_shares_the_measured_step_time():
+    from bench.train_step import step_breakdown
+
+    # step 1 is warm-up; steps 2 and 3: 100 tokens at 50 tok/s = 2 s and 200 tokens at 50 tok/s = 4 s -> 3 s mean
+    history = [{"step": 1, "tokens": 10, "tokens_per_s": 1.0, "time/forward_s": 9.0, "time/backward_s": 0.0,
+                "time/optimizer_s": 0.0},
+               {"step": 2, "tokens": 100, "tokens_per_s": 50.0, "time/forward_s": 0.5, "time/backward_s": 1.0,
+                "time/optimizer_s": 0.2},
+               {"step": 3, "tokens": 200, "tokens_per_s": 50.0, "time/forward_s": 1.3, "time/backward_s": 2.0,
+                "time/optimizer_s": 0.4, "time/allreduce_s": 0.15}]
+    shares = step_breakdown(history, warmup=1)
+    assert shares["step_s"] == pytest.approx(3.0)
+    assert shares["forward"] == pytest.approx(0.9 / 3) and shares["backward"] == pytest.approx(1.5 / 3)
+    assert shares["optimizer"] == pytest.approx(0.3 / 3) and shares["other"] == pytest.approx(0.3 / 3)
+    assert shares["allreduce"] == pytest.approx(0.05)

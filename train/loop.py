@@ -77,6 +77,8 @@ def train_loop_per_worker(config: dict) -> None:
             metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world)
         if done == total:
             metrics["base_drift"] = float((base_fingerprint(engine.module, gather=zero3) - fingerprint).abs().max())
+            if world > 1:
+                metrics["time/allreduce_s"] = allreduce_seconds(engine)
         _report(engine, cfg, metrics, done, total, rank, save, tracker)
         sums, tokens, clock = {}, 0, time.perf_counter()
         if cfg.fail_at_step and done == cfg.fail_at_step and start == 0 and rank == world - 1:
@@ -213,19 +215,47 @@ def train_step(engine, tokenizer, cfg: TrainConfig, rows: list[dict], step: int,
     """
     plan = step_row_indices(step, len(rows), cfg.micro_batch_size, cfg.grad_accum, world, rank, cfg.seed)
     sums, tokens, unclipped_norm = {"lr": engine.get_lr()[0], "count": 1.0}, 0, None
+    # where the step's wall time goes (seconds per step, summed over micro-batches): forward + loss; backward,
+    # which under ZeRO-2 also reduces the gradients (DeepSpeed's hooks fire inside it); the optimizer step, which
+    # under ZeRO-2 also all-gathers the updated partitions. Collation and tokenization are the rest.
+    phases = dict.fromkeys(("time/forward_s", "time/backward_s", "time/optimizer_s"), 0.0)
     for micro, indices in enumerate(plan):
         batch = _collate(tokenizer, cfg, [rows[i] for i in indices], engine.device)
+        started = time.perf_counter()
         loss, metrics = loss_on_batch(engine, cfg, batch)
+        forward_done = time.perf_counter()
         engine.backward(loss)
+        backward_done = time.perf_counter()
         if micro == len(plan) - 1 and cfg.deepspeed.zero_stage == 0:
             unclipped_norm = _full_grad_norm(engine)
+        step_started = time.perf_counter()
         engine.step()
+        phases["time/forward_s"] += forward_done - started
+        phases["time/backward_s"] += backward_done - forward_done
+        phases["time/optimizer_s"] += time.perf_counter() - step_started
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value) / cfg.grad_accum
         tokens += int(batch["attention_mask"].sum())
+    sums |= phases
     norm = engine.get_global_grad_norm()
     sums["grad_norm"] = float(norm) if norm is not None else (unclipped_norm or math.nan)
     return sums, tokens
+
+
+def allreduce_seconds(engine, repeats: int = 5) -> float:
+    """Median wall time of one all-reduce of a float32 tensor the size of the trainable (LoRA) parameters on the
+    job's process group: what one step's gradient exchange costs on this interconnect (ZeRO-2's reduce-scatter +
+    all-gather move the same volume as one all-reduce). Measured apart from the step, since DeepSpeed issues the
+    step's collectives from inside backward and step, where they cannot be timed without instrumenting it."""
+    numel = sum(p.numel() for p in engine.module.parameters() if p.requires_grad)
+    tensor = torch.zeros(numel, dtype=torch.float32, device=engine.device)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - started)
+    return float(sorted(times)[len(times) // 2])
 
 
 def _full_grad_norm(engine) -> float | None:
