@@ -43,7 +43,7 @@ def job_config(tmp_path: Path, model_dir: str, shared_data: Path) -> Path:
              # the whole CPU of its gpu_worker, so Ray Data's light tasks stay on the head
              "pool": {"concurrency": 1, "num_cpus": 1, "batch_size": 1, "resources": {"gpu_slot": 1}}}
     config = {
-        "job": "jury_eval", "wandb": {"project": "quorum-test", "mode": "offline"},
+        "job": "jury_eval", "wandb": {"enabled": False},  # W&B start-up is seconds per run; not what is tested
         "synth": {"enabled": False}, "asset": {"enabled": False},
         "simpeval": {"path": str(shared_data / "simpeval" / "simpeval_2022.csv"), "limit": PAIRS},
         "jury": {"judges": [judge]},
@@ -112,6 +112,8 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
         cluster.wait_for(lambda: cluster.gpu_nodes(), "a gpu_worker node for the judge pool", 90)
         first = cluster.gpu_nodes()
         assert len(first) == 1 and first[0]["resources"]["gpu_slot"] == 4
+        counts = {"start": 1, "scaled up": len(cluster.nodes())}
+        phases = {"gpu_worker up": time.monotonic() - started}
         # mid-stage: as soon as a first judgment is in the request cache, freeze the node (SIGSTOP: nothing more
         # happens on it), check the stage is unfinished, then kill every process of it, as a crashed machine
         node = first[0]["node_id"]
@@ -127,6 +129,8 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
         # the autoscaler replaces the dead node: a new gpu_worker for the restarted actor
         cluster.wait_for(lambda: any(n["node_id"] != node for n in cluster.gpu_nodes())
                          or driver.poll() is not None, "a replacement gpu_worker", 90)
+        counts["after the kill"] = len(cluster.nodes())
+        phases["replaced"] = time.monotonic() - started
         out, _ = driver.communicate(timeout=150)
     finally:
         if driver.poll() is None:
@@ -134,7 +138,12 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
             print(f"driver output:\n{driver.communicate()[0][-5000:]}", file=sys.stderr)
     assert driver.returncode == 0, out[-5000:]
     # scale down: after the job the gpu_worker idles past idle_timeout_minutes and the autoscaler removes it
+    phases["job done"] = time.monotonic() - started
     down_after = cluster.wait_for(lambda: not cluster.gpu_nodes(), "idle gpu_worker removed", 60)
+    # and any cpu_worker Ray Data's light tasks asked for: the head alone again
+    cluster.wait_for(lambda: len(cluster.nodes()) == 1, "idle workers removed", 60)
+    counts["end"] = 1
+    phases["head alone"] = time.monotonic() - started
 
     run = root / "jury_eval" / "t"
     manifest = json.loads((run / "manifest.json").read_text())
@@ -155,13 +164,16 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
     one = tmp_path / "one"
     assert cli_main(["run", str(cfg), f"run.root={one}", "run.id=t", "jury.judges.0.pool.resources={}"]) == 0
     ref = one / "jury_eval" / "t"
+    phases["one-node run"] = time.monotonic() - started
     key = ["id", "model", "judge"]
     assert_frame_equal(judged[JUDGMENT].sort_values(key, ignore_index=True),
                        pd.read_parquet(ref / "jury")[JUDGMENT].sort_values(key, ignore_index=True))
     assert_frame_equal(pd.read_parquet(run / "scores").sort_values(["id", "model"], ignore_index=True),
                        pd.read_parquet(ref / "scores").sort_values(["id", "model"], ignore_index=True))
-    print(f"multinode: gpu_worker up, killed after {done_before_kill}/{PAIRS} judgments, replaced; "
-          f"removed {down_after:.1f} s after the job; test {time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(f"multinode: nodes {counts}; gpu_worker killed after {done_before_kill}/{PAIRS} judgments, replaced; "
+          f"idle gpu_worker gone {down_after:.1f} s after the job; "
+          f"actor_restarts {summary['actor_restarts']}; at seconds {({k: round(v, 1) for k, v in phases.items()})}",
+          file=sys.stderr)
 
 
 def assert_frame_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:
