@@ -104,6 +104,8 @@ def chat_actor_restarts() -> int:
     import ray
     from ray._private import state
 
+    if not ray.is_initialized():
+        return 0
     job = ray.get_runtime_context().get_job_id()
     return sum(int(a["NumRestarts"]) for a in state.actors().values()
                if a["JobID"] == job and "ChatWorker" in a["ActorClassName"])
