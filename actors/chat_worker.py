@@ -92,3 +92,21 @@ class ChatWorker:
     def _complete(self, rows: list[dict], attempt: int) -> list[tuple[Completion, bool]]:
         """Completions for rows, from the cache where possible; returns (completion, was_cached) pairs."""
         return self.model.complete_cached([to_request(r, attempt, self.retry_temperature) for r in rows])
+
+
+def chat_actor_restarts() -> int:
+    """Restarts so far of this driver's ChatWorker pool actors, from Ray's actor table (a worker process or its
+    node died and Ray started the actor again: Ray Data pools run with max_restarts=-1 and retry the lost batch).
+
+    Actors of finished stages keep their count, so a stage records the difference across its run. Uses Ray's
+    `ray._private.state.actors` (a developer API that reads the GCS, no dashboard needed).
+    """
+    import ray
+    from ray._private import state
+
+    if not ray.is_initialized():
+        return 0
+    job = ray.get_runtime_context().get_job_id()
+    return sum(int(a["NumRestarts"]) for a in state.actors().values()
+               if a["JobID"] == job and "ChatWorker" in a["ActorClassName"])
+

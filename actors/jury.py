@@ -326,15 +326,13 @@ def actor_incarnations(df: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in seen.groupby("judge")["worker_ready_at"].nunique().items()}
 
 
-def summarize_jury(df: pd.DataFrame, seconds: float, pool_sizes: dict[str, int] | None = None) -> dict:
-    """Per-stage numbers: judgments, parse failures (kept, counted), retries, tokens, throughput, and with
-    `pool_sizes` ({judge: pool.concurrency}) the actor restarts (actor lives beyond the pool's size)."""
+def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
+    """Per-stage numbers: judgments, parse failures (kept, counted), retries, tokens, throughput, and how many
+    actor lives produced the rows (`actor_lives`; a life whose every output was lost with its node is not seen:
+    the stage's `actor_restarts`, from Ray's actor table, is the full count)."""
     tokens = int(df["completion_tokens"].sum())
     too_few = df["parse_error"].str.startswith("too_few_candidates")
     lives = actor_incarnations(df)
-    restarts = {}
-    if pool_sizes is not None:
-        restarts = {"actor_restarts": sum(max(0, n - pool_sizes.get(judge, 1)) for judge, n in lives.items())}
     return {
         "rows_out": len(df), "parse_failures": int(((df["parse_error"] != "") & ~too_few).sum()),
         "sources_too_few_candidates": int(too_few.sum()),
@@ -343,5 +341,5 @@ def summarize_jury(df: pd.DataFrame, seconds: float, pool_sizes: dict[str, int] 
         "completion_tokens": tokens, "actor_seconds": round(float(df["worker_seconds"].sum()), 3),
         "seconds": round(seconds, 3), "rows_per_s": round(len(df) / seconds, 3) if seconds else None,
         "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
-        "actor_lives": sum(lives.values()), **restarts,
+        "actor_lives": sum(lives.values()),
     }

@@ -21,7 +21,6 @@ source-clustered bootstrap CI). Then report.md and report.html (tables + plots) 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -279,9 +278,12 @@ def build_pairs(store: RunStore) -> pd.DataFrame:
 
 def run_jury(cfg: Config, store: RunStore, cache: str, stage: str = "jury", jury: JuryConfig | None = None):
     """The panel's judgments of every pair (`stage` "ablations": the ablation judges', same rows and columns)."""
+    from actors.chat_worker import chat_actor_restarts
     from actors.jury import build_jury_dataset, summarize_jury
 
     jury = jury or cfg.jury
+
+    restarts = {"actor_restarts": 0}
 
     def judge() -> pd.DataFrame:
         pairs = store.read_stage("pairs").to_pandas()
@@ -291,11 +293,17 @@ def run_jury(cfg: Config, store: RunStore, cache: str, stage: str = "jury", jury
             return pd.DataFrame({c: pd.Series(dtype=t) for c, t in JURY_EMPTY.items()})
         init_ray(cfg.ray)
         block = min(j.pool.batch_size for j in jury.judges)
-        return build_jury_dataset(to_dataset(items, block), jury, cache).to_pandas()
+        before = chat_actor_restarts()
+        judged = build_jury_dataset(to_dataset(items, block), jury, cache).to_pandas()
+        # judge actors Ray restarted during the stage (a node lost, a worker killed): their batches were retried
+        restarts["actor_restarts"] = chat_actor_restarts() - before
+        return judged
+
+    def summarize(df: pd.DataFrame, seconds: float) -> dict:
+        return {**summarize_jury(df, seconds), **restarts}
 
     key = {"judges": model_key(jury.judges), "seed": jury.seed}
-    pools = {j.name: j.pool.concurrency for j in jury.judges}
-    return stage_frame(cfg, store, stage, key, judge, functools.partial(summarize_jury, pool_sizes=pools))
+    return stage_frame(cfg, store, stage, key, judge, summarize)
 
 
 JURY_EMPTY = {"id": "object", "policy": "object", "model": "object", "judge": "object", "score": "float64",

@@ -201,11 +201,15 @@ def stage_sources(cfg: Config, store: RunStore):
 
 def stage_ray(cfg: Config, store: RunStore, name: str, key: object, build, summarize):
     """A stage whose output is a Ray Dataset plan: build(store) -> Dataset, written to Parquet."""
+    from actors.chat_worker import chat_actor_restarts
+
     def produce(out_dir: str) -> dict:
         init_ray(cfg.ray)
-        started = time.time()
+        started, restarts = time.time(), chat_actor_restarts()
         build(store).write_parquet(out_dir)
-        return summarize(pd.read_parquet(out_dir), time.time() - started)
+        # model actors Ray restarted during the stage (a node lost, a worker killed): their batches were retried
+        restarts = chat_actor_restarts() - restarts
+        return {**summarize(pd.read_parquet(out_dir), time.time() - started), "actor_restarts": restarts}
 
     return store.run_stage(name, key, produce)
 

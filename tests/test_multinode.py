@@ -1,0 +1,190 @@
+"""A quorum job on a local autoscaling multi-node cluster (cluster.yaml's node types on Ray's fake provider).
+
+The jury_eval job's judge pool asks for `pool.resources: {gpu_slot: 1}`; only a gpu_worker node advertises
+`gpu_slot` (standing in for cluster.yaml's GPUs), and the cluster starts with the head alone, so the autoscaler must
+launch a gpu_worker for the jury stage. Mid-stage (some judgments done, not all) the test SIGKILLs that node's raylet:
+Ray marks the node dead, Ray Data restarts the actor (max_restarts=-1) and retries its in-flight batch, and the
+autoscaler replaces the unhealthy node. The stage must complete with every pair judged exactly once and the job's
+outputs equal to a one-node run's (the session's `ray_local`, same config without the resource); then the idle
+gpu_worker is removed. The job runs as `python -m jobs.cli run ... ray.address=...`, its own driver process: this
+process keeps its own `ray.init` (the session's `ray_local`) untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from jobs.cli import main as cli_main
+from tests.fake_cluster import FakeCluster, mirrored_node_types
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+PAIRS = 8
+# what a judgment's content is (not when or where it ran): compared with the one-node run
+JUDGMENT = ["id", "model", "judge", "completion", "score", "parse_error", "prompt_tokens", "completion_tokens"]
+
+
+def job_config(tmp_path: Path, model_dir: str, shared_data: Path) -> Path:
+    judge = {"name": "judge", "engine": {"kind": "hf", "model": model_dir, "num_threads": 1, "max_batch_size": 2},
+             "sampling": {"temperature": 0.0, "max_tokens": 8}, "max_parse_retries": 0, "constrained": False,
+             # batches of one row: a stage of 8 batches, so there is a "mid-stage" to kill the node in
+             # the whole CPU of its gpu_worker, so Ray Data's light tasks stay on the head
+             "pool": {"concurrency": 1, "num_cpus": 1, "batch_size": 1, "resources": {"gpu_slot": 1}}}
+    config = {
+        "job": "jury_eval", "wandb": {"enabled": False},  # W&B start-up is seconds per run; not what is tested
+        "synth": {"enabled": False}, "asset": {"enabled": False},
+        "simpeval": {"path": str(shared_data / "simpeval" / "simpeval_2022.csv"), "limit": PAIRS},
+        "jury": {"judges": [judge]},
+        "report": {"metrics": ["fkgl", "compression_ratio"], "n_boot": 20},
+    }
+    path = tmp_path / "multinode.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def cluster():
+    # cluster.yaml's worker types (node CPUs scaled down to 1; a gpu_worker's GPUs become gpu_slot); a head with
+    # one CPU for Ray Data's light tasks (cluster.yaml's has none: they would all wait for a cpu_worker)
+    types = mirrored_node_types(cpus=1)
+    # one cpu_worker at most (cluster.yaml: 4): Ray Data's light tasks may ask for one beyond the head's CPU, and
+    # every extra raylet costs this 2-core machine
+    types["cpu_worker"]["max_workers"] = 1
+    fake = FakeCluster(types, head_cpus=1, idle_timeout_minutes=0.05)  # 3 s idle, then the node goes
+    try:
+        fake.start()
+        yield fake
+    finally:
+        fake.stop()
+
+
+def gpu_node_processes(cluster: FakeCluster) -> list[psutil.Process]:
+    """The one gpu_worker's processes: its raylet (under the cluster's temp dir, advertising gpu_slot) and
+    everything under it (its workers, the judge actor among them, and its agents)."""
+    raylets = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and cmd[0].endswith("/raylet") and any(cluster.temp_dir in a for a in cmd) and \
+                any(a.startswith("--static_resource_list=") and "gpu_slot" in a for a in cmd):
+            raylets.append(proc)
+    assert len(raylets) == 1, f"{len(raylets)} gpu_worker raylets"
+    return [raylets[0], *raylets[0].children(recursive=True)]
+
+
+def signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            continue
+
+
+def cache_entries(root: Path) -> int:
+    return len(list((root / "_cache" / "requests").glob("*/*.json")))
+
+
+def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, tiny_model_dir, shared_data,
+                                                          tmp_path):
+    started = time.monotonic()
+    cfg = job_config(tmp_path, tiny_model_dir, shared_data)
+    root = tmp_path / "multi"
+    assert [n["head"] for n in cluster.nodes()] == [True]  # the head alone: nothing advertises gpu_slot yet
+
+    env = dict(cluster.env, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "jobs.cli", "run", str(cfg), f"run.root={root}", "run.id=t",
+         f"ray.address={cluster.gcs_address}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        # scale up: the judge pool's gpu_slot demand makes the autoscaler launch a gpu_worker
+        cluster.wait_for(lambda: cluster.gpu_nodes(), "a gpu_worker node for the judge pool", 90)
+        first = cluster.gpu_nodes()
+        assert len(first) == 1 and first[0]["resources"]["gpu_slot"] == 4
+        counts = {"start": 1, "scaled up": len(cluster.nodes())}
+        phases = {"gpu_worker up": time.monotonic() - started}
+        # mid-stage: as soon as a first judgment is in the request cache, freeze the node (SIGSTOP: nothing more
+        # happens on it), check the stage is unfinished, then kill every process of it, as a crashed machine
+        node = first[0]["node_id"]
+        deadline = time.monotonic() + 90
+        while cache_entries(root) < 1 and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        procs = gpu_node_processes(cluster)
+        signal_all(procs, signal.SIGSTOP)
+        done_before_kill = cache_entries(root)
+        signal_all(procs, signal.SIGKILL)
+        assert driver.poll() is None and 1 <= done_before_kill < PAIRS, \
+            f"not mid-stage: {done_before_kill} of {PAIRS} judged when the node was killed"
+        # the autoscaler replaces the dead node: a new gpu_worker for the restarted actor
+        cluster.wait_for(lambda: any(n["node_id"] != node for n in cluster.gpu_nodes())
+                         or driver.poll() is not None, "a replacement gpu_worker", 90)
+        counts["after the kill"] = len(cluster.nodes())
+        phases["replaced"] = time.monotonic() - started
+        out, _ = driver.communicate(timeout=150)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            print(f"driver output:\n{driver.communicate()[0][-5000:]}", file=sys.stderr)
+    assert driver.returncode == 0, out[-5000:]
+    # scale down: after the job the gpu_worker idles past idle_timeout_minutes and the autoscaler removes it
+    phases["job done"] = time.monotonic() - started
+    down_after = cluster.wait_for(lambda: not cluster.gpu_nodes(), "idle gpu_worker removed", 60)
+    # and any cpu_worker Ray Data's light tasks asked for: the head alone again
+    cluster.wait_for(lambda: len(cluster.nodes()) == 1, "idle workers removed", 60)
+    counts["end"] = 1
+    phases["head alone"] = time.monotonic() - started
+
+    run = root / "jury_eval" / "t"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["jury"]["status"] == "complete"
+    judged = pd.read_parquet(run / "jury")
+    pairs = pd.read_parquet(run / "pairs")
+    # every pair judged exactly once: no row lost to the dead node, none duplicated by the retried batch
+    assert len(judged) == len(pairs) == PAIRS
+    # a pair is (source id, simplifying system): SimpEval rates several systems' outputs of one source
+    judged_keys = list(zip(judged["id"], judged["model"]))
+    assert sorted(judged_keys) == sorted(zip(pairs["id"], pairs["model"])) and len(set(judged_keys)) == PAIRS
+    summary = manifest["stages"]["jury"]["summary"]
+    assert summary["rows_out"] == PAIRS
+    # the restart is counted (Ray's actor table: the judge actor came back on the new node)
+    assert summary["actor_restarts"] >= 1, summary
+
+    # the same job on one node (the session's local Ray, no custom resource): the same judgments and scores
+    one = tmp_path / "one"
+    assert cli_main(["run", str(cfg), f"run.root={one}", "run.id=t", "jury.judges.0.pool.resources={}"]) == 0
+    ref = one / "jury_eval" / "t"
+    phases["one-node run"] = time.monotonic() - started
+    key = ["id", "model", "judge"]
+    assert_frame_equal(judged[JUDGMENT].sort_values(key, ignore_index=True),
+                       pd.read_parquet(ref / "jury")[JUDGMENT].sort_values(key, ignore_index=True))
+    assert_frame_equal(pd.read_parquet(run / "scores").sort_values(["id", "model"], ignore_index=True),
+                       pd.read_parquet(ref / "scores").sort_values(["id", "model"], ignore_index=True))
+    print(f"multinode: nodes {counts}; gpu_worker killed after {done_before_kill}/{PAIRS} judgments, replaced; "
+          f"idle gpu_worker gone {down_after:.1f} s after the job; "
+          f"actor_restarts {summary['actor_restarts']}; at seconds {({k: round(v, 1) for k, v in phases.items()})}",
+          file=sys.stderr)
+
+
+def assert_frame_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+def test_mirrored_node_types_follow_cluster_yaml():
+    """The fake cluster's worker types are cluster.yaml's, with gpu_slot per GPU (hand-checked: 4 A10G per node)."""
+    types = mirrored_node_types(cpus=1)
+    assert set(types) == {"cpu_worker", "gpu_worker"}
+    assert types["gpu_worker"]["resources"] == {"CPU": 1, "gpu_slot": 4}
+    assert types["cpu_worker"]["resources"] == {"CPU": 1}
+    assert (types["cpu_worker"]["max_workers"], types["gpu_worker"]["max_workers"]) == (4, 6)
+    assert os.path.exists(REPO / "cluster.yaml")
