@@ -105,7 +105,10 @@ line = st.one_of(good_record.map(lambda r: json.dumps(r, ensure_ascii=False)), b
 
 
 @fuzz(50)
-@given(lines=st.lists(line, max_size=8), encoding=st.sampled_from(["utf-8", "utf-8-sig", "latin-1"]))
+@given(lines=st.one_of(st.lists(st.one_of(good_record.map(lambda r: json.dumps({"text": r["text"]}, ensure_ascii=False)),
+                                          st.just("")),
+                               min_size=1, max_size=8).filter(lambda ls: any(x.strip() for x in ls)),
+                      st.lists(line, max_size=8)), encoding=st.sampled_from(["utf-8", "utf-8-sig", "latin-1"]))
 def test_jsonl_corpus_keeps_every_record_or_names_file_and_line(lines, encoding):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
@@ -121,7 +124,7 @@ def test_jsonl_corpus_keeps_every_record_or_names_file_and_line(lines, encoding)
             event(REFUSED)
             return
         records = [json.loads(x) for x in lines if x.strip()]
-        assert len(frame) == len(records)  # nothing silently dropped
+        assert len(frame) == len(records) and frame["id"].is_unique  # nothing silently dropped; ids by line
         assert list(frame["source"]) == [r["text"] for r in records]
         event(READ)
 
