@@ -103,6 +103,6 @@ def test_every_readme_submit_uses_the_tested_runtime_env():
     for line in re.findall(r"export RUNTIME_ENV=.*", text):
         assert json.loads(re.search(r'"excludes": (\[[^]]*\])', line).group(1)) == excludes, line
     submits = re.findall(r"ray job submit [^\n`]*", text)
-    assert len(submits) == 5 and len(re.findall(r"export RUNTIME_ENV=", text)) == 2
+    assert len(submits) == 6 and len(re.findall(r"export RUNTIME_ENV=", text)) == 2
     for submit in submits:
         assert '--working-dir . --runtime-env-json "$RUNTIME_ENV"' in submit and "--entrypoint-num-cpus" in submit
