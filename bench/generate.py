@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -282,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.contention < 0:
         parser.error("--contention must be >= 0")
     print(f"info load_average_1m={os.getloadavg()[0]:.2f} contention={args.contention}", flush=True)
+    # `timeout` / a scheduler's SIGTERM must still run the competitors' `finally` (Python's default just exits)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     spec = EngineSpec(kind="hf", model=args.model, max_batch_size=args.batch_size)
     requests = build_requests(args.prompts, args.max_tokens)
     subset = requests[: args.batch_size]
