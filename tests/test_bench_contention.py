@@ -23,7 +23,7 @@ def test_competitors_are_killed_when_the_block_raises():
 
 def test_a_competitor_stops_by_itself_after_its_deadline():
     with competitors(1, max_seconds=0.3) as procs:
-        deadline = time.monotonic() + 10  # generous: the machine may be busy
+        deadline = time.monotonic() + 30  # generous: a busy machine starts Python slowly
         while procs[0].poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert procs[0].returncode == 0  # it exited on its own, before any kill
