@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -282,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.contention < 0:
         parser.error("--contention must be >= 0")
     print(f"info load_average_1m={os.getloadavg()[0]:.2f} contention={args.contention}", flush=True)
+    # `timeout` / a scheduler's SIGTERM must still run the competitors' `finally` (Python's default just exits)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     spec = EngineSpec(kind="hf", model=args.model, max_batch_size=args.batch_size)
     requests = build_requests(args.prompts, args.max_tokens)
     subset = requests[: args.batch_size]
@@ -299,16 +303,17 @@ def main(argv: list[str] | None = None) -> None:
           f"completion_tokens={sum(c.completion_tokens for c in completions)} matmul_peak_gflops={peak / 1e9:.1f}")
     print(f"bench engine_tokens_per_s = {engine_tps:.1f}", flush=True)
     print(f"bench roofline_fraction = {roofline:.3f}", flush=True)
-    # One batch of `batch_size` prompts vs the same prompts one by one (the single side is the slow part).
-    subset_seconds, subset_completions = measure_engine(engine, subset)
-    batch_tps = sum(c.completion_tokens for c in subset_completions) / subset_seconds
-    print(f"bench batched_vs_single = {batch_tps / measure_one_at_a_time(engine, subset):.2f}", flush=True)
+    # the same call beside the competitors, right after the idle one (same model, same load from others)
     if args.contention:
         with competitors(args.contention):
             busy_seconds, busy_completions = measure_engine(engine, requests)
         busy_tps = sum(c.completion_tokens for c in busy_completions) / busy_seconds
         print(f"bench engine_contention_tokens_per_s = {busy_tps:.1f}")
         print(f"bench contention_vs_idle = {busy_tps / engine_tps:.2f}", flush=True)
+    # One batch of `batch_size` prompts vs the same prompts one by one (the single side is the slow part).
+    subset_seconds, subset_completions = measure_engine(engine, subset)
+    batch_tps = sum(c.completion_tokens for c in subset_completions) / subset_seconds
+    print(f"bench batched_vs_single = {batch_tps / measure_one_at_a_time(engine, subset):.2f}", flush=True)
     engine.close()
 
     bare_tps, *bare_busy = measure_bare_generate(requests, spec, args.contention)
