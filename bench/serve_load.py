@@ -16,7 +16,7 @@ judge endpoints carry paper 001's jury templates (`--endpoint score`: the ~900-t
 `compare`: the pairwise prompt, two grade blocks; `reward_group`: `--group-size` responses judged all_pairs, i.e.
 n(n-1)/2 pairwise judgments per call); their shared instructions are prefilled once per engine call, so batching
 pays there too. `--endpoint all` runs score, compare and reward_group against the same two deployments (batched,
-then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requests` calls (32 by default: each one
+then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requests` calls (16 by default: each one
 prefills the whole judge prompt on its own, so 500 of them would take most of an hour per endpoint on 2 cores);
 throughput is a rate, so a shorter phase measures it as well. Defaults are sized so that a SmolLM2 `--endpoint all`
 run stays under ~25 minutes on 2 idle cores (64 max tokens: MENLO's two grade blocks need ~50).
@@ -57,7 +57,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="tiny", help="'tiny' (2-layer random Llama) or a model spec/dir")
     parser.add_argument("--requests", type=int, default=500, help="calls of the batched phase, per endpoint")
     parser.add_argument("--unbatched-requests", type=int, default=0,
-                        help="calls of the unbatched phase, per endpoint (0 = --requests for chat, 32 for the judge "
+                        help="calls of the unbatched phase, per endpoint (0 = --requests for chat, 16 for the judge "
                              "endpoints)")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
     parser.add_argument("--batch-size", type=int, default=16, help="max_batch_size of the batched phase")
@@ -172,7 +172,7 @@ def phase_requests(args: argparse.Namespace, endpoint: str, batched: bool) -> in
         return args.requests
     if args.unbatched_requests:
         return args.unbatched_requests
-    return args.requests if endpoint == "chat" else min(args.requests, 32)
+    return args.requests if endpoint == "chat" else min(args.requests, 16)
 
 
 def main() -> None:
