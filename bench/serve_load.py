@@ -18,8 +18,9 @@ n(n-1)/2 pairwise judgments per call); their shared instructions are prefilled o
 pays there too. `--endpoint all` runs score, compare and reward_group against the same two deployments (batched,
 then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requests` calls (16 by default: each one
 prefills the whole judge prompt on its own, so 500 of them would take most of an hour per endpoint on 2 cores);
-throughput is a rate, so a shorter phase measures it as well. Defaults are sized so that a SmolLM2 `--endpoint all`
-run stays under ~25 minutes on 2 idle cores (64 max tokens: MENLO's two grade blocks need ~50).
+throughput is a rate, so a shorter phase measures it as well. `--max-tokens` 64 is the floor for whole judgments:
+MENLO's two grade blocks take up to 62 SmolLM2 tokens (fewer can cut a verdict, which then fails to parse). On 2 near-idle cores a batched SmolLM2 judge answers ~0.7 calls/s, so the default `--endpoint all` run (3 x
+500 batched calls) takes ~40 minutes; `--requests 250` keeps it near 25.
 Prints `bench <name> = <value>` lines, `<ep>` being the endpoint (chat, score, compare, reward_group):
 
 - `serve_<ep>_batched_vs_unbatched`: requests/s with batching / requests/s at max_batch_size 1.
@@ -61,13 +62,14 @@ def parse_args() -> argparse.Namespace:
                              "endpoints)")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
     parser.add_argument("--batch-size", type=int, default=16, help="max_batch_size of the batched phase")
-    # 64: MENLO's two grade blocks (/compare, /reward/group) take ~50 tokens; /score's rationale gets the rest
+    # 64: MENLO's two grade blocks (/compare, /reward/group) take up to 62 tokens; /score's rationale gets the rest
     parser.add_argument("--max-tokens", type=int, default=64, help="max tokens generated per judge call")
     parser.add_argument("--group-size", type=int, default=2, help="responses per /reward/group call")
     parser.add_argument("--batch-wait-s", type=float, default=0.1, help="batching.batch_wait_timeout_s")
     parser.add_argument("--endpoint", choices=(*ENDPOINTS, "all"), default="chat",
                         help="what each call asks for; all = score, compare and reward_group")
-    parser.add_argument("--time-cap-s", type=float, default=600.0, help="hard cap per phase, seconds")
+    parser.add_argument("--time-cap-s", type=float, default=1800.0,
+                        help="hard cap per phase, seconds (500 batched SmolLM2 judge calls take ~12 minutes)")
     return parser.parse_args()
 
 
