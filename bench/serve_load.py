@@ -85,6 +85,10 @@ def bench_config(model: str, port: int, batch_size: int, args: argparse.Namespac
         f"serve.port={port}", f"serve.app_name={APP}", f"serve.route_prefix={PREFIX}", "serve.auth_token_env=",
         f"batching.max_batch_size={batch_size}", f"batching.batch_wait_timeout_s={args.batch_wait_s}",
         "cache_size=0", f"sampling.max_tokens={args.max_tokens}", "resources.num_cpus=1",
+        # the phase cap bounds the calls; the service's own 120 s deadline would answer 504 to calls queued behind a
+        # serial engine (the unbatched phase: 16 clients x ~6 s per SmolLM2 judgment, longer on a busy machine)
+        f"serve.request_timeout_s={args.time_cap_s}", f"shutdown.timeout_s={args.time_cap_s}",
+        f"health.max_engine_call_s={args.time_cap_s}",
         # paper 001's short pointwise prompt (the README's figures): MENLO's rubric prompt is ~4x longer
         "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
         "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
@@ -125,6 +129,8 @@ class Phase:
     latencies_ms: list[float] = field(default_factory=list)
     errors_5xx: int = 0
     errors_other: int = 0
+    # status code -> calls, of the calls that were not 200 (0 = transport error)
+    failures: dict[int, int] = field(default_factory=dict)
 
 
 async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: float, tag: str,
@@ -146,10 +152,12 @@ async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: flo
                 status = 0
             if status == 200:
                 phase.latencies_ms.append((time.perf_counter() - start) * 1000)
-            elif status >= 500:
-                phase.errors_5xx += 1
             else:
-                phase.errors_other += 1
+                phase.failures[status] = phase.failures.get(status, 0) + 1
+                if status >= 500:
+                    phase.errors_5xx += 1
+                else:
+                    phase.errors_other += 1
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=cap_s, limits=limits) as http:
@@ -213,7 +221,7 @@ def main() -> None:
                 results[endpoint, batch_size] = phase
                 stats = httpx.get(f"{base}/stats", timeout=30).json()
                 print(f"info {endpoint} max_batch_size={batch_size}: {n} calls, {phase.rps:.2f} req/s, "
-                      f"5xx {phase.errors_5xx}, other errors {phase.errors_other}, p50 "
+                      f"5xx {phase.errors_5xx}, other errors {phase.errors_other}, non-200 by status {phase.failures}, p50 "
                       f"{percentile(phase.latencies_ms, 0.5):.0f} ms, replica batch sizes so far "
                       f"{stats['batch_sizes']}", flush=True)
     finally:
