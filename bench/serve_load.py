@@ -16,10 +16,11 @@ judge endpoints carry paper 001's jury templates (`--endpoint score`: the ~900-t
 `compare`: the pairwise prompt, two grade blocks; `reward_group`: `--group-size` responses judged all_pairs, i.e.
 n(n-1)/2 pairwise judgments per call); their shared instructions are prefilled once per engine call, so batching
 pays there too. `--endpoint all` runs score, compare and reward_group against the same two deployments (batched,
-then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requests` calls (32 by default: each one
+then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requests` calls (16 by default: each one
 prefills the whole judge prompt on its own, so 500 of them would take most of an hour per endpoint on 2 cores);
-throughput is a rate, so a shorter phase measures it as well. Defaults are sized so that a SmolLM2 `--endpoint all`
-run stays under ~25 minutes on 2 idle cores (64 max tokens: MENLO's two grade blocks need ~50).
+throughput is a rate, so a shorter phase measures it as well. `--max-tokens` 64 is the floor for whole judgments:
+MENLO's two grade blocks take up to 62 SmolLM2 tokens (fewer can cut a verdict, which then fails to parse). On 2 near-idle cores a batched SmolLM2 judge answers ~0.7 calls/s, so the default `--endpoint all` run (3 x
+500 batched calls) takes ~40 minutes; `--requests 250` keeps it near 25.
 Prints `bench <name> = <value>` lines, `<ep>` being the endpoint (chat, score, compare, reward_group):
 
 - `serve_<ep>_batched_vs_unbatched`: requests/s with batching / requests/s at max_batch_size 1.
@@ -57,17 +58,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="tiny", help="'tiny' (2-layer random Llama) or a model spec/dir")
     parser.add_argument("--requests", type=int, default=500, help="calls of the batched phase, per endpoint")
     parser.add_argument("--unbatched-requests", type=int, default=0,
-                        help="calls of the unbatched phase, per endpoint (0 = --requests for chat, 32 for the judge "
+                        help="calls of the unbatched phase, per endpoint (0 = --requests for chat, 16 for the judge "
                              "endpoints)")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
     parser.add_argument("--batch-size", type=int, default=16, help="max_batch_size of the batched phase")
-    # 64: MENLO's two grade blocks (/compare, /reward/group) take ~50 tokens; /score's rationale gets the rest
+    # 64: MENLO's two grade blocks (/compare, /reward/group) take up to 62 tokens; /score's rationale gets the rest
     parser.add_argument("--max-tokens", type=int, default=64, help="max tokens generated per judge call")
     parser.add_argument("--group-size", type=int, default=2, help="responses per /reward/group call")
     parser.add_argument("--batch-wait-s", type=float, default=0.1, help="batching.batch_wait_timeout_s")
     parser.add_argument("--endpoint", choices=(*ENDPOINTS, "all"), default="chat",
                         help="what each call asks for; all = score, compare and reward_group")
-    parser.add_argument("--time-cap-s", type=float, default=600.0, help="hard cap per phase, seconds")
+    parser.add_argument("--time-cap-s", type=float, default=1800.0,
+                        help="hard cap per phase, seconds (500 batched SmolLM2 judge calls take ~12 minutes)")
     return parser.parse_args()
 
 
@@ -83,6 +85,10 @@ def bench_config(model: str, port: int, batch_size: int, args: argparse.Namespac
         f"serve.port={port}", f"serve.app_name={APP}", f"serve.route_prefix={PREFIX}", "serve.auth_token_env=",
         f"batching.max_batch_size={batch_size}", f"batching.batch_wait_timeout_s={args.batch_wait_s}",
         "cache_size=0", f"sampling.max_tokens={args.max_tokens}", "resources.num_cpus=1",
+        # the phase cap bounds the calls; the service's own 120 s deadline would answer 504 to calls queued behind a
+        # serial engine (the unbatched phase: 16 clients x ~6 s per SmolLM2 judgment, longer on a busy machine)
+        f"serve.request_timeout_s={args.time_cap_s}", f"shutdown.timeout_s={args.time_cap_s}",
+        f"health.max_engine_call_s={args.time_cap_s}",
         # paper 001's short pointwise prompt (the README's figures): MENLO's rubric prompt is ~4x longer
         "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
         "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
@@ -123,6 +129,8 @@ class Phase:
     latencies_ms: list[float] = field(default_factory=list)
     errors_5xx: int = 0
     errors_other: int = 0
+    # status code -> calls, of the calls that were not 200 (0 = transport error)
+    failures: dict[int, int] = field(default_factory=dict)
 
 
 async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: float, tag: str,
@@ -144,10 +152,12 @@ async def run_load(url: str, endpoint: str, n: int, concurrency: int, cap_s: flo
                 status = 0
             if status == 200:
                 phase.latencies_ms.append((time.perf_counter() - start) * 1000)
-            elif status >= 500:
-                phase.errors_5xx += 1
             else:
-                phase.errors_other += 1
+                phase.failures[status] = phase.failures.get(status, 0) + 1
+                if status >= 500:
+                    phase.errors_5xx += 1
+                else:
+                    phase.errors_other += 1
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=cap_s, limits=limits) as http:
@@ -172,7 +182,7 @@ def phase_requests(args: argparse.Namespace, endpoint: str, batched: bool) -> in
         return args.requests
     if args.unbatched_requests:
         return args.unbatched_requests
-    return args.requests if endpoint == "chat" else min(args.requests, 32)
+    return args.requests if endpoint == "chat" else min(args.requests, 16)
 
 
 def main() -> None:
@@ -211,7 +221,7 @@ def main() -> None:
                 results[endpoint, batch_size] = phase
                 stats = httpx.get(f"{base}/stats", timeout=30).json()
                 print(f"info {endpoint} max_batch_size={batch_size}: {n} calls, {phase.rps:.2f} req/s, "
-                      f"5xx {phase.errors_5xx}, other errors {phase.errors_other}, p50 "
+                      f"5xx {phase.errors_5xx}, other errors {phase.errors_other}, non-200 by status {phase.failures}, p50 "
                       f"{percentile(phase.latencies_ms, 0.5):.0f} ms, replica batch sizes so far "
                       f"{stats['batch_sizes']}", flush=True)
     finally:
