@@ -143,7 +143,7 @@ class GRMServer:
         return old
 
     def admit(self, request: Request) -> JSONResponse | None:
-        """None to let the request through, else the rejection (411/413 body size, 401/403 token)."""
+        """None to let the request through, else the rejection (411/413 body size, 401 token)."""
         self.counters["http_requests"] += 1
         if self.settings is None:
             return None
@@ -163,7 +163,10 @@ class GRMServer:
                                   headers={"WWW-Authenticate": "Bearer"})
         if not hmac.compare_digest(token.strip().encode(), self._token):
             self.counters["auth_rejected"] += 1
-            return error_response(403, "invalid bearer token")
+            # 401, not 403: RFC 6750 §3.1 answers an invalid token like a missing one (403 is for a valid token
+            # without the scope), so clients treat both as "fix your credentials"
+            return error_response(401, "invalid bearer token",
+                                  headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
         return None
 
     # -- judging core ------------------------------------------------------------------------------------------

@@ -49,7 +49,9 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # workers at nice 0 as in every quorum job (core.ray_env.init_ray): at Ray's default 15 any other busy
+        # process on the machine starves the model actors
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0},
                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()

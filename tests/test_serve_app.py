@@ -110,7 +110,8 @@ def test_missing_or_wrong_token_is_rejected(grm):
     body = {"prompt": PROMPT, "response": "The vote was delayed."}
     missing = client.post("/score", json=body)
     assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
-    assert client.post("/score", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    wrong = client.post("/score", json=body, headers={"Authorization": "Bearer wrong"})
+    assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
     assert client.get("/stats").status_code == 401
 
 
