@@ -1,17 +1,21 @@
-"""The main job end to end on real Ray with a tiny model: a driver SIGKILLed mid-job, then the run finished from its
-manifest; outputs, W&B offline files, secrets, resume speed."""
+"""The main job end to end on real Ray with a tiny model: a driver SIGKILLed mid-job (with its own local cluster), then
+the run finished from its manifest; outputs, W&B offline files, secrets in no file the run or either Ray cluster
+wrote, resume speed."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from jobs.cli import main as cli_main
@@ -22,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-quorum-test-5f3b9c2a7d"
+WANDB_KEY = "wandbkey0123456789abcdef0123456789abcdef"
 
 
 def scripted_judge(prompt: str) -> str | None:
@@ -69,16 +74,16 @@ def stages_of(run_dir: Path) -> dict:
         return {}
 
 
-def kill_driver_during(stage: str, args: list[str], run_dir: Path, log: Path) -> dict:
-    """Run the job in its own driver process on the session's Ray cluster and SIGKILL it once `stage` is running:
-    no handler, no cleanup, what a lost head node or an OOM kill does. Returns the manifest as the driver left it."""
-    import ray
-
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def kill_driver_during(stage: str, args: list[str], run_dir: Path, log: Path, ray_tmp: Path) -> dict:
+    """Run the job as `quorum run` does, in its own process with its own local Ray cluster (under `ray_tmp`), and
+    SIGKILL the driver once `stage` is running: no handler, no cleanup, what a lost head node or an OOM kill does;
+    the cluster goes with it (Ray's kernel fate-sharing). Returns the manifest as the driver left it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp), "WANDB_MODE": "offline"}
+    env.pop("RAY_ADDRESS", None)
     with log.open("w") as out:
-        driver = subprocess.Popen([sys.executable, "-m", "jobs.cli", *args, "wandb.enabled=false",
-                                   f"ray.address={ray.get_runtime_context().gcs_address}"],
-                                  cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # W&B off here: a SIGKILLed W&B run leaves a truncated offline file; the resumed run below logs with the key set
+        driver = subprocess.Popen([sys.executable, "-m", "jobs.cli", *args, "wandb.enabled=false"], cwd=REPO,
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             deadline = time.time() + 300
             while stages_of(run_dir).get(stage, {}).get("status") != "running":
@@ -89,17 +94,33 @@ def kill_driver_during(stage: str, args: list[str], run_dir: Path, log: Path) ->
         finally:
             driver.kill()
             driver.wait(timeout=60)
+    deadline = time.time() + 60  # its cluster's processes (raylet, GCS, the actors) die with it: no orphans
+    while left := [p for p in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(p.info["cmdline"] or [])]:
+        assert time.time() < deadline, f"processes of the killed driver's cluster left: {left}"
+        time.sleep(0.5)
     return stages_of(run_dir)
+
+
+def files_holding(secrets: list[str], *roots: Path) -> list[str]:
+    found = []
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and not path.is_socket():
+                data = path.read_bytes()
+                found += [f"{path}: {secret[:6]}..." for secret in secrets if secret.encode() in data]
+    return found
 
 
 def test_demo_job_killed_driver_then_resumed_end_to_end_then_resumes_fast(ray_local, tiny_model_dir, shared_data,
                                                                            tmp_path, monkeypatch):
     monkeypatch.setenv("QUORUM_TEST_JUDGE_KEY", SECRET)
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)  # W&B offline still sees a key: it must not write it anywhere
     run_dir = tmp_path / "policy_simplify" / "demo"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="qd", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     with FakeOpenAIServer(api_key=SECRET, reply=scripted_judge) as server:
         args = ["run", str(REPO / "configs" / "demo.yaml"),
                 *tiny_overrides(tiny_model_dir, tmp_path, server.base_url, shared_data / "turkcorpus")]
-        killed = kill_driver_during("jury", args, run_dir, tmp_path / "killed-driver.log")
+        killed = kill_driver_during("jury", args, run_dir, tmp_path / "killed-driver.log", ray_tmp)
         # the killed driver's finished stages are on record; the interrupted one never looks finished
         assert {name: s["status"] for name, s in killed.items()} == {
             "sources": "complete", "generate": "complete", "features": "complete", "jury": "running"}
@@ -175,12 +196,13 @@ def test_demo_job_killed_driver_then_resumed_end_to_end_then_resumes_fast(ray_lo
     assert "jury/parse_failures" in logged["summary"] and "train/loss" in logged["summary"]
     assert "judge_signal/lexical_best_agreement" in logged["summary"]
 
-    # the key was used, but it is nowhere in what the run wrote: config, manifest, logs, W&B
+    # the keys were used, but they are nowhere in what the run wrote (config, manifest, logs, W&B files) nor in
+    # anything the killed driver's own Ray cluster wrote (session logs, runtime_env_agent.log)
     assert "QUORUM_TEST_JUDGE_KEY" in (run_dir / "config.yaml").read_text()
-    for path in run_dir.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), f"secret leaked into {path}"
+    assert list(ray_tmp.rglob("runtime_env_agent.log")), "no Ray session was written where expected"
+    assert files_holding([SECRET, WANDB_KEY], run_dir, ray_tmp, tmp_path / "killed-driver.log") == []
     assert SECRET not in manifest
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
     started = time.time()
     assert cli_main(args) == 0  # same config: the (now closed) endpoint must not be needed

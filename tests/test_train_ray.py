@@ -96,9 +96,8 @@ def test_zero2_two_workers_train_lora_with_arpo(zero2_run, tiny_model_dir):
     # where the step time goes (bench.train_step prints it): each phase timed, within the step's wall time
     step_s = result.metrics["tokens"] / result.metrics["tokens_per_s"]  # log_every=1: the last report is step 4
     phases = [result.metrics[f"time/{name}_s"] for name in ("forward", "backward", "optimizer")]
-    # phases are means over both ranks, the step time is rank 0's clock: the ranks meet at every collective, so
-    # they differ by little more than one rank's lag behind the other
-    assert all(t > 0 for t in phases) and sum(phases) < 1.1 * step_s
+    # rank 0's phases against rank 0's clock: parts of the step, never more than it
+    assert all(t > 0 for t in phases) and sum(phases) < step_s
     assert 0 < result.metrics["time/allreduce_s"] < step_s
     assert result.adapter_dir == str(run_dir / "adapter")
     assert json.loads((run_dir / "adapter" / "adapter_config.json").read_text())["r"] == 4

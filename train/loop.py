@@ -72,7 +72,8 @@ def train_loop_per_worker(config: dict) -> None:
         save = done % cfg.checkpoint_every == 0 or done == total
         if not (save or done % cfg.log_every == 0):
             continue
-        metrics = _reduce_means(sums) | _throughput(tokens, clock) | {"step": done, "start_step": start}
+        metrics = _reduce_means(sums) | _throughput(tokens, clock) | _local_phase_means(sums) | {
+            "step": done, "start_step": start}
         if config["eval_rows"] and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
             metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world)
         if done == total:
@@ -279,9 +280,17 @@ def _all_reduce(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def _local_phase_means(sums: dict[str, float]) -> Metrics:
+    """This rank's own `time/*` means per step, not averaged over workers: the throughput clock is this rank's too,
+    and ranks drift apart between steps (rank 0 also writes the adapter at a checkpoint), so a rank that runs ahead
+    waits for the others inside its backward; averaged, the phases of two clocks could add up to more than a step."""
+    return {k: v / sums["count"] for k, v in sums.items() if k.startswith("time/")}
+
+
 def _reduce_means(sums: dict[str, float]) -> Metrics:
-    """Mean over the steps since the last report and over workers (every rank holds the same keys)."""
-    keys = sorted(k for k in sums if k != "count")
+    """Mean over the steps since the last report and over workers (every rank holds the same keys), phase timings
+    excepted (see `_local_phase_means`)."""
+    keys = sorted(k for k in sums if k != "count" and not k.startswith("time/"))
     totals = _all_reduce([sums[k] for k in keys] + [sums["count"]])
     return {k: v / totals[-1] for k, v in zip(keys, totals[:-1])}
 
