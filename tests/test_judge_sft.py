@@ -116,16 +116,18 @@ def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir,
 
 @pytest.mark.slow
 def test_pointwise_judge_sft_and_rl(ray_local, tiny_model_dir, tmp_path):
-    """Paper 003 Table 19: pointwise SFT and pointwise RL, each judge prompt one response with its own gold grade."""
+    """Paper 003 Table 19: pointwise SFT rows and pointwise RL, each judge prompt one response with its own gold
+    grade."""
     import jobs.judge_grpo as judge_job
+    import jobs.judge_sft as sft_job
     from core.config import load_config
     from eval.menlo_parse import parse_menlo_grade
 
     root, pointwise = tmp_path / "runs", ["prompt.mode=pointwise", "prompt.template=menlo_pointwise"]
-    assert cli_main(["run", DEMO, f"run.root={root}", "run.id=psft", "wandb.mode=disabled", "data.limit=2",
-                     "data.val_splits=[]", f"train.model={tiny_model_dir}", "train.num_workers=1",
-                     "train.max_steps=1", "train.checkpoint_every=1", "train.micro_batch_size=2", *pointwise]) == 0
-    rows = pd.read_parquet(root / "judge_sft" / "psft" / "rows")
+    # the SFT rows the job trains on (its training stage is the one the pairwise test above runs end to end)
+    sft_cfg = load_config(sft_job.Config, DEMO, [f"run.root={root}", "wandb.mode=disabled", "data.limit=2",
+                                                  "data.val_splits=[]", f"train.model={tiny_model_dir}", *pointwise])
+    rows = sft_job.sft_rows(sft_cfg)
     assert set(rows["order"]) == {"a", "b"}
     assert [parse_menlo_grade(t).grade_a for t in rows["target"]] == [int(g + 0.5) for g in rows["gold_a"]]
     cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml", [
