@@ -7,8 +7,9 @@ criteria. Here:
 - the KV cache is preallocated (`RowKVLayer`), every row writes its next token at the same column;
 - a row that finishes leaves the batch and a waiting prompt takes its place (prefilled on its own, then
   merged in, right-aligned to the shared column), so the batch stays full until the queue runs dry;
-- the prompt tokens that every row of a call starts with (a judge's instructions and few-shot examples) are
-  run through the model once; each prefill copies their keys/values and computes only the rest;
+- the prompt tokens that rows of a call start with (a judge's instructions and few-shot examples) are run
+  through the model once per group of rows sharing them (a call may mix templates); each prefill copies their
+  keys/values and computes only the rest;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
   request's random stream does not depend on which other requests share its batch.
 
@@ -128,18 +129,16 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
     refill_at = max(1, settings.max_batch_size // 4)
     batch: _Batch | None = None
     with torch.inference_mode():
-        prefix = _shared_prefix(model, rows, settings)
-        if prefix is not None:
-            stats.shared_prefix_tokens = stats.prefilled_tokens = prefix.length
+        prefixes = _shared_prefixes(model, rows, settings)
+        stats.shared_prefix_tokens = stats.prefilled_tokens = sum(
+            {id(p): p.length for p in prefixes.values()}.values())
         while pending or batch is not None:
             live = [] if batch is None else [i for i, row in enumerate(batch.rows) if not row.finish_reason]
             free = settings.max_batch_size - len(live)
             admitted = None
             if pending and free >= min(refill_at, len(pending)):
-                admitted = _prefill(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
-                                    prefix)
-                skipped = prefix.length if prefix else 0
-                stats.prefilled_tokens += sum(len(row.prompt_ids) - skipped for row in admitted.rows)
+                admitted = _admit(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
+                                  prefixes, stats)
             if batch is None or len(live) < len(batch.rows) or admitted is not None:
                 batch = _merge(batch, live, admitted)
             if batch is not None:
@@ -157,6 +156,52 @@ def common_prefix_length(sequences: list[list[int]]) -> int:
     for seq in sequences[1:]:
         length = next((i for i in range(length) if seq[i] != first[i]), length)
     return length
+
+
+def prefix_groups(prompts: list[list[int]], min_length: int) -> list[list[int]]:
+    """Indices of the prompts grouped by their first `min_length` tokens, groups in first-appearance order.
+
+    One call can hold prompts of several templates (a generate batch spanning two policies, a jury of two
+    guidelines): each group then shares its own prefix. A prompt no longer than `min_length` is a group alone.
+
+    >>> prefix_groups([[1, 2, 3], [4, 5, 6], [1, 2, 7], [1, 2]], 2)
+    [[0, 2], [1], [3]]
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        key = tuple(prompt[:min_length]) if min_length > 0 and len(prompt) > min_length else ("alone", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _shared_prefixes(model: torch.nn.Module, rows: list[DecodeRow],
+                     settings: DecodeSettings) -> dict[int, SharedPrefix]:
+    """The shared prefix of each row's group (`prefix_groups`), keyed by `id(row)`; rows without one are absent."""
+    out: dict[int, SharedPrefix] = {}
+    for group in prefix_groups([row.prompt_ids for row in rows], settings.min_shared_prefix):
+        members = [rows[i] for i in group]
+        prefix = _shared_prefix(model, members, settings)
+        if prefix is not None:
+            out.update((id(row), prefix) for row in members)
+    return out
+
+
+def _admit(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
+           prefixes: dict[int, SharedPrefix], stats: DecodeStats) -> _Batch | None:
+    """Prefill `rows`, each prefix group on its own prefix, into one batch (None if every row ended at once)."""
+    groups: dict[int, list[DecodeRow]] = {}
+    for row in rows:
+        prefix = prefixes.get(id(row))
+        groups.setdefault(id(prefix) if prefix else 0, []).append(row)
+    admitted = None
+    for members in groups.values():
+        prefix = prefixes.get(id(members[0]))
+        part = _prefill(model, members, settings, prefix)
+        skipped = prefix.length if prefix else 0
+        stats.prefilled_tokens += sum(len(row.prompt_ids) - skipped for row in members)
+        admitted = part if admitted is None else _merge(
+            admitted, [i for i, row in enumerate(admitted.rows) if not row.finish_reason], part)
+    return admitted
 
 
 def _shared_prefix(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> SharedPrefix | None:

@@ -11,8 +11,8 @@ What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/RE
 - nn.Linear weights pre-reordered into oneDNN's blocked layout (`PackedLinear`): the skinny decode matmuls
   stream weights far faster, with bit-identical results in bf16;
 - prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`);
-- a prompt prefix shared by every request of a call (a judge's instructions and few-shot examples) is
-  prefilled once (`enable_prefix_caching`, on by default).
+- a prompt prefix shared by the requests of a call (a judge's instructions and few-shot examples; per group of
+  requests when a call mixes templates) is prefilled once (`enable_prefix_caching`, on by default).
 
 Greedy decoding (temperature 0) gives the same tokens as `model.generate(do_sample=False)`.
 """

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hmac
 import logging
 import os
 import time
@@ -42,11 +41,11 @@ from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
 from serve.cache import LRUCache
 from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
-from serve.errors import error_response, install_error_handlers
+from serve.errors import install_error_handlers
+from serve.guard import admit
 
 log = logging.getLogger("ray.serve")
 DEPLOYMENT_NAME = "GRMServer"
-OPEN_PATHS = ("/health", "/ready")
 
 api = FastAPI(title="quorum generative reward model")
 
@@ -60,14 +59,6 @@ async def _guard(request: Request, call_next):
     server = serve.get_replica_context().servable_object
     rejection = server.admit(request)
     return rejection if rejection is not None else await call_next(request)
-
-
-def route_path(scope: dict) -> str:
-    """The request path below the app's route prefix."""
-    path, root = scope.get("path", ""), scope.get("root_path", "")
-    if root and path.startswith(root):
-        return path[len(root):] or "/"
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,31 +134,8 @@ class GRMServer:
         return old
 
     def admit(self, request: Request) -> JSONResponse | None:
-        """None to let the request through, else the rejection (411/413 body size, 401 token)."""
-        self.counters["http_requests"] += 1
-        if self.settings is None:
-            return None
-        if request.method == "POST":
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return error_response(411, "a Content-Length header is required")
-            if int(length) > self.settings.limits.max_body_bytes:
-                return error_response(413, f"body of {length} bytes exceeds the limit of "
-                                           f"{self.settings.limits.max_body_bytes}")
-        if not self._token or route_path(request.scope) in OPEN_PATHS:
-            return None
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            self.counters["auth_rejected"] += 1
-            return error_response(401, "missing bearer token (Authorization: Bearer <token>)",
-                                  headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(token.strip().encode(), self._token):
-            self.counters["auth_rejected"] += 1
-            # 401, not 403: RFC 6750 §3.1 answers an invalid token like a missing one (403 is for a valid token
-            # without the scope), so clients treat both as "fix your credentials"
-            return error_response(401, "invalid bearer token",
-                                  headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
-        return None
+        """None to let the request through, else the rejection (serve.guard: body size, bearer token)."""
+        return admit(request, self.settings, self._token, self.counters)
 
     # -- judging core ------------------------------------------------------------------------------------------
 

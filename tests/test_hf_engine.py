@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_decode import common_prefix_length
+from actors.hf_decode import common_prefix_length, prefix_groups
 from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
 from actors.models import build_tiny_random_model, resolve_model_dir
 from actors.token_sampling import sample_token
@@ -161,6 +161,28 @@ def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_
     # a lone request has nothing to share
     cached.generate(requests[:1])
     assert cached.last_stats.shared_prefix_tokens == 0
+
+
+def test_two_templates_in_one_call_each_share_their_own_prefix(tiny_model_dir):
+    # a generate batch spanning two policies: two system prompts (> 64 tokens each), three requests each,
+    # interleaved; each group's prefix runs once and the tokens equal the engine without prefix reuse
+    rules = " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
+    systems = ["You simplify words. " + rules, "You simplify structure. " + rules]
+    requests = [ChatRequest([{"role": "system", "content": systems[i % 2]}, {"role": "user", "content": p}],
+                            SamplingParams(max_tokens=3 + i)) for i, p in enumerate(PROMPTS[:6])]
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4)
+    cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
+    assert [c.raw_text for c in cached.generate(requests)] == [c.raw_text for c in plain.generate(requests)]
+    stats = cached.last_stats
+    prefixes = [common_prefix_length([cached._encode(r.messages) for r in requests[g::2]]) for g in (0, 1)]
+    assert min(prefixes) >= 64 and stats.shared_prefix_tokens == sum(prefixes)
+    # each prefix counted once, skipped by its group's three prompts
+    assert stats.prefilled_tokens == stats.prompt_tokens - 2 * sum(prefixes)
+
+
+def test_prefix_groups_by_leading_tokens():
+    assert prefix_groups([[1, 2, 3], [4, 5, 6], [1, 2, 7], [1, 2], [4, 5, 9, 9]], 2) == [[0, 2], [1, 4], [3]]
+    assert prefix_groups([[1, 2], [1, 2]], 0) == [[0], [1]]
 
 
 def test_lora_adapter_is_merged_and_answers_like_the_peft_model(tiny_model_dir, tmp_path):
