@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from core.config import load_config
+from core.ray_env import RayConfig
 from serve.config import ServeConfig
 
 APP, PREFIX = "grm-bench", "/bench"
@@ -199,8 +200,11 @@ def main() -> None:
         model = build_tiny_random_model(scratch.name)
     port = free_port()
     base = f"http://127.0.0.1:{port}{PREFIX}"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    # workers at quorum's nice value, as `quorum serve` starts them (core.ray_env.init_ray): at Ray's own 15 the
+    # replica starves beside any busy process and the figures measure the machine's other load, not the service
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+             _system_config={"worker_niceness": RayConfig().worker_niceness})
     results: dict[tuple[str, int], Phase] = {}
     started = time.perf_counter()
     try:
