@@ -20,7 +20,7 @@ then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requ
 prefills the whole judge prompt on its own, so 500 of them would take most of an hour per endpoint on 2 cores);
 throughput is a rate, so a shorter phase measures it as well. `--max-tokens` 64 is the floor for whole judgments:
 MENLO's two grade blocks take up to 62 SmolLM2 tokens (fewer can cut a verdict, which then fails to parse). On 2 near-idle cores a batched SmolLM2 judge answers ~0.7 calls/s, so the default `--endpoint all` run (3 x
-500 batched calls) takes ~40 minutes; `--requests 250` keeps it near 25.
+500 batched calls) took 55 minutes on 2026-11-25 (README "Reliability"); `--requests 250` keeps it near 30.
 Prints `bench <name> = <value>` lines, `<ep>` being the endpoint (chat, score, compare, reward_group):
 
 - `serve_<ep>_batched_vs_unbatched`: requests/s with batching / requests/s at max_batch_size 1.
