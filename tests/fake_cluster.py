@@ -122,19 +122,32 @@ class FakeCluster(Head):
         psutil.wait_procs(procs, timeout=10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def nodes(self) -> list[dict]:
-        """Alive nodes as {node_id, resources, head, manager_port}, from the GCS."""
+    def nodes(self, dead_too: bool = False) -> list[dict]:
+        """Alive nodes (and with `dead_too` the removed ones) as {node_id, resources, head, manager_port, alive},
+        from the GCS."""
         from ray._raylet import GcsClient
 
         client = GcsClient(address=self.gcs_address)
-        alive = []
+        found = []
         for node_id, info in client.get_all_node_info(timeout=10).items():
-            if info.state != 0:  # GcsNodeInfo.ALIVE
-                continue
-            resources = dict(info.resources_total)
-            alive.append({"node_id": node_id.hex(), "resources": resources, "head": bool(info.is_head_node),
-                          "manager_port": info.node_manager_port})
-        return alive
+            alive = info.state == 0  # GcsNodeInfo.ALIVE
+            if alive or dead_too:
+                found.append({"node_id": node_id.hex(), "resources": dict(info.resources_total),
+                              "head": bool(info.is_head_node), "manager_port": info.node_manager_port,
+                              "alive": alive})
+        return found
+
+    def actor_nodes(self, class_name: str) -> list[str]:
+        """The node id each actor of `class_name` runs or ran on (dead actors too), from the GCS's actor table."""
+        import asyncio
+
+        from ray._raylet import GcsClient
+
+        async def table() -> dict:
+            return await GcsClient(address=self.gcs_address).async_get_all_actor_info(timeout=10)
+
+        actors = asyncio.run(table())
+        return [a.node_id.hex() for a in actors.values() if a.class_name == class_name]
 
     def gpu_nodes(self) -> list[dict]:
         return [n for n in self.nodes() if n["resources"].get("gpu_slot")]
