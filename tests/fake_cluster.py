@@ -138,16 +138,22 @@ class FakeCluster(Head):
         return found
 
     def actor_nodes(self, class_name: str) -> list[str]:
-        """The node id each actor of `class_name` runs or ran on (dead actors too), from the GCS's actor table."""
-        import asyncio
+        """The node id each actor of `class_name` runs or ran on (dead actors keep theirs), from the GCS's actor
+        table; read through a GlobalState of its own (the GcsClient's async calls never resolve outside Ray's
+        event loop, and this process's `ray.state` belongs to the session's `ray_local`)."""
+        from ray._private.state import GlobalState
+        from ray._raylet import GcsClientOptions
+        from ray.core.generated.gcs_pb2 import ActorTableData
 
-        from ray._raylet import GcsClient
-
-        async def table() -> dict:
-            return await GcsClient(address=self.gcs_address).async_get_all_actor_info(timeout=10)
-
-        actors = asyncio.run(table())
-        return [a.node_id.hex() for a in actors.values() if a.class_name == class_name]
+        state = GlobalState()
+        state._initialize_global_state(GcsClientOptions.create(self.gcs_address, None, allow_cluster_id_nil=True,
+                                                               fetch_cluster_id_if_nil=False))
+        try:
+            table = [ActorTableData.FromString(raw) for raw in state._connect_and_get_accessor().get_actor_table(
+                None, None)]
+        finally:
+            state.disconnect()
+        return [a.node_id.hex() for a in table if a.class_name == class_name]
 
     def gpu_nodes(self) -> list[dict]:
         return [n for n in self.nodes() if n["resources"].get("gpu_slot")]
