@@ -73,17 +73,21 @@ def cluster():
         fake.stop()
 
 
-def gpu_node_processes(cluster: FakeCluster) -> list[psutil.Process]:
-    """The one gpu_worker's processes: its raylet (under the cluster's temp dir, advertising gpu_slot) and
-    everything under it (its workers, the judge actor among them, and its agents)."""
-    raylets = []
+def node_processes(cluster: FakeCluster, node: dict) -> list[psutil.Process]:
+    """A worker node's processes: its raylet (under the cluster's temp dir, listening on the node's manager port)
+    and everything under it (its workers, the judge actor among them, and its agents). By port, not by `gpu_slot`
+    in the command line: on a loaded machine the autoscaler may have launched a second gpu_worker by now."""
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd and cmd[0].endswith("/raylet") and any(cluster.temp_dir in a for a in cmd) and \
-                any(a.startswith("--static_resource_list=") and "gpu_slot" in a for a in cmd):
-            raylets.append(proc)
-    assert len(raylets) == 1, f"{len(raylets)} gpu_worker raylets"
-    return [raylets[0], *raylets[0].children(recursive=True)]
+        if not (cmd and cmd[0].endswith("/raylet") and any(cluster.temp_dir in a for a in cmd)):
+            continue
+        try:
+            if any(c.laddr.port == node["manager_port"] and c.status == psutil.CONN_LISTEN
+                   for c in proc.net_connections("tcp")):
+                return [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no raylet listens on {node['manager_port']} (node {node['node_id']})")
 
 
 def signal_all(procs: list[psutil.Process], sig: int) -> None:
@@ -144,7 +148,7 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
         deadline = time.monotonic() + 90
         while cache_entries(root) < 1 and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        procs = gpu_node_processes(cluster)
+        procs = node_processes(cluster, first[0])
         signal_all(procs, signal.SIGSTOP)
         done_before_kill = cache_entries(root)
         signal_all(procs, signal.SIGKILL)
@@ -212,10 +216,10 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
     (worker,) = train["summary"]["worker_nodes"]
     launched = {n["node_id"]: n for n in cluster.nodes(dead_too=True)}[worker]
     assert not launched["head"] and launched["resources"]["gpu_slot"] == 4 and worker not in jury_gpu_nodes
-    # and as Ray's actor table has it; the Train controller (and its sync actor) asks for no CPU and no gpu_slot
-    # and stays on the driver's node, the head
+    # and as Ray's actor table has it; the Train controller and its synchronization actor ask for no CPU and no
+    # gpu_slot and stay on the driver's node, the head
     assert cluster.actor_nodes("RayTrainWorker") == [worker]
-    assert cluster.actor_nodes("TrainController") == [head["node_id"]]
+    assert cluster.actor_nodes("TrainController") == cluster.actor_nodes("SynchronizationActor") == [head["node_id"]]
     # scale down again: the idle training node goes, the head is alone
     train_down_after = cluster.wait_for(lambda: len(cluster.nodes()) == 1, "idle training gpu_worker removed", 60)
     phases["head alone again"] = time.monotonic() - started
