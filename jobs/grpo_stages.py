@@ -146,7 +146,8 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
                 "val_vs_baseline_score": _finite(metrics.get("val/vs_baseline/score")),
                 "prompt_rows_truncated": metrics.get("prompt/rows_truncated"),
                 "best_step": result.best.get("step"), "best_score_key": result.best.get("score_key"),
-                "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir}
+                "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir,
+                "worker_nodes": result.metrics.get("worker_nodes", [])}
 
     return store.run_stage("train", key, produce)
 

@@ -122,19 +122,38 @@ class FakeCluster(Head):
         psutil.wait_procs(procs, timeout=10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def nodes(self) -> list[dict]:
-        """Alive nodes as {node_id, resources, head, manager_port}, from the GCS."""
+    def nodes(self, dead_too: bool = False) -> list[dict]:
+        """Alive nodes (and with `dead_too` the removed ones) as {node_id, resources, head, manager_port, alive},
+        from the GCS."""
         from ray._raylet import GcsClient
 
         client = GcsClient(address=self.gcs_address)
-        alive = []
+        found = []
         for node_id, info in client.get_all_node_info(timeout=10).items():
-            if info.state != 0:  # GcsNodeInfo.ALIVE
-                continue
-            resources = dict(info.resources_total)
-            alive.append({"node_id": node_id.hex(), "resources": resources, "head": bool(info.is_head_node),
-                          "manager_port": info.node_manager_port})
-        return alive
+            alive = info.state == 0  # GcsNodeInfo.ALIVE
+            if alive or dead_too:
+                found.append({"node_id": node_id.hex(), "resources": dict(info.resources_total),
+                              "head": bool(info.is_head_node), "manager_port": info.node_manager_port,
+                              "alive": alive})
+        return found
+
+    def actor_nodes(self, class_name: str) -> list[str]:
+        """The node id each actor of `class_name` runs or ran on (dead actors keep theirs), from the GCS's actor
+        table; read through a GlobalState of its own (the GcsClient's async calls never resolve outside Ray's
+        event loop, and this process's `ray.state` belongs to the session's `ray_local`)."""
+        from ray._private.state import GlobalState
+        from ray._raylet import GcsClientOptions
+        from ray.core.generated.gcs_pb2 import ActorTableData
+
+        state = GlobalState()
+        state._initialize_global_state(GcsClientOptions.create(self.gcs_address, None, allow_cluster_id_nil=True,
+                                                               fetch_cluster_id_if_nil=False))
+        try:
+            table = [ActorTableData.FromString(raw) for raw in state._connect_and_get_accessor().get_actor_table(
+                None, None)]
+        finally:
+            state.disconnect()
+        return [a.node_id.hex() for a in table if a.class_name == class_name]
 
     def gpu_nodes(self) -> list[dict]:
         return [n for n in self.nodes() if n["resources"].get("gpu_slot")]

@@ -238,6 +238,10 @@ def test_dead_reward_service_fails_every_group_and_leaves_the_adapter_untouched(
     assert not find_run_files(run), "wandb.enabled=false must leave no W&B files"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["stages"]["train"]["summary"]["groups_failed"] == 2
+    # where the GRPO worker ran (recorded by the shared report path): the session's one node
+    import ray
+
+    assert manifest["stages"]["train"]["summary"]["worker_nodes"] == [ray.get_runtime_context().get_node_id()]
     trained = load_file(str(run / "train" / "run" / "adapter" / "adapter_model.safetensors"))
     for name, before in initial_lora(tiny_model_dir, cfg).items():
         assert torch.equal(trained[name], before), f"{name} moved although no group was scored"

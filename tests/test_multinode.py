@@ -6,7 +6,10 @@ launch a gpu_worker for the jury stage. Mid-stage (some judgments done, not all)
 Ray marks the node dead, Ray Data restarts the actor (max_restarts=-1) and retries its in-flight batch, and the
 autoscaler replaces the unhealthy node. The stage must complete with every pair judged exactly once and the job's
 outputs equal to a one-node run's (the session's `ray_local`, same config without the resource); then the idle
-gpu_worker is removed. The job runs as `python -m jobs.cli run ... ray.address=...`, its own driver process: this
+gpu_worker is removed. Then Ray Train placement on the same cluster: judge_sft's one training worker asks for
+`train.resources_per_worker: {gpu_slot: 1}`, the autoscaler launches a gpu_worker for its placement group, the worker
+trains there (the run's recorded `worker_nodes` and Ray's actor table; the Train controller stays on the head) and
+the idle node is removed. Each job runs as `python -m jobs.cli run ... ray.address=...`, its own driver process: this
 process keeps its own `ray.init` (the session's `ray_local`) untouched.
 """
 
@@ -70,17 +73,21 @@ def cluster():
         fake.stop()
 
 
-def gpu_node_processes(cluster: FakeCluster) -> list[psutil.Process]:
-    """The one gpu_worker's processes: its raylet (under the cluster's temp dir, advertising gpu_slot) and
-    everything under it (its workers, the judge actor among them, and its agents)."""
-    raylets = []
+def node_processes(cluster: FakeCluster, node: dict) -> list[psutil.Process]:
+    """A worker node's processes: its raylet (under the cluster's temp dir, listening on the node's manager port)
+    and everything under it (its workers, the judge actor among them, and its agents). By port, not by `gpu_slot`
+    in the command line: on a loaded machine the autoscaler may have launched a second gpu_worker by now."""
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd and cmd[0].endswith("/raylet") and any(cluster.temp_dir in a for a in cmd) and \
-                any(a.startswith("--static_resource_list=") and "gpu_slot" in a for a in cmd):
-            raylets.append(proc)
-    assert len(raylets) == 1, f"{len(raylets)} gpu_worker raylets"
-    return [raylets[0], *raylets[0].children(recursive=True)]
+        if not (cmd and cmd[0].endswith("/raylet") and any(cluster.temp_dir in a for a in cmd)):
+            continue
+        try:
+            if any(c.laddr.port == node["manager_port"] and c.status == psutil.CONN_LISTEN
+                   for c in proc.net_connections("tcp")):
+                return [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no raylet listens on {node['manager_port']} (node {node['node_id']})")
 
 
 def signal_all(procs: list[psutil.Process], sig: int) -> None:
@@ -95,18 +102,39 @@ def cache_entries(root: Path) -> int:
     return len(list((root / "_cache" / "requests").glob("*/*.json")))
 
 
+def train_job_args(root: Path, model_dir: str) -> list[str]:
+    """judge_sft through its own trainer path (rows stage -> `train.trainer.train_stage` -> Ray Train + DeepSpeed +
+    LoRA): the tiny random model, one worker, one step on 2 MENLO pairs in both orders; the worker asks for
+    `gpu_slot` beside its CPU, as a GPU job's would ask for a GPU."""
+    return ["run", str(REPO / "configs" / "judge_sft_demo.yaml"), f"run.root={root}", "run.id=t",
+            "wandb.enabled=false", "data.limit=2", "data.val_splits=[]", f"train.model={model_dir}",
+            "train.num_workers=1", "train.micro_batch_size=2", "train.max_steps=1", "train.checkpoint_every=1",
+            "train.resources_per_worker={gpu_slot: 1}"]
+
+
+def start_driver(cluster: FakeCluster, args: list[str]) -> subprocess.Popen:
+    """`quorum run ARGS ray.address=<head>`: the job's own driver process on the fake cluster."""
+    env = dict(cluster.env, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.Popen([sys.executable, "-m", "jobs.cli", *args, f"ray.address={cluster.gcs_address}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stop(driver: subprocess.Popen) -> None:
+    """Kill a driver still running (a failed wait or assertion) and show its output."""
+    if driver.poll() is None:
+        driver.kill()
+        print(f"driver output:\n{driver.communicate()[0][-5000:]}", file=sys.stderr)
+
+
 def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, tiny_model_dir, shared_data,
                                                           tmp_path):
     started = time.monotonic()
     cfg = job_config(tmp_path, tiny_model_dir, shared_data)
     root = tmp_path / "multi"
-    assert [n["head"] for n in cluster.nodes()] == [True]  # the head alone: nothing advertises gpu_slot yet
+    (head,) = cluster.nodes()  # the head alone: nothing advertises gpu_slot yet
+    assert head["head"]
 
-    env = dict(cluster.env, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "jobs.cli", "run", str(cfg), f"run.root={root}", "run.id=t",
-         f"ray.address={cluster.gcs_address}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+    driver = start_driver(cluster, ["run", str(cfg), f"run.root={root}", "run.id=t"])
     try:
         # scale up: the judge pool's gpu_slot demand makes the autoscaler launch a gpu_worker
         cluster.wait_for(lambda: cluster.gpu_nodes(), "a gpu_worker node for the judge pool", 90)
@@ -120,7 +148,7 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
         deadline = time.monotonic() + 90
         while cache_entries(root) < 1 and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        procs = gpu_node_processes(cluster)
+        procs = node_processes(cluster, first[0])
         signal_all(procs, signal.SIGSTOP)
         done_before_kill = cache_entries(root)
         signal_all(procs, signal.SIGKILL)
@@ -133,9 +161,7 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
         phases["replaced"] = time.monotonic() - started
         out, _ = driver.communicate(timeout=150)
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            print(f"driver output:\n{driver.communicate()[0][-5000:]}", file=sys.stderr)
+        stop(driver)
     assert driver.returncode == 0, out[-5000:]
     # scale down: after the job the gpu_worker idles past idle_timeout_minutes and the autoscaler removes it
     phases["job done"] = time.monotonic() - started
@@ -145,35 +171,62 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
     counts["end"] = 1
     phases["head alone"] = time.monotonic() - started
 
-    run = root / "jury_eval" / "t"
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["stages"]["jury"]["status"] == "complete"
-    judged = pd.read_parquet(run / "jury")
-    pairs = pd.read_parquet(run / "pairs")
-    # every pair judged exactly once: no row lost to the dead node, none duplicated by the retried batch
-    assert len(judged) == len(pairs) == PAIRS
-    # a pair is (source id, simplifying system): SimpEval rates several systems' outputs of one source
-    judged_keys = list(zip(judged["id"], judged["model"]))
-    assert sorted(judged_keys) == sorted(zip(pairs["id"], pairs["model"])) and len(set(judged_keys)) == PAIRS
-    summary = manifest["stages"]["jury"]["summary"]
-    assert summary["rows_out"] == PAIRS
-    # the restart is counted (Ray's actor table: the judge actor came back on the new node)
-    assert summary["actor_restarts"] >= 1, summary
+    # Ray Train placement: judge_sft's training worker asks for gpu_slot, which no node has now, so its worker
+    # group's placement group makes the autoscaler launch a gpu_worker again. Started now, it mostly waits for that
+    # node while this process checks the jury run and makes its one-node reference run (2 cores: the overlap is
+    # what keeps the training run from adding its whole time to the test's).
+    jury_gpu_nodes = {n["node_id"] for n in cluster.nodes(dead_too=True) if n["resources"].get("gpu_slot")}
+    train_root = tmp_path / "train"
+    trainer = start_driver(cluster, train_job_args(train_root, tiny_model_dir))
+    try:
+        run = root / "jury_eval" / "t"
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["stages"]["jury"]["status"] == "complete"
+        judged = pd.read_parquet(run / "jury")
+        pairs = pd.read_parquet(run / "pairs")
+        # every pair judged exactly once: no row lost to the dead node, none duplicated by the retried batch
+        assert len(judged) == len(pairs) == PAIRS
+        # a pair is (source id, simplifying system): SimpEval rates several systems' outputs of one source
+        judged_keys = list(zip(judged["id"], judged["model"]))
+        assert sorted(judged_keys) == sorted(zip(pairs["id"], pairs["model"])) and len(set(judged_keys)) == PAIRS
+        summary = manifest["stages"]["jury"]["summary"]
+        assert summary["rows_out"] == PAIRS
+        # the restart is counted (Ray's actor table: the judge actor came back on the new node)
+        assert summary["actor_restarts"] >= 1, summary
 
-    # the same job on one node (the session's local Ray, no custom resource): the same judgments and scores
-    one = tmp_path / "one"
-    assert cli_main(["run", str(cfg), f"run.root={one}", "run.id=t", "jury.judges.0.pool.resources={}"]) == 0
-    ref = one / "jury_eval" / "t"
-    phases["one-node run"] = time.monotonic() - started
-    key = ["id", "model", "judge"]
-    assert_frame_equal(judged[JUDGMENT].sort_values(key, ignore_index=True),
-                       pd.read_parquet(ref / "jury")[JUDGMENT].sort_values(key, ignore_index=True))
-    assert_frame_equal(pd.read_parquet(run / "scores").sort_values(["id", "model"], ignore_index=True),
-                       pd.read_parquet(ref / "scores").sort_values(["id", "model"], ignore_index=True))
+        # the same job on one node (the session's local Ray, no custom resource): the same judgments and scores
+        one = tmp_path / "one"
+        assert cli_main(["run", str(cfg), f"run.root={one}", "run.id=t", "jury.judges.0.pool.resources={}"]) == 0
+        ref = one / "jury_eval" / "t"
+        phases["one-node run"] = time.monotonic() - started
+        key = ["id", "model", "judge"]
+        assert_frame_equal(judged[JUDGMENT].sort_values(key, ignore_index=True),
+                           pd.read_parquet(ref / "jury")[JUDGMENT].sort_values(key, ignore_index=True))
+        assert_frame_equal(pd.read_parquet(run / "scores").sort_values(["id", "model"], ignore_index=True),
+                           pd.read_parquet(ref / "scores").sort_values(["id", "model"], ignore_index=True))
+        out, _ = trainer.communicate(timeout=150)
+    finally:
+        stop(trainer)
+    assert trainer.returncode == 0, out[-5000:]
+    phases["training done"] = time.monotonic() - started
+    train = json.loads((train_root / "judge_sft" / "t" / "manifest.json").read_text())["stages"]["train"]
+    assert train["status"] == "complete" and train["summary"]["steps"] == 1
+    # where the worker ran, as the run records it: a gpu_worker the autoscaler launched for the training run
+    # (not the head, not one of the jury's), its gpu_slot the worker's
+    (worker,) = train["summary"]["worker_nodes"]
+    launched = {n["node_id"]: n for n in cluster.nodes(dead_too=True)}[worker]
+    assert not launched["head"] and launched["resources"]["gpu_slot"] == 4 and worker not in jury_gpu_nodes
+    # and as Ray's actor table has it; the Train controller and its synchronization actor ask for no CPU and no
+    # gpu_slot and stay on the driver's node, the head
+    assert cluster.actor_nodes("RayTrainWorker") == [worker]
+    assert cluster.actor_nodes("TrainController") == cluster.actor_nodes("SynchronizationActor") == [head["node_id"]]
+    # scale down again: the idle training node goes, the head is alone
+    train_down_after = cluster.wait_for(lambda: len(cluster.nodes()) == 1, "idle training gpu_worker removed", 60)
+    phases["head alone again"] = time.monotonic() - started
     print(f"multinode: nodes {counts}; gpu_worker killed after {done_before_kill}/{PAIRS} judgments, replaced; "
-          f"idle gpu_worker gone {down_after:.1f} s after the job; "
-          f"actor_restarts {summary['actor_restarts']}; at seconds {({k: round(v, 1) for k, v in phases.items()})}",
-          file=sys.stderr)
+          f"idle gpu_worker gone {down_after:.1f} s after the job; actor_restarts {summary['actor_restarts']}; "
+          f"training worker on a new gpu_worker, gone {train_down_after:.1f} s after the training job; "
+          f"at seconds {({k: round(v, 1) for k, v in phases.items()})}", file=sys.stderr)
 
 
 def assert_frame_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:

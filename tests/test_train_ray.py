@@ -85,9 +85,11 @@ def zero2_run(ray_local, tiny_model_dir, tmp_path_factory):
     return cfg, run_dir, run_training(cfg, make_rows(), make_rows()[:3], run_dir=str(run_dir))
 
 
-def test_zero2_two_workers_train_lora_with_arpo(zero2_run, tiny_model_dir):
+def test_zero2_two_workers_train_lora_with_arpo(zero2_run, tiny_model_dir, ray_local):
     cfg, run_dir, result = zero2_run
     assert result.metrics["step"] == 4 and result.metrics["start_step"] == 0
+    # where the workers ran, by rank: both on the session's one node (the fake multi-node test has them elsewhere)
+    assert result.metrics["worker_nodes"] == [ray_local.get_runtime_context().get_node_id()] * 2
     assert_trained_lora(result, tiny_model_dir, cfg)
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
                 "arpo/penalty", "nll_loss", "lr", "eval/loss", "eval/rewards/margins"):

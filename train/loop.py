@@ -364,6 +364,8 @@ def _report(engine, cfg: TrainConfig, metrics: Metrics, step: int, total: int, r
             tracker) -> None:
     if tracker is not None:
         tracker.log(metrics, step=step)
+    if step == total:  # after W&B, which takes numbers only
+        metrics = {**metrics, "worker_nodes": worker_nodes()}
     if not save:
         ray.train.report(metrics)
         return
@@ -371,6 +373,14 @@ def _report(engine, cfg: TrainConfig, metrics: Metrics, step: int, total: int, r
         save_checkpoint(engine, cfg, directory, step, total, rank)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
                          checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+
+def worker_nodes() -> list[str]:
+    """The Ray node id of every rank, by rank (a collective): where `cpus_per_worker` / `resources_per_worker` /
+    `use_gpu` placed the workers, recorded with the run's final metrics (`ray list nodes` maps ids to addresses)."""
+    nodes = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    return nodes
 
 
 def _init_wandb(cfg: TrainConfig, config: dict, rank: int):

@@ -36,7 +36,8 @@ from train.config import TrainConfig, TrainerBase
 class TrainResult:
     """What a finished run leaves behind."""
 
-    # metrics of the last report (rank 0's view, reduced over workers): step, loss, rewards, ...
+    # metrics of the last report (rank 0's view, reduced over workers): step, loss, rewards, ...; worker_nodes: the
+    # Ray node id of each rank, by rank
     metrics: dict[str, Any]
     # the latest Ray Train checkpoint (adapter + DeepSpeed engine state), or None
     checkpoint_path: str | None
@@ -157,7 +158,8 @@ def train_stage(cfg: TrainConfig, train_rows: list, eval_rows: list | None, *, o
     """The body of a run-store `train` stage: at least one global batch of rows (else ConfigError naming `where`),
     `run_training` into ``<out_dir>/run``, the final numeric metrics (plus `extra`) as the stage's one-row table.
 
-    Returns the stage summary: rows, steps, loss, seconds and actor-seconds (seconds x workers).
+    Returns the stage summary: rows, steps, loss, seconds, actor-seconds (seconds x workers) and the Ray node id of
+    each rank (`worker_nodes`, by rank).
     """
     import time
 
@@ -177,7 +179,8 @@ def train_stage(cfg: TrainConfig, train_rows: list, eval_rows: list | None, *, o
     write_table(pa.Table.from_pylist([{**(extra or {}), **metrics}]), out_dir)
     return {"train_rows": len(train_rows), "eval_rows": len(eval_rows or []), "steps": metrics.get("step"),
             "loss": metrics.get("loss"), "seconds": round(seconds, 3),
-            "actor_seconds": round(seconds * cfg.num_workers, 3)}
+            "actor_seconds": round(seconds * cfg.num_workers, 3),
+            "worker_nodes": result.metrics.get("worker_nodes", [])}
 
 
 def _collect(result: Any, out: Path, storage_dir: str) -> TrainResult:
