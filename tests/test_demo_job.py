@@ -55,7 +55,9 @@ def tiny_overrides(model_dir: str, root: Path, server_url: str, turk_dir: Path) 
                      "sampling: {max_tokens: 48}, max_parse_retries: 0}, "
                      "{name: judge-api, template: judge_policy_brief, "
                      f"format: best_worst, {api}}}]")
-    overrides += [f"train.trainer.model={model_dir}", "train.trainer.max_steps=1", "train.trainer.micro_batch_size=1",
+    # one training worker: 2-worker ZeRO-2 is tests/test_train_ray.py's; here the stage's wiring is what is tested
+    overrides += [f"train.trainer.model={model_dir}", "train.trainer.num_workers=1", "train.trainer.max_steps=1",
+                  "train.trainer.micro_batch_size=1",
                   "train.trainer.checkpoint_every=1", "train.trainer.lora.r=4", "train.trainer.lora.alpha=8",
                   "train.trainer.max_prompt_length=48", "train.trainer.max_completion_length=16"]
     overrides += [f"evaluate.path={turk_dir}", "evaluate.limit=3", f"evaluate.engine.model={model_dir}",
