@@ -75,3 +75,32 @@ def test_bench_without_llama_cpp_says_how_to_install_it(monkeypatch, capsys):
     assert "bench " not in out
     with pytest.raises(SystemExit):
         generate.main(["--engines", "hf,vllm"])
+
+
+def test_llamacpp_decodes_several_sequences_as_it_decodes_each_alone(smollm2_dir):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (optional extra 'llamacpp')")
+    from transformers import AutoTokenizer
+
+    from actors.hf_engine import render_prompt
+    from bench.llamacpp import LlamaCppDecoder, find_gguf
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    texts = ("Simplify: the committee postponed its decision.", "What is two plus two?", "Name a colour.")
+    prompts = [tokenizer(render_prompt(tokenizer, [{"role": "user", "content": t}], False),
+                         add_special_tokens=False).input_ids for t in texts]
+    eos, context = frozenset({tokenizer.eos_token_id}), max(len(p) for p in prompts) + 6
+    gguf = find_gguf("smollm2-135m", "")
+    # 2 slots for 3 prompts: the third is admitted when the first sequence to end frees its slot
+    batched = LlamaCppDecoder(gguf, threads=1, max_batch_size=2, context=context)
+    together = batched.generate(prompts, 6, eos)
+    alone = LlamaCppDecoder(gguf, threads=1, max_batch_size=1, context=context)
+    one_by_one = alone.generate(prompts, 6, eos)
+    assert [s.tokens for s in together] == [s.tokens for s in one_by_one]
+    for seq in together:
+        assert 1 <= len(seq.tokens) <= 6
+        assert seq.finish_reason == ("stop" if seq.tokens[-1] in eos else "length")
+    assert tokenizer.decode(together[1].tokens, skip_special_tokens=True).strip()
+    with pytest.raises(ValueError, match="exceeds the slot"):
+        alone.generate(prompts, 7, eos)
+    batched.close()
+    alone.close()
