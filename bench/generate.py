@@ -18,6 +18,16 @@ Prints `bench <name> = <value>` lines (plus `info ...` context lines):
   2 * N + 4 * n_layers * t * d_attn, with N the weights of every linear layer, the LM head included (counted
   from their shapes; it runs once per generated token), and d_attn = heads * head_dim (QK^T and AV).
 
+With `--engines hf,llamacpp` (the default) llama.cpp (bench/llamacpp.py) completes the same prompts, token ids
+from the same chat template, right after the engine's run, when llama-cpp-python is installed (`pip install
+'quorum[llamacpp]'`, compiled from source; else an `info llamacpp not measured` line says so):
+
+- `llamacpp_tokens_per_s`: greedy, `--batch-size` sequences per `llama_decode` (continuous batching), the GGUF's
+  Q4_1 weights, as many threads as torch uses; `llamacpp_single_tokens_per_s`: the first batch one at a time;
+- `llamacpp_roofline_fraction`: the same useful FLOPs / the same bf16 matmul peak (llama.cpp's int8 dot products
+  have a peak of their own; this is the engine-to-engine yardstick, not llama.cpp's own efficiency);
+- `llamacpp_vs_engine`: llama.cpp tokens/s / the engine's. `--engines llamacpp` measures llama.cpp alone.
+
 With `--contention N` (0 by default), N CPU-bound processes (`while True: pass`, bench.contention: each stops by
 itself, and is killed when its measurement ends) run beside a second measurement of each side, right after the
 idle one on the same loaded model:
@@ -48,6 +58,8 @@ from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
 from actors.hf_engine import HFEngine, PackedLinear, render_prompt
 from actors.models import resolve_model_dir
 from bench.contention import competitors
+from bench.llamacpp import INSTALL_HINT, load_llama_cpp, measure_llamacpp, measure_llamacpp_alone, parse_engines
+from bench.roofline import useful_flops
 
 INSTRUCTION = (
     "Simplify this sentence for a young reader, then explain in two or three short sentences what you "
@@ -255,15 +267,17 @@ def count_useful_flops(model: torch.nn.Module, completions: list[Completion]) ->
     Linear layers are counted from their shapes, packed or not: after `pack_linear_layers` the weights are no
     longer `nn.Parameter`s, so counting `model.parameters()` would miss almost all of them.
     """
+    lengths = [(c.prompt_tokens, c.completion_tokens) for c in completions]
+    return useful_flops(*model_shapes(model), lengths)
+
+
+def model_shapes(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(weights of every linear layer, packed or not, the LM head included; layers; heads x head_dim)."""
     config = model.config.get_text_config()
     d_attn = config.num_attention_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
     linear = sum(m.in_features * m.out_features for m in model.modules()
                  if isinstance(m, (torch.nn.Linear, PackedLinear)))
-    flops = 0.0
-    for c in completions:
-        contexts = c.completion_tokens * c.prompt_tokens + c.completion_tokens * (c.completion_tokens - 1) / 2
-        flops += 2 * linear * c.completion_tokens + 4 * config.num_hidden_layers * d_attn * contexts
-    return flops
+    return linear, config.num_hidden_layers, d_attn
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -280,9 +294,25 @@ def main(argv: list[str] | None = None) -> None:
                         help="also measure each side beside this many CPU-bound processes (0 = idle only)")
     parser.add_argument("--ray-worker-niceness", type=int, default=0,
                         help="nice value of the Ray Data side's workers (Ray's own default: 15)")
+    parser.add_argument("--engines", default="hf,llamacpp",
+                        help="engines to measure, comma-separated: hf (the hf engine, bare generate, Ray Data), "
+                             "llamacpp (llama.cpp on the GGUF; skipped with a note when llama_cpp is not installed)")
+    parser.add_argument("--gguf", default="", help="GGUF file for llamacpp (default: smollm2-135m's bundled one)")
     args = parser.parse_args(argv)
     if args.contention < 0:
         parser.error("--contention must be >= 0")
+    try:
+        engines = parse_engines(args.engines)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if "llamacpp" in engines and load_llama_cpp() is None:
+        print(f"info llamacpp not measured: {INSTALL_HINT}", flush=True)
+        engines.remove("llamacpp")
+    if "hf" not in engines:
+        if engines:
+            requests = build_requests(args.prompts, args.max_tokens)
+            measure_llamacpp_alone(args, requests, measure_matmul_peak(torch.bfloat16))
+        return
     print(f"info load_average_1m={os.getloadavg()[0]:.2f} contention={args.contention}", flush=True)
     # `timeout` / a scheduler's SIGTERM must still run the competitors' `finally` (Python's default just exits)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -303,6 +333,9 @@ def main(argv: list[str] | None = None) -> None:
           f"completion_tokens={sum(c.completion_tokens for c in completions)} matmul_peak_gflops={peak / 1e9:.1f}")
     print(f"bench engine_tokens_per_s = {engine_tps:.1f}", flush=True)
     print(f"bench roofline_fraction = {roofline:.3f}", flush=True)
+    if "llamacpp" in engines:  # right after the hf engine's run, under the same load from other processes
+        measure_llamacpp(args, requests, engine.tokenizer, engine.settings.eos_ids, model_shapes(engine.model), peak,
+                         completions, engine_tps)
     # the same call beside the competitors, right after the idle one (same model, same load from others)
     if args.contention:
         with competitors(args.contention):

@@ -7,7 +7,8 @@ import torch
 
 from actors.engine import Completion, EngineSpec
 from actors.hf_engine import HFEngine
-from bench.generate import count_useful_flops
+from bench.generate import count_useful_flops, model_shapes
+from bench.roofline import config_shapes
 
 
 def test_flops_count_every_linear_layer_packed_or_not(tiny_model_dir):
@@ -20,6 +21,8 @@ def test_flops_count_every_linear_layer_packed_or_not(tiny_model_dir):
     completions = [Completion(text="x", prompt_tokens=5, completion_tokens=3)]
     expected = 2 * linear * 3 + 4 * 2 * 64 * 18
     assert count_useful_flops(engine.model, completions) == pytest.approx(expected)
+    # the count from the config alone (what the llama.cpp side uses) agrees with the loaded layers' shapes
+    assert config_shapes(engine.model.config) == model_shapes(engine.model) == (linear, 2, 64)
     packed = HFEngine(EngineSpec(model=tiny_model_dir, dtype="bfloat16", device="cpu", num_threads=1))
     if not packed.packed_layers:
         pytest.skip("oneDNN packed linear unavailable in this torch build")
