@@ -10,7 +10,10 @@ criteria. Here:
 - the prompt tokens that every row of a call starts with (a judge's instructions and few-shot examples) are
   run through the model once; each prefill copies their keys/values and computes only the rest;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
-  request's random stream does not depend on which other requests share its batch.
+  request's random stream does not depend on which other requests share its batch;
+- with a `core.thread_tuner.ThreadTuner`, each decode step runs on the thread count it picks from the timed
+  earlier steps (fewer threads when another process holds a core: an OpenMP barrier waits for a descheduled
+  thread). Prefill runs on its current choice and is not timed: its cost is not comparable with a step's.
 
 Greedy output is token-for-token what `generate(do_sample=False)` gives for the same left-padded prompt: the
 same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits. A shared prefix
@@ -20,6 +23,7 @@ parity is exact in float32 and close (not bitwise) in bfloat16.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +34,9 @@ from transformers.cache_utils import Cache
 from actors.constrained import advance, mask_logits
 from actors.engine import SamplingParams
 from actors.kv_rows import RowKVLayer, merge_layer, stack_layers
+from actors.threads import use_threads
 from actors.token_sampling import choose_tokens
+from core.thread_tuner import ThreadTuner
 
 # Tokens decoded around the end of a completion when looking for a stop string (longest stop + this margin).
 _STOP_WINDOW_MARGIN = 8
@@ -94,6 +100,8 @@ class DecodeStats:
     # prompt tokens run through the model in prefill passes (the shared prefix once; padding not counted)
     prefilled_tokens: int = 0
     shared_prefix_tokens: int = 0
+    # decode steps run per torch thread count (prefill passes not counted)
+    thread_steps: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,7 +113,8 @@ class SharedPrefix:
     values: list[torch.Tensor]
 
 
-def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> DecodeStats:
+def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
+               tuner: ThreadTuner | None = None) -> DecodeStats:
     """Complete every row in place, keeping up to `settings.max_batch_size` rows in flight.
 
     Rows are admitted in the order given (callers sort by prompt length so co-admitted prompts need little
@@ -116,9 +125,11 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
         model: a causal LM taking `input_ids, attention_mask, position_ids, past_key_values`.
         rows: prompts with their sampling params; `token_ids`, `finish_reason`, `stop_at` are filled in.
         settings: EOS ids, pad id, layer count, batch size and the token decoder.
+        tuner: picks each decode step's torch thread count and learns from its time (kept across calls by the
+            caller); None = torch's thread count as it is.
 
     Returns:
-        Prompt and prefill token counts (how much the shared prefix saved).
+        Prompt and prefill token counts (how much the shared prefix saved), decode steps per thread count.
     """
     stats = DecodeStats(prompt_tokens=sum(len(row.prompt_ids) for row in rows))
     for row in rows:
@@ -127,6 +138,9 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
     pending = deque(rows)
     refill_at = max(1, settings.max_batch_size // 4)
     batch: _Batch | None = None
+    if tuner is not None:
+        tuner.new_sequence()  # this call's first step has no neighbour in the last call
+        use_threads(tuner.current)
     with torch.inference_mode():
         prefix = _shared_prefix(model, rows, settings)
         if prefix is not None:
@@ -136,6 +150,8 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
             free = settings.max_batch_size - len(live)
             admitted = None
             if pending and free >= min(refill_at, len(pending)):
+                if tuner is not None:
+                    use_threads(tuner.current)  # not a probe's count, if the last step was one
                 admitted = _prefill(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
                                     prefix)
                 skipped = prefix.length if prefix else 0
@@ -143,7 +159,9 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
             if batch is None or len(live) < len(batch.rows) or admitted is not None:
                 batch = _merge(batch, live, admitted)
             if batch is not None:
-                _step(model, batch, settings)
+                _timed_step(model, batch, settings, tuner, stats)
+    if tuner is not None:
+        use_threads(tuner.current)
     return stats
 
 
@@ -242,6 +260,21 @@ def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> No
     )
     batch.length = end
     _accept_tokens(batch, out.logits[:, -1, :], settings)
+
+
+def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings, tuner: ThreadTuner | None,
+                stats: DecodeStats) -> None:
+    """`_step` on the tuner's thread count for this step, its wall time fed back; counted in `stats`."""
+    if tuner is None:
+        threads = torch.get_num_threads()
+        _step(model, batch, settings)
+    else:
+        threads = tuner.next_threads()
+        use_threads(threads)
+        start = time.perf_counter()
+        _step(model, batch, settings)
+        tuner.record(threads, time.perf_counter() - start, len(batch.rows))
+    stats.thread_steps[threads] = stats.thread_steps.get(threads, 0) + 1
 
 
 def _accept_tokens(batch: _Batch, logits: torch.Tensor, settings: DecodeSettings) -> None:

@@ -17,9 +17,11 @@ How (pure logic; `actors.hf_decode` times the steps and applies the choice):
   switches at once, otherwise two do; a marginal win needs several;
 - a probe that clearly loses doubles `interval` (up to `max_probe_every`), so the idle cost of probing falls
   towards (slowdown of the probe) / `max_probe_every`;
-- load changes: a step at the current count more than `change` times slower or faster than their smoothed time
-  means the load (or the batch) moved: comparisons are forgotten and probing restarts at `probe_every`. The way
-  back (a competitor leaves while 1 thread runs: its steps do not get faster) is found by the periodic probes.
+- load changes: a step at the current count more than `change` times slower or faster than the smoothed time of
+  earlier steps over as many rows means the load moved: comparisons are forgotten and probing restarts at
+  `probe_every`. (Per row count: the short batches at the end of a call, or the full one at the start of the
+  next, are not a change of load.) The way back (a competitor leaves while 1 thread runs: its steps do not get
+  faster) is found by the periodic probes.
 
 Steps are timed by the caller, so tests script them (tests/test_thread_tuner.py).
 """
@@ -97,7 +99,8 @@ class ThreadTuner:
         self._turn = 0
         self._before: tuple[float, int] | None = None
         self._probe: _Probe | None = None
-        self._level: float | None = None
+        # smoothed seconds of a current-count step, per batch row count
+        self._levels: dict[int, float] = {}
 
     @property
     def alternatives(self) -> tuple[int, ...]:
@@ -117,7 +120,7 @@ class ThreadTuner:
             self._turn += 1
             return
         self._since_probe += 1
-        self._track_level(seconds)
+        self._track_level(seconds, rows)
         probe, self._probe = self._probe, None
         self._before = (seconds, rows)
         if probe is not None:
@@ -149,17 +152,15 @@ class ThreadTuner:
         self._restart()
         self._before = None  # the last step ran on the old count: no neighbour for the new one
 
-    def _track_level(self, seconds: float) -> None:
-        if self._level is None:
-            self._level = seconds
-        elif seconds > self.change * self._level or seconds * self.change < self._level:
+    def _track_level(self, seconds: float, rows: int) -> None:
+        level = self._levels.get(rows)
+        if level is not None and (seconds > self.change * level or seconds * self.change < level):
             self._restart()
-            self._level = seconds
-        else:
-            self._level += self.weight * (seconds - self._level)
+            level = None
+        self._levels[rows] = seconds if level is None else level + self.weight * (seconds - level)
 
     def _restart(self) -> None:
         """Probe often again and compare afresh: what was measured before no longer holds."""
         self.ratios = {}
         self.interval = self.probe_every
-        self._level = None
+        self._levels = {}

@@ -77,6 +77,17 @@ def test_load_arrives_then_leaves():
     assert idle.count(1) == 4
 
 
+def test_short_batches_at_the_end_of_each_call_are_not_a_change_of_load():
+    tuner = ThreadTuner(2)
+    # calls of 48 steps: 40 on 16 rows, then 8 on 4 rows (6 ms on 2 threads, 40 % faster than a full batch, which
+    # would read as a change of load against the 16-row steps)
+    short = {2: 0.006, 1: 0.009}
+    ran = drive(tuner, 480, lambda i: IDLE if i % 48 < 40 else short, rows=lambda i: 16 if i % 48 < 40 else 4)
+    # the gaps grow 16, 32, 64 and stay there, as on a steady batch (every probe lands among 16-row steps)
+    assert [i for i, t in enumerate(ran) if t == 1] == [16, 49, 114, 179, 244, 309, 374, 439]
+    assert tuner.current == 2 and tuner.interval == 64
+
+
 def test_a_marginal_win_needs_several_probes():
     tuner = ThreadTuner(2)
     times = {2: 0.010, 1: 0.0082}  # ratio 0.82: smoothed 0.91, 0.865, 0.8425 < 0.85 -> switch
@@ -108,3 +119,51 @@ def test_one_thread_never_probes_and_bad_settings_are_named():
         ThreadTuner(0)
     with pytest.raises(ValueError, match="probe_every"):
         ThreadTuner(2, probe_every=32, max_probe_every=16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine with the tuner on
+
+
+@pytest.fixture
+def restore_torch_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_engine_records_thread_counts_and_greedy_tokens_do_not_change(tiny_model_dir, restore_torch_threads):
+    import dataclasses
+
+    from actors.engine import ChatRequest, EngineSpec, SamplingParams
+    from actors.hf_engine import HFEngine
+
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4, num_threads=2)
+    tuned = HFEngine(spec)
+    assert tuned.tuner is not None and tuned.tuner.candidates == (2, 1)
+    # a probe every third step whatever the timings say, so steps alternate between both counts
+    tuned.tuner = ThreadTuner(2, probe_every=2, max_probe_every=2)
+    # six prompts through four slots with different lengths: refills and merges happen between probes too
+    requests = [ChatRequest([{"role": "user", "content": f"Say something about the number {i}." * (1 + i % 3)}],
+                            SamplingParams(max_tokens=6 + 3 * i)) for i in range(6)]
+    with_tuner = tuned.generate(requests)
+    steps = tuned.last_stats.thread_steps
+    assert steps.get(1, 0) > 0 and steps.get(2, 0) > 0
+
+    fixed = HFEngine(dataclasses.replace(spec, adaptive_threads=False))
+    assert fixed.tuner is None
+    without = fixed.generate(requests)
+    assert [c.raw_text for c in with_tuner] == [c.raw_text for c in without]
+    assert [c.completion_tokens for c in with_tuner] == [c.completion_tokens for c in without]
+    assert len({c.raw_text for c in without}) > 1  # distinct prompts, distinct answers: the comparison means something
+    assert fixed.last_stats.thread_steps == {2: sum(steps.values())}  # the same steps, all on the engine's 2
+
+
+def test_adaptive_threads_must_be_a_bool():
+    from actors.engine import EngineSpec
+    from actors.hf_engine import validate_spec
+
+    with pytest.raises(ValueError, match="engine.adaptive_threads"):
+        validate_spec(EngineSpec(adaptive_threads="yes"))
