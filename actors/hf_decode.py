@@ -269,7 +269,7 @@ def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings,
         threads = torch.get_num_threads()
         _step(model, batch, settings)
     else:
-        threads = tuner.next_threads()
+        threads = tuner.next_threads(len(batch.rows))
         use_threads(threads)
         start = time.perf_counter()
         _step(model, batch, settings)

@@ -63,7 +63,7 @@ class _Probe:
 class ThreadTuner:
     """Picks the thread count of each step from the times of earlier ones. See module docstring.
 
-    Call `next_threads()` before a step, run it on that many threads, then `record(threads, seconds, rows)`.
+    Call `next_threads(rows)` before a step, run it on that many threads, then `record(threads, seconds, rows)`.
     `new_sequence()` between unrelated runs (a new call): a probe is never compared across them.
     """
 
@@ -76,7 +76,7 @@ class ThreadTuner:
     margin: float = 0.15
     # weight of a new ratio (or step time) in its smoothed value
     weight: float = 0.5
-    # a current-count step this many times slower or faster than usual means the load changed
+    # a current-count step this many times slower or faster than earlier ones over as many rows: the load changed
     change: float = 1.5
     current: int = field(init=False)
     interval: int = field(init=False)
@@ -106,10 +106,12 @@ class ThreadTuner:
     def alternatives(self) -> tuple[int, ...]:
         return tuple(c for c in self.candidates if c != self.current)
 
-    def next_threads(self) -> int:
-        """The thread count for the next step: the current one, or an alternative when a probe is due."""
+    def next_threads(self, rows: int) -> int:
+        """The thread count for the next step over `rows` rows: the current one, or an alternative when a probe is
+        due (and the step before had as many rows: else the probe could not be compared)."""
         alternatives = self.alternatives
-        due = self._since_probe >= self.interval and self._before is not None and self._probe is None
+        due = self._since_probe >= self.interval and self._probe is None
+        due = due and self._before is not None and self._before[1] == rows
         return alternatives[self._turn % len(alternatives)] if alternatives and due else self.current
 
     def record(self, threads: int, seconds: float, rows: int) -> None:

@@ -19,7 +19,7 @@ def drive(tuner: ThreadTuner, steps: int, times, rows=lambda i: 16, start: int =
     """Run `steps` scripted steps; `times(i)` maps threads to seconds at step i. Returns the threads of each step."""
     ran = []
     for i in range(start, start + steps):
-        threads = tuner.next_threads()
+        threads = tuner.next_threads(rows(i))
         tuner.record(threads, times(i)[threads], rows(i))
         ran.append(threads)
     return ran
@@ -107,9 +107,10 @@ def test_a_probe_whose_neighbours_had_other_rows_is_not_compared():
 def test_a_new_sequence_is_not_compared_with_the_last():
     tuner = ThreadTuner(2)
     drive(tuner, 16, lambda i: BUSY)
-    assert tuner.next_threads() == 1
+    assert tuner.next_threads(16) == 1
+    assert tuner.next_threads(12) == 2  # a step over other rows than the last one: not comparable, not a probe
     tuner.new_sequence()  # a new call: no step before the probe to compare it with
-    assert tuner.next_threads() == 2
+    assert tuner.next_threads(16) == 2
 
 
 def test_one_thread_never_probes_and_bad_settings_are_named():
