@@ -148,7 +148,7 @@ def test_engine_records_thread_counts_and_greedy_tokens_do_not_change(tiny_model
     tuned.tuner = ThreadTuner(2, probe_every=2, max_probe_every=2)
     # six prompts through four slots with different lengths: refills and merges happen between probes too
     requests = [ChatRequest([{"role": "user", "content": f"Say something about the number {i}." * (1 + i % 3)}],
-                            SamplingParams(max_tokens=6 + 3 * i)) for i in range(6)]
+                            SamplingParams(max_tokens=4 + 2 * i)) for i in range(6)]
     with_tuner = tuned.generate(requests)
     steps = tuned.last_stats.thread_steps
     assert steps.get(1, 0) > 0 and steps.get(2, 0) > 0
