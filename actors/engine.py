@@ -85,6 +85,9 @@ class EngineSpec(Section):
     # torch intra-op threads for the hf engine on CPU; 0 = the CPUs Ray assigned the actor (pool.num_cpus, floor,
     # at least 1), or torch's default outside Ray (actors.threads)
     num_threads: int = 0
+    # hf on CPU: each decode step's thread count is picked between that maximum, half of it and 1 by timing steps
+    # (core.thread_tuner), so a process sharing the cores does not make every step wait for a descheduled thread
+    adaptive_threads: bool = True
     # a LoRA adapter directory (peft format) applied on top of `model`; "" = the base model.
     # hf merges it into the weights at load; vllm serves it as a LoRA request; openai ignores it (name the
     # adapter in `served_model_name` instead)

@@ -11,7 +11,10 @@ criteria. Here:
   through the model once per group of rows sharing them (a call may mix templates); each prefill copies their
   keys/values and computes only the rest;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
-  request's random stream does not depend on which other requests share its batch.
+  request's random stream does not depend on which other requests share its batch;
+- with a `core.thread_tuner.ThreadTuner`, each decode step runs on the thread count it picks from the timed
+  earlier steps (fewer threads when another process holds a core: an OpenMP barrier waits for a descheduled
+  thread). Prefill runs on its current choice and is not timed: its cost is not comparable with a step's.
 
 Greedy output is token-for-token what `generate(do_sample=False)` gives for the same left-padded prompt: the
 same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits. A shared prefix
@@ -21,6 +24,7 @@ parity is exact in float32 and close (not bitwise) in bfloat16.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +35,10 @@ from transformers.cache_utils import Cache
 from actors.constrained import advance, mask_logits
 from actors.engine import SamplingParams
 from actors.kv_rows import RowKVLayer, merge_layer, stack_layers
+from actors.shared_prefix import SharedPrefix, shared_prefixes
+from actors.threads import use_threads
 from actors.token_sampling import choose_tokens
+from core.thread_tuner import ThreadTuner
 
 # Tokens decoded around the end of a completion when looking for a stop string (longest stop + this margin).
 _STOP_WINDOW_MARGIN = 8
@@ -95,18 +102,12 @@ class DecodeStats:
     # prompt tokens run through the model in prefill passes (the shared prefix once; padding not counted)
     prefilled_tokens: int = 0
     shared_prefix_tokens: int = 0
+    # decode steps run per torch thread count (prefill passes not counted)
+    thread_steps: dict[int, int] = field(default_factory=dict)
 
 
-@dataclass
-class SharedPrefix:
-    """Per-layer keys/values, shape (1, kv_heads, length, head_dim), of the prompt start shared by all rows."""
-
-    length: int
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-
-def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> DecodeStats:
+def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
+               tuner: ThreadTuner | None = None) -> DecodeStats:
     """Complete every row in place, keeping up to `settings.max_batch_size` rows in flight.
 
     Rows are admitted in the order given (callers sort by prompt length so co-admitted prompts need little
@@ -117,9 +118,11 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
         model: a causal LM taking `input_ids, attention_mask, position_ids, past_key_values`.
         rows: prompts with their sampling params; `token_ids`, `finish_reason`, `stop_at` are filled in.
         settings: EOS ids, pad id, layer count, batch size and the token decoder.
+        tuner: picks each decode step's torch thread count and learns from its time (kept across calls by the
+            caller); None = torch's thread count as it is.
 
     Returns:
-        Prompt and prefill token counts (how much the shared prefix saved).
+        Prompt and prefill token counts (how much the shared prefix saved), decode steps per thread count.
     """
     stats = DecodeStats(prompt_tokens=sum(len(row.prompt_ids) for row in rows))
     for row in rows:
@@ -128,8 +131,11 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
     pending = deque(rows)
     refill_at = max(1, settings.max_batch_size // 4)
     batch: _Batch | None = None
+    if tuner is not None:
+        tuner.new_sequence()  # this call's first step has no neighbour in the last call
+        use_threads(tuner.current)
     with torch.inference_mode():
-        prefixes = _shared_prefixes(model, rows, settings)
+        prefixes = shared_prefixes(model, rows, settings)
         stats.shared_prefix_tokens = stats.prefilled_tokens = sum(
             {id(p): p.length for p in prefixes.values()}.values())
         while pending or batch is not None:
@@ -137,53 +143,17 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
             free = settings.max_batch_size - len(live)
             admitted = None
             if pending and free >= min(refill_at, len(pending)):
+                if tuner is not None:
+                    use_threads(tuner.current)  # not a probe's count, if the last step was one
                 admitted = _admit(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
                                   prefixes, stats)
             if batch is None or len(live) < len(batch.rows) or admitted is not None:
                 batch = _merge(batch, live, admitted)
             if batch is not None:
-                _step(model, batch, settings)
+                _timed_step(model, batch, settings, tuner, stats)
+    if tuner is not None:
+        use_threads(tuner.current)
     return stats
-
-
-def common_prefix_length(sequences: list[list[int]]) -> int:
-    """Length of the longest list that starts every sequence.
-
-    >>> common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]])
-    2
-    """
-    first, length = sequences[0], min(len(seq) for seq in sequences)
-    for seq in sequences[1:]:
-        length = next((i for i in range(length) if seq[i] != first[i]), length)
-    return length
-
-
-def prefix_groups(prompts: list[list[int]], min_length: int) -> list[list[int]]:
-    """Indices of the prompts grouped by their first `min_length` tokens, groups in first-appearance order.
-
-    One call can hold prompts of several templates (a generate batch spanning two policies, a jury of two
-    guidelines): each group then shares its own prefix. A prompt no longer than `min_length` is a group alone.
-
-    >>> prefix_groups([[1, 2, 3], [4, 5, 6], [1, 2, 7], [1, 2]], 2)
-    [[0, 2], [1], [3]]
-    """
-    groups: dict[tuple, list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        key = tuple(prompt[:min_length]) if min_length > 0 and len(prompt) > min_length else ("alone", i)
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
-
-
-def _shared_prefixes(model: torch.nn.Module, rows: list[DecodeRow],
-                     settings: DecodeSettings) -> dict[int, SharedPrefix]:
-    """The shared prefix of each row's group (`prefix_groups`), keyed by `id(row)`; rows without one are absent."""
-    out: dict[int, SharedPrefix] = {}
-    for group in prefix_groups([row.prompt_ids for row in rows], settings.min_shared_prefix):
-        members = [rows[i] for i in group]
-        prefix = _shared_prefix(model, members, settings)
-        if prefix is not None:
-            out.update((id(row), prefix) for row in members)
-    return out
 
 
 def _admit(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
@@ -202,26 +172,6 @@ def _admit(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettin
         admitted = part if admitted is None else _merge(
             admitted, [i for i, row in enumerate(admitted.rows) if not row.finish_reason], part)
     return admitted
-
-
-def _shared_prefix(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings) -> SharedPrefix | None:
-    """Run the prompt start that all `rows` share through the model once, if it is long enough to pay off.
-
-    Each row keeps at least its last prompt token out of the prefix: its prefill must produce logits.
-    """
-    if settings.min_shared_prefix <= 0 or len(rows) < 2:
-        return None
-    prompts = [row.prompt_ids for row in rows]
-    length = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
-    if length < settings.min_shared_prefix:
-        return None
-    ids = torch.tensor([prompts[0][:length]], device=model.device)
-    cache = Cache(layers=[RowKVLayer(length) for _ in range(settings.num_layers)])
-    extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
-    positions = torch.arange(length, device=ids.device)[None]
-    model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions,
-          past_key_values=cache, use_cache=True, **extra)
-    return SharedPrefix(length, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
 
 
 def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
@@ -287,6 +237,21 @@ def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> No
     )
     batch.length = end
     _accept_tokens(batch, out.logits[:, -1, :], settings)
+
+
+def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings, tuner: ThreadTuner | None,
+                stats: DecodeStats) -> None:
+    """`_step` on the tuner's thread count for this step, its wall time fed back; counted in `stats`."""
+    if tuner is None:
+        threads = torch.get_num_threads()
+        _step(model, batch, settings)
+    else:
+        threads = tuner.next_threads(len(batch.rows))
+        use_threads(threads)
+        start = time.perf_counter()
+        _step(model, batch, settings)
+        tuner.record(threads, time.perf_counter() - start, len(batch.rows))
+    stats.thread_steps[threads] = stats.thread_steps.get(threads, 0) + 1
 
 
 def _accept_tokens(batch: _Batch, logits: torch.Tensor, settings: DecodeSettings) -> None:

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
 from actors.models import resolve_model_dir
-from actors.threads import set_torch_threads
+from actors.threads import decode_tuner, set_torch_threads, use_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -84,7 +84,9 @@ class HFEngine:
         # compiled lazily on the first request with a grammar (actors.constrained)
         self._grammars = None
         self.warm_up()
-        # prompt / prefill token counts of the last `generate` call
+        # picks each decode step's thread count up to `self.threads`; kept across calls, it learns the load
+        self.tuner = decode_tuner(spec.adaptive_threads, self.device, self.threads)
+        # prompt / prefill token counts and decode steps per thread count of the last `generate` call
         self.last_stats = DecodeStats()
 
     def warm_up(self) -> None:
@@ -126,7 +128,9 @@ class HFEngine:
             rows[i] = DecodeRow(prompt_ids=prompt, sampling=sampling, matcher=matcher)
         # Longest first: prompts admitted together have similar lengths, so their prefill pads little.
         order = sorted(rows, key=lambda i: -len(rows[i].prompt_ids))
-        self.last_stats = run_decode(self.model, [rows[i] for i in order], self.settings)
+        if self.tuner is None and self.device.type == "cpu":
+            use_threads(self.threads)  # another engine's tuner in this process may have lowered it
+        self.last_stats = run_decode(self.model, [rows[i] for i in order], self.settings, self.tuner)
         return [
             Completion(text="", finish_reason="error", error=errors[i], prompt_tokens=len(prompts[i]))
             if i in errors
@@ -194,6 +198,8 @@ def validate_spec(spec: EngineSpec) -> None:
         raise ValueError(f"engine.max_batch_size: must be an integer >= 1, got {spec.max_batch_size!r}")
     if not isinstance(spec.num_threads, int) or spec.num_threads < 0:
         raise ValueError(f"engine.num_threads: must be an integer >= 0, got {spec.num_threads!r}")
+    if not isinstance(spec.adaptive_threads, bool):
+        raise ValueError(f"engine.adaptive_threads: must be true or false, got {spec.adaptive_threads!r}")  # noqa: TRY004
     if spec.adapter and not (Path(spec.adapter) / "adapter_config.json").is_file():
         raise ValueError(f"engine.adapter: {spec.adapter!r} is not a peft adapter directory (no adapter_config.json)")
 

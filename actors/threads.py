@@ -3,6 +3,8 @@
 The pure rule is `core.ray_env.intra_op_threads`; this module reads its inputs (the pin, Ray's assignment, the
 cores this process may run on) and applies it. Called by each engine that runs torch on the CPU, in the thread that
 will run the model (Ray Data calls a worker on one thread of its own; torch propagates the count to new threads).
+That count is the most a decode loop uses: with `engine.adaptive_threads` its `core.thread_tuner.ThreadTuner` picks
+each step's count at or below it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import torch
 
 from core.ray_env import intra_op_threads
+from core.thread_tuner import ThreadTuner
 
 
 def ray_assigned_cpus() -> float | None:
@@ -40,3 +43,14 @@ def set_torch_threads(pinned: int) -> int:
     if threads:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def use_threads(threads: int) -> None:
+    """Set torch's intra-op threads (OpenMP's, for the calling thread) when they differ."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def decode_tuner(adaptive: bool, device: torch.device, threads: int) -> ThreadTuner | None:
+    """A `core.thread_tuner.ThreadTuner` up to `threads` for a CPU decode loop, when there is a choice to make."""
+    return ThreadTuner(threads) if adaptive and device.type == "cpu" and threads > 1 else None

@@ -34,7 +34,12 @@ idle one on the same loaded model:
 
 - `contention_vs_idle`: engine tokens/s with N competitors / idle; `ray_data_contention_vs_idle`: the same for the
   Ray Data stage (a fair share with one competitor on 2 cores is 0.5);
-- `engine_vs_bare_generate_contention`: engine / bare `generate`, both under the N competitors (must stay >= 1).
+- `engine_vs_bare_generate_contention`: engine / bare `generate`, both under the N competitors (must stay >= 1);
+- `engine_threads_idle`, `engine_threads_contention`: the mean torch thread count of the engine's decode steps in
+  each measurement (`engine.adaptive_threads`, core.thread_tuner: it drops to ~1 when a competitor holds a core).
+
+`--fixed-threads` turns the tuner off (every step on the engine's full thread count, as before it existed), on the
+engine, bare-loop and Ray Data sides alike.
 
 `--ray-worker-niceness 15` starts the Ray Data side's cluster with Ray's own worker nice value instead of quorum's
 0 (core.ray_env.RayConfig.worker_niceness), to see what it costs beside a busy process.
@@ -60,6 +65,7 @@ from actors.models import resolve_model_dir
 from bench.contention import competitors
 from bench.llamacpp import INSTALL_HINT, load_llama_cpp, measure_llamacpp, measure_llamacpp_alone, parse_engines
 from bench.roofline import useful_flops
+from core.thread_tuner import mean_threads
 
 INSTRUCTION = (
     "Simplify this sentence for a young reader, then explain in two or three short sentences what you "
@@ -298,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="engines to measure, comma-separated: hf (the hf engine, bare generate, Ray Data), "
                              "llamacpp (llama.cpp on the GGUF; skipped with a note when llama_cpp is not installed)")
     parser.add_argument("--gguf", default="", help="GGUF file for llamacpp (default: smollm2-135m's bundled one)")
+    parser.add_argument("--fixed-threads", action="store_true",
+                        help="engine.adaptive_threads=false: every decode step on the engine's full thread count")
     args = parser.parse_args(argv)
     if args.contention < 0:
         parser.error("--contention must be >= 0")
@@ -316,7 +324,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"info load_average_1m={os.getloadavg()[0]:.2f} contention={args.contention}", flush=True)
     # `timeout` / a scheduler's SIGTERM must still run the competitors' `finally` (Python's default just exits)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    spec = EngineSpec(kind="hf", model=args.model, max_batch_size=args.batch_size)
+    spec = EngineSpec(kind="hf", model=args.model, max_batch_size=args.batch_size,
+                      adaptive_threads=not args.fixed_threads)
     requests = build_requests(args.prompts, args.max_tokens)
     subset = requests[: args.batch_size]
 
@@ -328,7 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     peak = max(peak_before, measure_matmul_peak(engine.dtype))
     engine_tps = sum(c.completion_tokens for c in completions) / seconds
     roofline = count_useful_flops(engine.model, completions) / seconds / peak
-    print(f"info dtype={engine.dtype} packed_linear_layers={engine.packed_layers} threads={torch.get_num_threads()}")
+    print(f"info dtype={engine.dtype} packed_linear_layers={engine.packed_layers} threads={engine.threads} "
+          f"adaptive_threads={engine.tuner is not None}")
     print(f"info prompts={len(requests)} prompt_tokens={sum(c.prompt_tokens for c in completions)} "
           f"completion_tokens={sum(c.completion_tokens for c in completions)} matmul_peak_gflops={peak / 1e9:.1f}")
     print(f"bench engine_tokens_per_s = {engine_tps:.1f}", flush=True)
@@ -336,13 +346,16 @@ def main(argv: list[str] | None = None) -> None:
     if "llamacpp" in engines:  # right after the hf engine's run, under the same load from other processes
         measure_llamacpp(args, requests, engine.tokenizer, engine.settings.eos_ids, model_shapes(engine.model), peak,
                          completions, engine_tps)
+    print(f"bench engine_threads_idle = {mean_threads(engine.last_stats.thread_steps):.2f}", flush=True)
     # the same call beside the competitors, right after the idle one (same model, same load from others)
     if args.contention:
         with competitors(args.contention):
             busy_seconds, busy_completions = measure_engine(engine, requests)
         busy_tps = sum(c.completion_tokens for c in busy_completions) / busy_seconds
+        busy_threads = mean_threads(engine.last_stats.thread_steps)
         print(f"bench engine_contention_tokens_per_s = {busy_tps:.1f}")
         print(f"bench contention_vs_idle = {busy_tps / engine_tps:.2f}", flush=True)
+        print(f"bench engine_threads_contention = {busy_threads:.2f}", flush=True)
     # One batch of `batch_size` prompts vs the same prompts one by one (the single side is the slow part).
     subset_seconds, subset_completions = measure_engine(engine, subset)
     batch_tps = sum(c.completion_tokens for c in subset_completions) / subset_seconds

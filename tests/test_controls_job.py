@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 def tiny(model_dir: str, root: Path, turk_dir: Path) -> list[str]:
     """The demo config shrunk to 8 sources, a tiny model, 2 training steps and 4 evaluation sentences."""
     overrides = [f"run.root={root}", "wandb.enabled=false", "data.limit=8", "pairs.dev_fraction=0.0",
-                 f"train.trainer.model={model_dir}", "train.trainer.max_steps=2", "train.trainer.micro_batch_size=1",
+                 # one training worker (2-worker ZeRO-2 is test_train_ray's): a Ray Train worker group costs seconds each
+                 f"train.trainer.model={model_dir}", "train.trainer.num_workers=1", "train.trainer.max_steps=2",
+                 "train.trainer.micro_batch_size=1",
                  "train.trainer.checkpoint_every=2", "train.trainer.lora.r=4", "train.trainer.lora.alpha=8",
                  "train.trainer.max_prompt_length=48", "train.trainer.max_completion_length=16",
                  f"evaluate.path={turk_dir}", "evaluate.limit=4", f"evaluate.engine.model={model_dir}",
