@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
+from actors.kv_rows import attention_backends
 from actors.models import resolve_model_dir
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
@@ -130,7 +131,8 @@ class HFEngine:
         order = sorted(rows, key=lambda i: -len(rows[i].prompt_ids))
         if self.tuner is None and self.device.type == "cpu":
             use_threads(self.threads)  # another engine's tuner in this process may have lowered it
-        self.last_stats = run_decode(self.model, [rows[i] for i in order], self.settings, self.tuner)
+        with attention_backends(self.device):
+            self.last_stats = run_decode(self.model, [rows[i] for i in order], self.settings, self.tuner)
         return [
             Completion(text="", finish_reason="error", error=errors[i], prompt_tokens=len(prompts[i]))
             if i in errors

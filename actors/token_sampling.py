@@ -72,7 +72,7 @@ def candidates(logits: torch.Tensor, temperature: float, top_k: int = -1,
     limit = top_k if 0 < top_k < vocab else vocab
     if top_p >= 1.0:
         if limit == vocab:
-            return [(torch.arange(vocab), row.softmax(-1)) for row in scores]
+            return [(torch.arange(vocab, device=scores.device), row.softmax(-1)) for row in scores]
         best, order = torch.topk(scores, limit, dim=-1)
         return list(zip(order, best.softmax(-1)))
     width = min(limit, _NUCLEUS_CANDIDATES)

@@ -3,12 +3,17 @@
 Most tests use a 2-layer random Llama with SmolLM2's tokenizer (float32, so batch composition cannot change a
 greedy token); the thinking test uses a 1-layer model whose weights are set by hand so that it always answers
 `<think>plan</think>Yes`; two tests run the real SmolLM2.
+
+`QUORUM_TEST_DEVICE=cuda` runs the same tests on a GPU (engine and reference model alike; float32 there too, so
+the parity checks stay exact); `tests/test_hf_engine_cuda.py` does that under `-m gpu`. The oneDNN packing
+test is CPU-only and stays there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import shutil
 from pathlib import Path
 
@@ -21,6 +26,8 @@ from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_syst
 from actors.models import build_tiny_random_model, resolve_model_dir
 from actors.shared_prefix import common_prefix_length, prefix_groups
 from actors.token_sampling import sample_token
+
+DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
 
 PROMPTS = [
     "Simplify: The committee postponed its decision.",
@@ -56,7 +63,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir) -> HFEngine:
-    engine = HFEngine(EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4))
+    engine = HFEngine(EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4))
     yield engine
     engine.close()
 
@@ -125,7 +132,7 @@ def test_greedy_equals_model_generate_on_tiny_model(tiny_engine):
 def reference_greedy(tokenizer, model, prompt: str, max_new_tokens: int) -> str:
     """What plain `model.generate(do_sample=False)` answers, decoded like the engine decodes."""
     text = render_prompt(tokenizer, [{"role": "user", "content": prompt}], thinking=False)
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(model.device)
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
     new = [t for t in out[0, ids.shape[1] :].tolist() if t not in collect_eos_ids(model, tokenizer)]
@@ -147,7 +154,7 @@ def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_
     system = "You judge simplifications. " + " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
     requests = [ChatRequest([{"role": "system", "content": system}, {"role": "user", "content": p}],
                             SamplingParams(max_tokens=4 + 2 * i)) for i, p in enumerate(PROMPTS)]
-    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4)
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4)
     cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
     with_prefix, without = cached.generate(requests), plain.generate(requests)
     assert [c.raw_text for c in with_prefix] == [c.raw_text for c in without]
@@ -170,7 +177,7 @@ def test_two_templates_in_one_call_each_share_their_own_prefix(tiny_model_dir):
     systems = ["You simplify words. " + rules, "You simplify structure. " + rules]
     requests = [ChatRequest([{"role": "system", "content": systems[i % 2]}, {"role": "user", "content": p}],
                             SamplingParams(max_tokens=3 + i)) for i, p in enumerate(PROMPTS[:6])]
-    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4)
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4)
     cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
     assert [c.raw_text for c in cached.generate(requests)] == [c.raw_text for c in plain.generate(requests)]
     stats = cached.last_stats
@@ -191,13 +198,14 @@ def test_lora_adapter_is_merged_and_answers_like_the_peft_model(tiny_model_dir, 
     torch.manual_seed(5)
     lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora).save_pretrained(tmp_path / "adapter")
-    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", adapter=str(tmp_path / "adapter"))
+    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, adapter=str(tmp_path / "adapter"))
     tuned, base = HFEngine(spec), HFEngine(dataclasses.replace(spec, adapter=""))
     requests = [ask(p, max_tokens=10) for p in PROMPTS[:3]]
     tuned_texts = [c.raw_text for c in tuned.generate(requests)]
     assert tuned_texts != [c.raw_text for c in base.generate(requests)]
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "adapter")
-    references = [reference_greedy(tuned.tokenizer, peft_model.eval(), p, max_new_tokens=10) for p in PROMPTS[:3]]
+    peft_model = peft_model.to(DEVICE).eval()
+    references = [reference_greedy(tuned.tokenizer, peft_model, p, max_new_tokens=10) for p in PROMPTS[:3]]
     assert tuned_texts == references
 
 
@@ -248,7 +256,7 @@ def test_stop_string_cuts_the_text(tiny_engine):
 
 
 def test_thinking_is_split_from_the_answer(thinking_model_dir):
-    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device="cpu", thinking=True))
+    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device=DEVICE, thinking=True))
     [completion, cut] = engine.generate([ask("Is water wet?", max_tokens=20), ask("Is water wet?", max_tokens=2)])
     assert completion.raw_text == "<think>plan</think>Yes"
     assert (completion.text, completion.reasoning) == ("Yes", "plan")
@@ -293,7 +301,7 @@ def test_system_turn_is_merged_when_the_template_rejects_it(tiny_model_dir, tmp_
     model_dir = tmp_path / "no-system"
     shutil.copytree(tiny_model_dir, model_dir)
     (model_dir / "chat_template.jinja").write_text(NO_SYSTEM_TEMPLATE)
-    engine = HFEngine(EngineSpec(model=str(model_dir), dtype="float32", device="cpu"))
+    engine = HFEngine(EngineSpec(model=str(model_dir), dtype="float32", device=DEVICE))
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"}]
     [completion] = engine.generate([ChatRequest(messages, SamplingParams(max_tokens=3))])
     merged = "<|im_start|>user\nAnswer briefly.\n\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -337,7 +345,7 @@ def test_prompt_longer_than_context_is_an_error_completion(tiny_engine):
 
 @pytest.mark.slow
 def test_smollm2_chat_completion_matches_generate():
-    engine = HFEngine(EngineSpec(model=resolve_model_dir("smollm2-135m"), dtype="float32", device="cpu"))
+    engine = HFEngine(EngineSpec(model=resolve_model_dir("smollm2-135m"), dtype="float32", device=DEVICE))
     prompts = ["What is the capital of France?", "Simplify: The committee postponed its decision."]
     completions = engine.generate([ask(p, max_tokens=24) for p in prompts])
     for prompt, completion in zip(prompts, completions):
@@ -352,7 +360,7 @@ def test_smollm2_chat_completion_matches_generate():
 
 
 def test_grammar_keeps_the_models_choice_where_it_is_allowed_and_overrides_it_where_not(thinking_model_dir):
-    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device="cpu", max_batch_size=4))
+    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device=DEVICE, max_batch_size=4))
     free = 'start: "<think>" reasoning "</think>" ("Yes" | "No")\nreasoning[max_tokens=4]: /[^<]*/\n'
     forced = 'start: "<think>" reasoning "</think>" "No"\nreasoning[max_tokens=4]: /[^<]*/\n'
     done = engine.generate([ask("Go?", max_tokens=16, grammar=free), ask("Go?", max_tokens=16, grammar=forced),
@@ -369,7 +377,7 @@ def test_thinking_judge_reasons_freely_then_gives_a_constrained_score(thinking_m
     from eval.judge_grammar import score_grammar
     from eval.judge_parse import parse_score
 
-    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device="cpu", thinking=True))
+    engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device=DEVICE, thinking=True))
     [done] = engine.generate([ask("Rate it.", max_tokens=64, grammar=score_grammar(64, thinking=True))])
     assert done.reasoning == "plan" and done.finish_reason == "stop"
     assert parse_score(done.raw_text).ok and done.completion_tokens <= 64
