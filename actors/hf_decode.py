@@ -8,8 +8,9 @@ criteria. Here:
 - a row that finishes leaves the batch and a waiting prompt takes its place (prefilled on its own, then
   merged in, right-aligned to the shared column), so the batch stays full until the queue runs dry;
 - the prompt tokens that rows of a call start with (a judge's instructions and few-shot examples) are run
-  through the model once per group of rows sharing them (a call may mix templates); each prefill copies their
-  keys/values and computes only the rest;
+  through the model once per group of rows sharing them (a call may mix templates); their keys/values are kept
+  once, outside the rows' buffers, and attended to by all the group's rows together (`actors.prefix_attention`);
+  each prefill computes only the rest of its prompts;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
   request's random stream does not depend on which other requests share its batch;
 - with a `core.thread_tuner.ThreadTuner`, each decode step runs on the thread count it picks from the timed
@@ -18,8 +19,9 @@ criteria. Here:
 
 Greedy output is token-for-token what `generate(do_sample=False)` gives for the same left-padded prompt: the
 same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits. A shared prefix
-computed apart from the rest of the prompt can differ from the joint forward in the last bits of its keys, so
-parity is exact in float32 and close (not bitwise) in bfloat16.
+computed apart from the rest of the prompt, and attention merged from its part and the row's own part, sum in
+another order than the joint forward: in float32 the tests find the same tokens, in bfloat16 they are close (not
+bitwise; a near-tie can flip a greedy token).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from transformers.cache_utils import Cache
 from actors.constrained import advance, mask_logits
 from actors.engine import SamplingParams
 from actors.kv_rows import RowKVLayer, merge_layer, stack_layers
+from actors.prefix_attention import PrefixGroup, prefix_groups_active
 from actors.shared_prefix import SharedPrefix, shared_prefixes
 from actors.threads import use_threads
 from actors.token_sampling import choose_tokens
@@ -60,6 +63,8 @@ class DecodeRow:
     matcher: object | None = None
     # why the row failed ("" = it did not), e.g. a grammar that rejected a token
     error: str = ""
+    # the prompt start it shares with other rows of the call (its keys/values are not in the row's buffer)
+    prefix: SharedPrefix | None = None
 
 
 @dataclass
@@ -74,6 +79,8 @@ class _Batch:
     next_ids: torch.Tensor
     next_pos: torch.Tensor
     length: int
+    # which rows attend to which shared prefix first
+    groups: list[PrefixGroup] = field(default_factory=list)
 
 
 @dataclass
@@ -138,6 +145,8 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
         prefixes = shared_prefixes(model, rows, settings)
         stats.shared_prefix_tokens = stats.prefilled_tokens = sum(
             {id(p): p.length for p in prefixes.values()}.values())
+        for row in rows:
+            row.prefix = prefixes.get(id(row))
         while pending or batch is not None:
             live = [] if batch is None else [i for i, row in enumerate(batch.rows) if not row.finish_reason]
             free = settings.max_batch_size - len(live)
@@ -146,7 +155,7 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
                 if tuner is not None:
                     use_threads(tuner.current)  # not a probe's count, if the last step was one
                 admitted = _admit(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
-                                  prefixes, stats)
+                                  stats)
             if batch is None or len(live) < len(batch.rows) or admitted is not None:
                 batch = _merge(batch, live, admitted)
             if batch is not None:
@@ -157,15 +166,14 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
 
 
 def _admit(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
-           prefixes: dict[int, SharedPrefix], stats: DecodeStats) -> _Batch | None:
+           stats: DecodeStats) -> _Batch | None:
     """Prefill `rows`, each prefix group on its own prefix, into one batch (None if every row ended at once)."""
     groups: dict[int, list[DecodeRow]] = {}
     for row in rows:
-        prefix = prefixes.get(id(row))
-        groups.setdefault(id(prefix) if prefix else 0, []).append(row)
+        groups.setdefault(id(row.prefix) if row.prefix else 0, []).append(row)
     admitted = None
     for members in groups.values():
-        prefix = prefixes.get(id(members[0]))
+        prefix = members[0].prefix
         part = _prefill(model, members, settings, prefix)
         skipped = prefix.length if prefix else 0
         stats.prefilled_tokens += sum(len(row.prompt_ids) - skipped for row in members)
@@ -178,37 +186,38 @@ def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSett
              prefix: SharedPrefix | None = None) -> _Batch:
     """Run the prompts of `rows` (left-padded) through the model and choose each row's first token.
 
-    With a shared prefix, the columns are [prefix | pads | rest of the prompt]: the prefix keys/values are copied
-    in and only the rest is computed; the position ids skip the pads as they do for left padding.
+    With a shared prefix, only the rest of each prompt is computed and stored ([pads | rest] columns): its queries
+    attend to the prefix's keys/values, held once (`actors.prefix_attention`), and its position ids continue the
+    prefix's, skipping the pads as they do for left padding.
     """
     device = model.device
     start = prefix.length if prefix else 0
     rests = [row.prompt_ids[start:] for row in rows]
     width = max(len(rest) for rest in rests)
     ids = torch.full((len(rows), width), settings.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), start + width), dtype=torch.long)
-    mask[:, :start] = 1
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, rest in enumerate(rests):
         ids[i, width - len(rest) :] = torch.tensor(rest)
-        mask[i, start + width - len(rest) :] = 1
+        mask[i, width - len(rest) :] = 1
     ids, mask = ids.to(device), mask.to(device)
-    # Same position ids as `generate`: count of real tokens so far, pads at 0.
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, start:]
-    chunks = _row_chunks(len(rows), start + width, settings.prefill_token_budget)
+    # Same position ids as `generate`: count of real tokens so far (the prefix's included), pads at 0.
+    positions = (mask.cumsum(-1) - 1 + start).masked_fill(mask == 0, 0)
+    # the prefix is attended to, not computed or stored: only the rest counts against the budget
+    chunks = _row_chunks(len(rows), width, settings.prefill_token_budget)
     parts, logits = [], []
     for chunk in chunks:
-        cache = Cache(layers=[RowKVLayer(start + width) for _ in range(settings.num_layers)])
-        if prefix is not None:
-            for layer, keys, values in zip(cache.layers, prefix.keys, prefix.values):
-                layer.start_from(chunk.stop - chunk.start, keys, values)
+        cache = Cache(layers=[RowKVLayer(width) for _ in range(settings.num_layers)])
+        groups = [] if prefix is None else [_group(prefix, range(chunk.stop - chunk.start), device)]
         extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
-        out = model(input_ids=ids[chunk], attention_mask=mask[chunk], position_ids=positions[chunk],
-                    past_key_values=cache, use_cache=True, **extra)
+        with prefix_groups_active(groups):
+            out = model(input_ids=ids[chunk], attention_mask=mask[chunk], position_ids=positions[chunk],
+                        past_key_values=cache, use_cache=True, **extra)
         parts.append(cache)
         logits.append(out.logits[:, -1, :])
     cache = parts[0] if len(parts) == 1 else Cache(layers=[stack_layers([c.layers[i] for c in parts])
                                                            for i in range(settings.num_layers)])
-    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], start + width)
+    groups = [] if prefix is None else [_group(prefix, range(len(rows)), device)]
+    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], width, groups)
     _accept_tokens(batch, torch.cat(logits), settings)
     return batch
 
@@ -228,13 +237,14 @@ def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> No
     """Feed every row its last token, append the next one."""
     end = batch.length + 1
     batch.mask[:, batch.length] = 1
-    out = model(
-        input_ids=batch.next_ids,
-        attention_mask=batch.mask[:, :end],
-        position_ids=batch.next_pos,
-        past_key_values=batch.cache,
-        use_cache=True,
-    )
+    with prefix_groups_active(batch.groups):
+        out = model(
+            input_ids=batch.next_ids,
+            attention_mask=batch.mask[:, :end],
+            position_ids=batch.next_pos,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
     batch.length = end
     _accept_tokens(batch, out.logits[:, -1, :], settings)
 
@@ -335,7 +345,21 @@ def _merge(old: _Batch | None, keep: list[int], new: _Batch | None) -> _Batch | 
         next_ids=torch.cat([batch.next_ids[idx] for batch, idx in parts]),
         next_pos=torch.cat([batch.next_pos[idx] for batch, idx in parts]),
         length=width,
+        groups=_groups_of(rows, mask.device),
     )
+
+
+def _group(prefix: SharedPrefix, rows, device: torch.device) -> PrefixGroup:
+    return PrefixGroup(torch.tensor(list(rows), dtype=torch.long, device=device), prefix.keys, prefix.values)
+
+
+def _groups_of(rows: list[DecodeRow], device: torch.device) -> list[PrefixGroup]:
+    """The rows of a merged batch grouped by the prefix they share (rows without one are in no group)."""
+    found: dict[int, tuple[SharedPrefix, list[int]]] = {}
+    for i, row in enumerate(rows):
+        if row.prefix is not None:
+            found.setdefault(id(row.prefix), (row.prefix, []))[1].append(i)
+    return [_group(prefix, idx, device) for prefix, idx in found.values()]
 
 
 def _used_width(batch: _Batch, idx: list[int]) -> int:

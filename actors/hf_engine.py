@@ -33,6 +33,7 @@ from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, s
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
 from actors.kv_rows import attention_backends
 from actors.models import resolve_model_dir
+from actors.prefix_attention import use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,6 +67,7 @@ class HFEngine:
         if not self.tokenizer.chat_template:
             raise ValueError(f"engine.model: {spec.model!r} has no chat template in its tokenizer")
         self.model = load_model(model_dir, spec.adapter, self.dtype).to(self.device).eval()
+        use_prefix_attention(self.model)  # shared prompt prefixes held once per group of rows
         self.packed_layers = 0
         if self.device.type == "cpu" and self.dtype == torch.bfloat16:
             self.packed_layers = pack_linear_layers(self.model, spec.max_batch_size)

@@ -67,10 +67,14 @@ class JuryConfig(Section):
     candidate_order: Literal["fixed", "shuffled"] = "fixed"
     # pairwise: judge (A, B) and (B, A)
     both_orders: bool = True
+    # pairwise: two candidates with the same text go to the judge ("judge") or are a tie without a call ("tie",
+    # kept as rows with finish_reason "identical_texts" and counted as `identical_ties`)
+    identical_pairs: Literal["judge", "tie"] = "judge"
 
     def check(self, where: str = "") -> None:
         check_unique_names(self.judges, dotted(where, "judges"))
         one_of(self.candidate_order, ("fixed", "shuffled"), dotted(where, "candidate_order"))
+        one_of(self.identical_pairs, ("judge", "tie"), dotted(where, "identical_pairs"))
         formats = sorted({j.format for j in self.judges})
         if len(formats) > 1:
             # one panel answers one question; mixing formats would mix incomparable rows
@@ -96,6 +100,8 @@ def check_pairwise(text: str, row: dict) -> str:
 
 
 CHECKS = {"score": check_score, "best_worst": check_best_worst, "pairwise": check_pairwise}
+# finish_reason of a pairwise row decided as a tie because both candidates are the same text (no judge call)
+IDENTICAL = "identical_texts"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,7 +260,12 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
     usable = candidates.filter(_has_candidate, num_cpus=LIGHT_CPU)
     fmt = jury.judges[0].format
     block_rows = min(j.pool.batch_size for j in jury.judges)
-    items = _items_for(usable, fmt, jury.both_orders).repartition(target_num_rows_per_block=block_rows).materialize()
+    frame = _items_for(usable, fmt, jury.both_orders)
+    tied = pd.DataFrame()
+    if fmt == "pairwise" and jury.identical_pairs == "tie" and len(frame):
+        same = frame["candidate_a"] == frame["candidate_b"]
+        frame, tied = frame[~same], frame[same]
+    items = ray.data.from_pandas(frame).repartition(target_num_rows_per_block=block_rows).materialize()
     short = None
     if fmt == "best_worst":
         needed = max(2, expected_candidates)
@@ -262,6 +273,8 @@ def build_jury_dataset(candidates: ray.data.Dataset, jury: JuryConfig, cache_dir
         items = items.filter(functools.partial(_enough, needed=needed), num_cpus=LIGHT_CPU).materialize()
     per_judge = []
     for judge in jury.judges:
+        if len(tied):
+            per_judge.append(ray.data.from_pandas(tied_rows(tied, judge.name)))
         if short is not None and short.count():
             per_judge.append(short.map_batches(unjudged_rows, batch_format="pandas", num_cpus=LIGHT_CPU, fn_kwargs={
                 "judge": judge.name, "needed": max(2, expected_candidates)}))
@@ -308,16 +321,24 @@ def unjudged_rows(batch: pd.DataFrame, judge: str, needed: int) -> pd.DataFrame:
     return out
 
 
-def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> ray.data.Dataset:
-    if fmt == "score":
-        return candidates.map_batches(build_score_items, batch_format="pandas", num_cpus=LIGHT_CPU)
-    # grouped on the driver: the candidates are a few rows per source (K generators), and a Ray Data groupby is a
-    # hash shuffle whose tasks cost seconds per stage whatever the size (7-9 s for 8 sets on 2 loaded cores)
+def tied_rows(batch: pd.DataFrame, judge: str) -> pd.DataFrame:
+    """Pairwise rows whose two candidates are the same text, decided as a tie without a judge call (zero tokens)."""
+    out = unjudged_rows(batch.assign(n_candidates=2), judge, 2).drop(columns=["n_candidates"])
+    out["format"], out["winner"], out["parse_error"], out["finish_reason"] = "pairwise", "tie", "", IDENTICAL
+    return out
+
+
+def _items_for(candidates: ray.data.Dataset, fmt: str, both_orders: bool) -> pd.DataFrame:
+    """The judge items, built on the driver: the candidates are a few rows per source (K generators), and a Ray
+    Data groupby is a hash shuffle whose tasks cost seconds per stage whatever the size (7-9 s for 8 sets on 2
+    loaded cores)."""
     frame = candidates.to_pandas()
+    if fmt == "score":
+        return build_score_items(frame) if len(frame) else pd.DataFrame()
     build = build_candidate_sets if fmt == "best_worst" else functools.partial(build_pair_items,
                                                                                both_orders=both_orders)
     items = [build(group) for _, group in frame.groupby(["id", "policy"], sort=True)]
-    return ray.data.from_pandas(pd.concat(items, ignore_index=True) if items else pd.DataFrame())
+    return pd.concat(items, ignore_index=True) if items else pd.DataFrame()
 
 
 def actor_incarnations(df: pd.DataFrame) -> dict[str, int]:
@@ -334,10 +355,11 @@ def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
     the stage's `actor_restarts`, from Ray's actor table, is the full count)."""
     tokens = int(df["completion_tokens"].sum())
     too_few = df["parse_error"].str.startswith("too_few_candidates")
+    identical = int((df["finish_reason"] == IDENTICAL).sum())
     lives = actor_incarnations(df)
     return {
         "rows_out": len(df), "parse_failures": int(((df["parse_error"] != "") & ~too_few).sum()),
-        "sources_too_few_candidates": int(too_few.sum()),
+        "sources_too_few_candidates": int(too_few.sum()), **({"identical_ties": identical} if identical else {}),
         "retried": int((df["attempts"] > 1).sum()), "engine_errors": int((df["engine_error"] != "").sum()),
         "cached": int(df["cached"].sum()), "prompt_tokens": int(df["prompt_tokens"].sum()),
         "completion_tokens": tokens, "actor_seconds": round(float(df["worker_seconds"].sum()), 3),

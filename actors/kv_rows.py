@@ -50,13 +50,6 @@ class RowKVLayer(DynamicLayer):
         self.value_buffer = like_values.new_zeros(rows, heads, self.capacity, like_values.shape[-1])
         self.is_initialized = True
 
-    def start_from(self, rows: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Fill the first columns of every row with one sequence's keys/values (shape (1, heads, n, dim))."""
-        self.allocate(rows, keys, values)
-        self.set_length(keys.shape[-2])
-        self.key_buffer[:, :, : self.length] = keys
-        self.value_buffer[:, :, : self.length] = values
-
     def set_length(self, length: int) -> None:
         self.length = length
         self.keys = self.key_buffer[:, :, :length]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 
 from eval.agentsimp_outputs import role_fields
-from eval.judge_grammar import MIN_FREE_TOKENS, lark_string
+from eval.judge_grammar import MIN_FREE_TOKENS, lark_string, up_to
 
 MAX_ITEMS = 12
 ITEM_TOKENS = 16
@@ -70,8 +70,7 @@ def role_grammar(role: str, max_tokens: int) -> str:
             # an item costs its text plus two quotes and ", " at worst one token per character
             items = max(1, min(MAX_ITEMS, share // (ITEM_TOKENS + 4)))
             item_tokens = min(ITEM_TOKENS, share - 4)
-            repeat = f' ~ 0..{items - 1}' if items > 1 else ""
-            tail = f' ({lark_string(", ")} f{k}_item){repeat}' if items > 1 else ""
+            tail = " " + up_to(f'{lark_string(", ")} f{k}_item', items - 1) if items > 1 else ""
             rules += [f'f{k}: {head} "[" (f{k}_item{tail})? "]"',
                       f'f{k}_item: "\\"" f{k}_text "\\""',
                       f"f{k}_text[max_tokens={item_tokens}]: /{STRING_BODY}/"]

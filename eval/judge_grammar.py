@@ -72,6 +72,21 @@ def lark_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+def up_to(item: str, n: int) -> str:
+    """`item` 0 to `n` times, as nested optionals: Lark's `item ~ 0..n` in a form llguidance 1.7 reads too.
+
+    vLLM 0.33 (the `gpu` extra) requires llguidance < 1.8, whose Lark reader has no `~ a..b` ranges; its
+    `guidance` backend gets these grammars as they are. Same language either way.
+
+    >>> up_to("x", 3), up_to("x", 0)
+    ('(x (x (x)?)?)?', '')
+    """
+    out = ""
+    for _ in range(n):
+        out = f"({item} {out})?" if out else f"({item})?"
+    return out
+
+
 def judge_grammar(fmt: str, max_tokens: int, *, n_candidates: int = 4, lo: int = 1, hi: int = 5,
                   thinking: bool = False) -> str:
     """The grammar of judge format `fmt` (see the module table) within `max_tokens` completion tokens.
@@ -122,7 +137,7 @@ def best_worst_grammar(n_candidates: int, max_tokens: int, aspects: tuple[str, .
         # each line's text is bounded and its newline is a literal of its own, so a line cut at its budget still
         # ends before the next "Aspect:" header (the lexer never backtracks: no two lexemes may share a prefix)
         index = " | ".join(lark_string(str(k)) for k in range(n_candidates))
-        rules += [f'analysis: "Analysis:\\n"? note ~ 1..{n_candidates}',
+        rules += [f'analysis: "Analysis:\\n"? note {up_to("note", n_candidates - 1)}',
                   f'note: ({index}) ": " note_text "\\n"',
                   f"note_text[max_tokens={line}]: /[^\\n]*/"]
     return _with_think(rules, think)

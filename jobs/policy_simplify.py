@@ -333,7 +333,8 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
             return build_jury_dataset(outputs, jury, cache)
 
         results.append(stage_ray(
-            cfg, store, "rejudge", {"judges": model_key(jury.judges), "seed": jury.seed, "limit": limit},
+            cfg, store, "rejudge", {"judges": model_key(jury.judges), "seed": jury.seed, "limit": limit,
+                                    "identical": jury.identical_pairs},
             rejudged, summarize_jury))
     results.append(stage_results(store, cfg.evaluate, cfg.jury.seed))
     return results

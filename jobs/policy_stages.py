@@ -12,6 +12,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 import pyarrow as pa
@@ -93,6 +94,8 @@ class EvalConfig(Section):
     rejudge: list[JudgeConfig] = field(default_factory=list)
     # re-judge only the first N evaluation sources (0 = all): pairwise judging costs two calls per source
     rejudge_limit: int = 0
+    # a source whose two outputs are the same text: a tie without asking the judge ("tie"), or judged ("judge")
+    rejudge_identical: Literal["tie", "judge"] = "tie"
     # LENS (paper 000 Fig. 2, the overall policy on ASSET) per system, from a local checkpoint: `lens_checkpoint` or
     # QUORUM_LENS_PATH, with the `lens-metric` package installed (not a dependency: it pins its own torch). Off by
     # default because neither can be had here; on, a missing one stops the run at config time
@@ -103,6 +106,7 @@ class EvalConfig(Section):
         # the evaluation files are checked by the job, only for runs that reach evaluation (`check_data`)
         one_of(self.format, ("turkcorpus", "asset", "jsonl"), dotted(where, "format"))
         positive(self.n_boot, dotted(where, "n_boot"))
+        one_of(self.rejudge_identical, ("tie", "judge"), dotted(where, "rejudge_identical"))
         for i, judge in enumerate(self.rejudge):
             if judge.format != "pairwise":
                 fail(dotted(where, f"rejudge.{i}.format"), "re-judging compares two systems, use 'pairwise'")
@@ -268,7 +272,8 @@ def first_sources(batch: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
 
 
 def rejudge_config(cfg: EvalConfig, seed: int) -> JuryConfig:
-    return JuryConfig(judges=cfg.rejudge, aggregate="majority", seed=seed, both_orders=True)
+    return JuryConfig(judges=cfg.rejudge, aggregate="majority", seed=seed, both_orders=True,
+                      identical_pairs=cfg.rejudge_identical)
 
 
 def stage_eval_set(store: RunStore, cfg: EvalConfig, policy: str) -> StageResult:
@@ -284,7 +289,8 @@ def stage_eval_set(store: RunStore, cfg: EvalConfig, policy: str) -> StageResult
             summary["warning"] = f"evaluate.path {cfg.path} not found: scored on the demo references {used}"
         return summary
 
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("rejudge", "rejudge_limit", "pool", "n_boot")}
+    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("rejudge", "rejudge_limit", "rejudge_identical", "pool",
+                                                                       "n_boot")}
     return store.run_stage("eval_set", {**key, "policy": policy,
                                         "found": Path(cfg.path).exists()}, produce)
 

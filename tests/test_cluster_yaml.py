@@ -78,6 +78,26 @@ def test_setup_installs_pyproject_pins_in_working_order(cluster, pins):
     assert "cd ~/quorum" in joined
 
 
+# vLLM 0.33.0's own requirements (its wheel's METADATA, 2026-11-26) on packages quorum constrains too, and the
+# version of each that `pip install -e '.[gpu]'` can then get
+VLLM_REQUIRES = {"torch": ("==2.13.0", "2.13.0"), "transformers": (">=5.16.1,<5.20.0", "5.19.0"),
+                 "llguidance": (">=1.7.0,<1.8.0", "1.7.6"), "fastapi": (">=0.133.0,<0.137.0", "0.136.0")}
+
+
+def test_gpu_extra_resolves_with_vllms_requirements(pins):
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    ours = {Requirement(s).name.lower(): Requirement(s).specifier for s in project["dependencies"]}
+    assert pins["vllm"] == "0.33.0", "VLLM_REQUIRES is vLLM 0.33.0's: refresh it with the vllm pin"
+    for name, (theirs, version) in VLLM_REQUIRES.items():
+        assert version in SpecifierSet(theirs) and version in ours[name], (name, str(ours[name]), theirs)
+    # the CPU install (no vLLM) resolves the ranges to the versions CI tests, their upper bounds
+    assert "5.23.0" in ours["transformers"] and "5.23.1" not in ours["transformers"]
+    assert "1.9.1" in ours["llguidance"] and "1.9.2" not in ours["llguidance"]
+
+
 def test_ray_image_matches_pinned_ray_and_python(cluster, pins):
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     major, minor = re.search(r">=(\d+)\.(\d+)", project["requires-python"]).groups()

@@ -118,6 +118,31 @@ def test_jury_keeps_and_counts_unparseable_outputs(ray_local, tiny_model_dir, tm
     assert (out["parse_error"] == "").all() and (out["attempts"] == 1).all() and out["score"].between(1, 5).all()
 
 
+def test_identical_pairwise_candidates_are_ties_without_a_judge_call(ray_local, tiny_model_dir):
+    import ray.data
+
+    from actors.jury import summarize_jury
+
+    cands = pd.DataFrame({"id": ["a", "a", "b", "b"], "policy": "lexical", "model": ["vanilla", "trained"] * 2,
+                          "source": ["The big cat sat."] * 2 + ["Rain fell hard."] * 2,
+                          "candidate": ["The cat sat.", "The cat sat.", "It rained.", "Rain fell."],
+                          "generation_error": ""})
+    judge = JudgeConfig(name="j", engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
+                        format="pairwise", template="jury_pairwise_brief", sampling=SamplingConfig(max_tokens=64),
+                        pool=PoolConfig(num_cpus=0.5, batch_size=4))
+    tie = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge], identical_pairs="tie"), "")
+    out = tie.to_pandas().set_index(["id", "model_a"]).sort_index()
+    # both orders of each source; source a's outputs are one text: tied, no call, zero tokens, no error
+    assert len(out) == 4 and list(out.loc["a", "winner"]) == ["tie", "tie"]
+    assert (out.loc["a", "finish_reason"] == "identical_texts").all() and (out.loc["a", "completion_tokens"] == 0).all()
+    assert (out.loc["a", "parse_error"] == "").all()
+    # source b went to the judge, under the pairwise grammar: real verdicts
+    assert (out.loc["b", "completion_tokens"] > 0).all() and set(out.loc["b", "winner"]) <= {"A", "B", "tie"}
+    assert summarize_jury(out.reset_index(), 1.0)["identical_ties"] == 2
+    # the jury's default asks the judge about every pair (paper 001 compares judges with humans on all of them)
+    assert JuryConfig().identical_pairs == "judge"
+
+
 def test_best_worst_order_can_be_shuffled_reproducibly(ray_local, tiny_model_dir):
     """Shuffled per (seed, source, judge) by eval.aggregate.shuffle_order, whose reproducibility across processes is
     pinned in test_aggregate; the fixed default order is checked on the too-few-candidates run below."""
