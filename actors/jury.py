@@ -355,7 +355,7 @@ def summarize_jury(df: pd.DataFrame, seconds: float) -> dict:
     the stage's `actor_restarts`, from Ray's actor table, is the full count)."""
     tokens = int(df["completion_tokens"].sum())
     too_few = df["parse_error"].str.startswith("too_few_candidates")
-    identical = int((df["finish_reason"] == IDENTICAL).sum())
+    identical = int((df["finish_reason"] == IDENTICAL).sum()) if "finish_reason" in df else 0
     lives = actor_incarnations(df)
     return {
         "rows_out": len(df), "parse_failures": int(((df["parse_error"] != "") & ~too_few).sum()),
