@@ -31,9 +31,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
-from actors.kv_rows import attention_backends
 from actors.models import resolve_model_dir
-from actors.prefix_attention import use_prefix_attention
+from actors.prefix_attention import attention_backends, use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -4,24 +4,8 @@ Split from `actors.hf_decode`, which schedules the rows."""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicLayer
-
-# The attention kernels a CUDA decode may use on these buffers. cuDNN's (which torch picks for masked bf16
-# attention on Hopper) is left out: it builds an execution plan per new shape, and a decode step's key length is
-# new at every step (bench.gpu_engine, README "On a GPU"). Empty = torch's own choice.
-CUDA_ATTENTION_BACKENDS: tuple[SDPBackend, ...] = (
-    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-
-
-def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
-    """The SDPA kernels to decode with on `device` (a no-op off CUDA)."""
-    if device.type != "cuda" or not CUDA_ATTENTION_BACKENDS:
-        return contextlib.nullcontext()
-    return sdpa_kernel(list(CUDA_ATTENTION_BACKENDS))
 
 
 class RowKVLayer(DynamicLayer):

@@ -19,11 +19,26 @@ import contextvars
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 NAME = "quorum_prefix"
+
+# The attention kernels a CUDA decode may use on these buffers. cuDNN's (which torch picks for masked bf16
+# attention on Hopper) is left out: it builds an execution plan per new shape, and a decode step's key length is
+# new at every step (bench.gpu_engine, README "On a GPU"); `prefix_attention` falls back to SDPA, so it
+# obeys this too. Empty = torch's own choice.
+CUDA_ATTENTION_BACKENDS: tuple[SDPBackend, ...] = (
+    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """The SDPA kernels to decode with on `device` (a no-op off CUDA)."""
+    if device.type != "cuda" or not CUDA_ATTENTION_BACKENDS:
+        return contextlib.nullcontext()
+    return sdpa_kernel(list(CUDA_ATTENTION_BACKENDS))
 
 
 @dataclass
