@@ -8,8 +8,9 @@ criteria. Here:
 - a row that finishes leaves the batch and a waiting prompt takes its place (prefilled on its own, then
   merged in, right-aligned to the shared column), so the batch stays full until the queue runs dry;
 - the prompt tokens that rows of a call start with (a judge's instructions and few-shot examples) are run
-  through the model once per group of rows sharing them (a call may mix templates); their keys/values are kept
-  once, outside the rows' buffers, and attended to by all the group's rows together (`actors.prefix_attention`);
+  through the model once per group of rows sharing them (a call may mix templates); a long prefix shared by many
+  rows is kept once, outside the rows' buffers, and attended to by all the group's rows together
+  (`actors.prefix_attention`), a short one is copied into each row's buffer (`actors.shared_prefix`); either way
   each prefill computes only the rest of its prompts;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
   request's random stream does not depend on which other requests share its batch;
@@ -63,7 +64,7 @@ class DecodeRow:
     matcher: object | None = None
     # why the row failed ("" = it did not), e.g. a grammar that rejected a token
     error: str = ""
-    # the prompt start it shares with other rows of the call (its keys/values are not in the row's buffer)
+    # the prompt start it shares with other rows of the call (if held, its keys/values are not in the row's buffer)
     prefix: SharedPrefix | None = None
 
 
@@ -97,6 +98,9 @@ class DecodeSettings:
     logits_to_keep: bool = True
     # reuse the keys/values of a prompt prefix all rows share when it has at least this many tokens (0 = never)
     min_shared_prefix: int = 64
+    # hold a shared prefix once (cascade attention) when it saves at least this many attention columns per layer
+    # and step, (rows - 1) x length; else copy it into the rows (actors.shared_prefix.hold_prefix)
+    min_held_prefix_columns: int = 2048
     # padded prompt tokens per prefill forward (rows are split to fit; 0 = all admitted rows at once)
     prefill_token_budget: int = 4096
 
@@ -186,28 +190,33 @@ def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSett
              prefix: SharedPrefix | None = None) -> _Batch:
     """Run the prompts of `rows` (left-padded) through the model and choose each row's first token.
 
-    With a shared prefix, only the rest of each prompt is computed and stored ([pads | rest] columns): its queries
-    attend to the prefix's keys/values, held once (`actors.prefix_attention`), and its position ids continue the
-    prefix's, skipping the pads as they do for left padding.
+    With a shared prefix, only the rest of each prompt is computed; its position ids continue the prefix's,
+    skipping the pads as they do for left padding. A held prefix is attended to, not stored ([pads | rest]
+    columns, `actors.prefix_attention`); a copied one fills the first columns of every row ([prefix | pads | rest]).
     """
     device = model.device
     start = prefix.length if prefix else 0
+    copied = start if prefix is not None and not prefix.held else 0
     rests = [row.prompt_ids[start:] for row in rows]
     width = max(len(rest) for rest in rests)
     ids = torch.full((len(rows), width), settings.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), copied + width), dtype=torch.long)
+    mask[:, :copied] = 1
     for i, rest in enumerate(rests):
         ids[i, width - len(rest) :] = torch.tensor(rest)
-        mask[i, width - len(rest) :] = 1
+        mask[i, copied + width - len(rest) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     # Same position ids as `generate`: count of real tokens so far (the prefix's included), pads at 0.
-    positions = (mask.cumsum(-1) - 1 + start).masked_fill(mask == 0, 0)
-    # the prefix is attended to, not computed or stored: only the rest counts against the budget
-    chunks = _row_chunks(len(rows), width, settings.prefill_token_budget)
+    positions = (mask.cumsum(-1) - 1 + start - copied).masked_fill(mask == 0, 0)[:, copied:]
+    # a held prefix is attended to, not computed or stored: only the rest counts against the budget
+    chunks = _row_chunks(len(rows), copied + width, settings.prefill_token_budget)
     parts, logits = [], []
     for chunk in chunks:
-        cache = Cache(layers=[RowKVLayer(width) for _ in range(settings.num_layers)])
-        groups = [] if prefix is None else [_group(prefix, range(chunk.stop - chunk.start), device)]
+        cache = Cache(layers=[RowKVLayer(copied + width) for _ in range(settings.num_layers)])
+        if copied:
+            for layer, keys, values in zip(cache.layers, prefix.keys, prefix.values):
+                layer.start_from(chunk.stop - chunk.start, keys, values)
+        groups = [] if prefix is None or copied else [_group(prefix, range(chunk.stop - chunk.start), device)]
         extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
         with prefix_groups_active(groups):
             out = model(input_ids=ids[chunk], attention_mask=mask[chunk], position_ids=positions[chunk],
@@ -216,8 +225,8 @@ def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSett
         logits.append(out.logits[:, -1, :])
     cache = parts[0] if len(parts) == 1 else Cache(layers=[stack_layers([c.layers[i] for c in parts])
                                                            for i in range(settings.num_layers)])
-    groups = [] if prefix is None else [_group(prefix, range(len(rows)), device)]
-    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], width, groups)
+    groups = [] if prefix is None or copied else [_group(prefix, range(len(rows)), device)]
+    batch = _Batch(rows, cache, mask, ids[:, -1:], positions[:, -1:], copied + width, groups)
     _accept_tokens(batch, torch.cat(logits), settings)
     return batch
 
@@ -354,10 +363,10 @@ def _group(prefix: SharedPrefix, rows, device: torch.device) -> PrefixGroup:
 
 
 def _groups_of(rows: list[DecodeRow], device: torch.device) -> list[PrefixGroup]:
-    """The rows of a merged batch grouped by the prefix they share (rows without one are in no group)."""
+    """The rows of a merged batch grouped by the held prefix they share (rows without one are in no group)."""
     found: dict[int, tuple[SharedPrefix, list[int]]] = {}
     for i, row in enumerate(rows):
-        if row.prefix is not None:
+        if row.prefix is not None and row.prefix.held:
             found.setdefault(id(row.prefix), (row.prefix, []))[1].append(i)
     return [_group(prefix, idx, device) for prefix, idx in found.values()]
 

@@ -97,12 +97,17 @@ def prefix_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         n, m = len(idx), rep * q_len
         if not n:  # torch's CPU kernel divides by the query count
             continue
+        # a group of every row (one template per call, the usual case) needs no gather and scatter of its rows
+        every = n == rows
         # every query of the group's rows sees every prefix column: one problem of n * m queries per KV head
-        flat = q[idx].transpose(0, 1).reshape(1, kv_heads, n * m, dim)
+        flat = (q if every else q[idx]).transpose(0, 1).reshape(1, kv_heads, n * m, dim)
         prefix_out, prefix_lse = attend(flat, group.keys[layer], group.values[layer], None, scale)
         prefix_out = prefix_out.reshape(kv_heads, n, m, dim).transpose(0, 1)
         prefix_lse = prefix_lse.reshape(kv_heads, n, m).transpose(0, 1)
-        out[idx], lse[idx] = _merge(out[idx], lse[idx], prefix_out, prefix_lse)
+        if every:
+            out, lse = _merge(out, lse, prefix_out, prefix_lse)
+        else:
+            out[idx], lse[idx] = _merge(out[idx], lse[idx], prefix_out, prefix_lse)
     out = out.reshape(rows, kv_heads, rep, q_len, dim).reshape(rows, heads, q_len, dim).transpose(1, 2)
     return out.to(query.dtype).contiguous(), None
 

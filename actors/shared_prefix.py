@@ -2,7 +2,15 @@
 
 A judge's instructions and few-shot examples start every prompt of a call; a call may also mix templates (a
 generate batch spanning two policies), so rows are grouped by their leading tokens and each group's common prefix
-gets its own keys/values, copied into every prefill of that group.
+gets its own keys/values. What a group then does with them depends on how much attention they would cost:
+
+- *held*: kept once, outside the rows' buffers, and attended to by all the group's rows together
+  (`actors.prefix_attention`, cascade attention). Worth it when (rows - 1) x prefix length is large: a judge's
+  ~640-token rubric shared by 64 rows saves ~40,000 columns per layer and step;
+- *copied*: written into every row's buffer at prefill, attended to as the rows' own columns. The cascade path
+  costs ~20 small tensor ops per group, layer and step, which a short prefix shared by two or three rows (the
+  same sentence asked of several samplers) never pays back: 128 `bench.generate` prompts in groups of 2-3 decoded
+  at 135-147 tok/s held, 176-183 copied.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ class PrefixSettings(Protocol):
     """What it needs of `actors.hf_decode.DecodeSettings`."""
 
     min_shared_prefix: int
+    min_held_prefix_columns: int
     num_layers: int
     logits_to_keep: bool
 
@@ -37,6 +46,18 @@ class SharedPrefix:
     length: int
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    # held once and attended to by the group (cascade), else copied into each row's buffer at prefill
+    held: bool = True
+
+
+def hold_prefix(length: int, rows: int, min_columns: int) -> bool:
+    """Whether a prefix of `length` tokens shared by `rows` rows is held once rather than copied into every row:
+    it must save at least `min_columns` attention columns per layer and step ((rows - 1) x length; 0 = always).
+
+    >>> hold_prefix(640, 64, 2048), hold_prefix(70, 3, 2048), hold_prefix(70, 3, 0)
+    (True, False, True)
+    """
+    return (rows - 1) * length >= min_columns
 
 
 def common_prefix_length(sequences: list[list[int]]) -> int:
@@ -96,4 +117,5 @@ def _shared_prefix(model: torch.nn.Module, rows: list[PromptRow], settings: Pref
     positions = torch.arange(length, device=ids.device)[None]
     model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions,
           past_key_values=cache, use_cache=True, **extra)
-    return SharedPrefix(length, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
+    return SharedPrefix(length, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                        held=hold_prefix(length, len(rows), settings.min_held_prefix_columns))

@@ -48,10 +48,13 @@ def ray_local():
     """One local Ray instance for the session (2 CPUs, like the target laptop / CI machine)."""
     import ray
 
+    from core.ray_env import LOCAL_CLUSTER_ENV
+
     if not ray.is_initialized():
         # workers at nice 0 as in every quorum job (core.ray_env.init_ray): at Ray's default 15 any other busy
         # process on the machine starves the model actors
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0},
-                 runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+                 runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                                           **LOCAL_CLUSTER_ENV}})
     yield ray
     ray.shutdown()

@@ -36,12 +36,32 @@ def test_ds_config_offload_sections_and_their_preconditions():
         build_ds_config(1, 0, 1)
 
 
-def test_precision_auto_is_bf16_on_gpu_fp32_on_cpu():
+def test_precision_auto_is_bf16_on_gpu_bf16_autocast_on_native_bf16_cpus_else_fp32():
     assert resolve_precision("auto", use_gpu=True) == "bf16"
     assert resolve_precision("auto", use_gpu=False) == "fp32"
+    assert resolve_precision("auto", use_gpu=False, cpu_bf16=True) == "bf16-autocast"
     assert resolve_precision("fp16", use_gpu=True) == "fp16"
     with pytest.raises(ValueError, match="precision"):
         resolve_precision("int8", use_gpu=False)
+
+
+def test_bf16_autocast_keeps_deepspeed_in_fp32_and_runs_the_forward_in_bf16():
+    import torch
+
+    from train.loop import autocast
+
+    config = build_ds_config(1, 1, 1, zero_stage=2, precision="bf16-autocast")
+    assert "bf16" not in config and "fp16" not in config  # weights, gradients and optimizer stay fp32
+    assert resolve_precision("bf16-autocast", use_gpu=False) == "bf16-autocast"
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    with autocast("bf16-autocast", torch.device("cpu")):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16 and layer.weight.dtype == torch.float32
+    out.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32 and x.grad is not None
+    with autocast("fp32", torch.device("cpu")):
+        assert layer(x).dtype == torch.float32
 
 
 def test_lr_schedules():

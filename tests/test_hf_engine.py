@@ -149,13 +149,20 @@ def test_packed_bf16_engine_equals_model_generate(tiny_model_dir):
     assert completion.raw_text == reference_greedy(engine.tokenizer, plain, PROMPTS[1], max_new_tokens=12)
 
 
-def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_dir):
+# a shared prefix held once (cascade attention) or copied into every row (actors.shared_prefix.hold_prefix): the
+# engine picks by the attention it saves; both must give the tokens of the engine without prefix reuse
+HELD_OR_COPIED = pytest.mark.parametrize("min_held_columns", [0, 10**9], ids=["held", "copied"])
+
+
+@HELD_OR_COPIED
+def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_dir, min_held_columns):
     # a judge-like system prompt (> 64 tokens) shared by all six requests; four slots, so refills reuse it too
     system = "You judge simplifications. " + " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
     requests = [ChatRequest([{"role": "system", "content": system}, {"role": "user", "content": p}],
                             SamplingParams(max_tokens=4 + 2 * i)) for i, p in enumerate(PROMPTS)]
     spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4)
     cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
+    cached.settings.min_held_prefix_columns = min_held_columns
     with_prefix, without = cached.generate(requests), plain.generate(requests)
     assert [c.raw_text for c in with_prefix] == [c.raw_text for c in without]
     assert [c.completion_tokens for c in with_prefix] == [c.completion_tokens for c in without]
@@ -170,7 +177,8 @@ def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_
     assert cached.last_stats.shared_prefix_tokens == 0
 
 
-def test_two_templates_in_one_call_each_share_their_own_prefix(tiny_model_dir):
+@HELD_OR_COPIED
+def test_two_templates_in_one_call_each_share_their_own_prefix(tiny_model_dir, min_held_columns):
     # a generate batch spanning two policies: two system prompts (> 64 tokens each), three requests each,
     # interleaved; each group's prefix runs once and the tokens equal the engine without prefix reuse
     rules = " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
@@ -179,6 +187,7 @@ def test_two_templates_in_one_call_each_share_their_own_prefix(tiny_model_dir):
                             SamplingParams(max_tokens=3 + i)) for i, p in enumerate(PROMPTS[:6])]
     spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4)
     cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
+    cached.settings.min_held_prefix_columns = min_held_columns
     assert [c.raw_text for c in cached.generate(requests)] == [c.raw_text for c in plain.generate(requests)]
     stats = cached.last_stats
     prefixes = [common_prefix_length([cached._encode(r.messages) for r in requests[g::2]]) for g in (0, 1)]

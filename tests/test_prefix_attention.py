@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from actors.prefix_attention import PrefixGroup, prefix_attention, prefix_groups_active
+from actors.shared_prefix import hold_prefix
 
 KV, REP, DIM = 2, 3, 8
 
@@ -70,3 +71,10 @@ def test_a_padding_query_that_sees_none_of_its_columns_stays_finite():
     with prefix_groups_active([other_rows]):
         out, _ = prefix_attention(types.SimpleNamespace(layer_idx=0), query, key, value, mask)
     assert torch.isfinite(out).all() and (out[0, 0] == 0).all()
+
+
+def test_a_prefix_is_held_once_only_where_it_saves_enough_attention():
+    assert hold_prefix(640, 64, 2048)  # a judge's rubric over 64 rows: 63 x 640 = 40,320 columns per step
+    assert not hold_prefix(70, 3, 2048)  # one sentence asked of three samplers: 140, copied
+    assert hold_prefix(1024, 3, 2048) and not hold_prefix(1023, 3, 2048)  # the boundary: 2 x 1024
+    assert hold_prefix(70, 3, 0)  # 0 = always held

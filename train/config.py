@@ -174,7 +174,8 @@ class WorkerFields:
     # custom Ray resources per training worker on top of its CPUs/GPU, e.g. {gpu_slot: 1}: the workers are placed
     # only on nodes that advertise them (ScalingConfig.resources_per_worker)
     resources_per_worker: dict[str, float] = dataclasses.field(default_factory=dict)
-    # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
+    # auto (bf16 on GPU; bf16-autocast on CPUs with native bf16, else fp32) | fp32 | bf16 | fp16 | bf16-autocast
+    # (fp32 weights and optimizer, bf16 matrix products: train.ds_config.PRECISIONS)
     precision: str = "auto"
     gradient_checkpointing: bool = False
     # extra environment variables for the workers (never secrets: core.config refuses secret-looking names)

@@ -40,6 +40,7 @@ from transformers import AutoTokenizer
 
 from train.advantages import aggregate_token_losses, grpo_policy_loss
 from train.config import GRPOConfig
+from train.ds_config import resolve_precision
 from train.grpo_batch import (
     GroupOutcome,
     completion_logps,
@@ -53,7 +54,15 @@ from train.grpo_rewards import build_reward
 from train.grpo_validate import BaselineAnswers, BestAdapter, validate, write_answers
 from train.hf_rollout import HFRollout
 from train.logprobs import token_entropy
-from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
+from train.loop import (
+    _init_wandb,
+    _report,
+    autocast,
+    build_engine,
+    build_lora_model,
+    native_cpu_bf16,
+    restore_checkpoint,
+)
 from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
 
 Metrics = dict[str, float]
@@ -64,6 +73,7 @@ def grpo_loop_per_worker(config: dict) -> None:
     if config.get("secrets") is not None:
         config["secrets"].install()  # the reward service's token (actors.secrets), before the reward client reads it
     cfg = GRPOConfig.from_dict(config["train"])
+    cfg.precision = resolve_precision(cfg.precision, cfg.use_gpu, native_cpu_bf16())
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     total, rows = config["total_steps"], config["rows"]
@@ -165,8 +175,9 @@ def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advan
     engine.train()  # rollouts ran in eval mode; gradient checkpointing only acts in train mode
     batch = {k: v.to(engine.device) for k, v in batch.items()}
     slices = micro_batch_slices(batch["input_ids"].shape[0], cfg.micro_batch_size)
-    old = [_logps(engine, batch, s, no_grad=True)[0] for s in slices] if cfg.num_iterations > 1 else None
-    ref = [_logps(engine, batch, s, no_grad=True, reference=True)[0] for s in slices] if cfg.kl_coef else None
+    old = [_logps(engine, batch, s, cfg.precision, no_grad=True)[0] for s in slices] if cfg.num_iterations > 1 else None
+    ref = ([_logps(engine, batch, s, cfg.precision, no_grad=True, reference=True)[0] for s in slices]
+           if cfg.kl_coef else None)
     sums: Metrics = {"lr": engine.get_lr()[0]}
     for _ in range(cfg.num_iterations):
         for j, part in enumerate(slices):
@@ -183,12 +194,12 @@ def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advan
     return sums
 
 
-def _logps(engine, batch: dict, part: slice, no_grad: bool = False, reference: bool = False):
+def _logps(engine, batch: dict, part: slice, precision: str, no_grad: bool = False, reference: bool = False):
     """(per-token completion log-probs, mask, logits) of one micro-batch of the left-padded batch, over its
     trailing completion window; `reference` disables the LoRA adapter."""
     keep = completion_window(batch["loss_mask"])  # the whole batch's window: every micro-batch aligns with `old`
     context = engine.module.disable_adapter() if reference else contextlib.nullcontext()
-    with torch.set_grad_enabled(not no_grad), context:
+    with torch.set_grad_enabled(not no_grad), context, autocast(precision, engine.device):
         logits = engine(input_ids=batch["input_ids"][part], attention_mask=batch["attention_mask"][part],
                         position_ids=batch["position_ids"][part], use_cache=False, logits_to_keep=keep).logits
         logps, mask = completion_logps(logits, batch["input_ids"][part, -keep:], batch["loss_mask"][part, -keep:])
@@ -205,7 +216,7 @@ def micro_loss(engine, cfg: GRPOConfig, batch: dict, part: slice, advantages: to
     Returns:
         The loss and token-weighted metric sums (``*_wsum`` over ``loss_tokens``).
     """
-    logps, mask, logits = _logps(engine, batch, part)
+    logps, mask, logits = _logps(engine, batch, part, cfg.precision)
     keep = valid.nonzero().squeeze(-1)
     if keep.numel() == 0:
         return logps.sum() * 0.0, {"loss_tokens": 0.0}

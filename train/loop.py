@@ -56,6 +56,7 @@ def train_loop_per_worker(config: dict) -> None:
         config: See the module docstring; nothing else (no module globals) is read.
     """
     cfg = TrainConfig.from_dict(config["train"])
+    cfg.precision = resolve_precision(cfg.precision, cfg.use_gpu, native_cpu_bf16())
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     total, rows = config["total_steps"], config["train_rows"]
     torch.manual_seed(cfg.seed)
@@ -179,10 +180,25 @@ def _collate(tokenizer, cfg: TrainConfig, rows: list[dict], device) -> dict[str,
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _logps(engine, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False).logits
-    return sequence_logps(logits, batch["input_ids"], batch["loss_mask"])
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bf16 dot products natively (AVX512-BF16 or AMX), so bf16 autocast speeds it up."""
+    cpu = torch.cpu
+    return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context a training forward runs in: bf16 autocast for "bf16-autocast" (train.ds_config.PRECISIONS), else
+    nothing. Only the forward runs in it; its backward follows the dtypes the forward recorded."""
+    if precision != "bf16-autocast":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _logps(engine, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    with autocast(precision, engine.device):
+        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        position_ids=batch["position_ids"], use_cache=False).logits
+    return sequence_logps(logits, batch["input_ids"], batch["loss_mask"])  # in float32 whatever the logits
 
 
 def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -191,7 +207,7 @@ def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> t
     Returns:
         The scalar loss and the loss's metric dict plus ``logps/chosen`` and ``logps/rejected`` (summed log-probs).
     """
-    logps, n_tokens = _logps(engine, batch)
+    logps, n_tokens = _logps(engine, batch, cfg.precision)
     if cfg.loss == "sft":
         return compute_preference_loss("sft", {"chosen_logps": logps, "chosen_n_tokens": n_tokens}, cfg.loss_config)
     b = logps.shape[0] // 2
@@ -199,7 +215,7 @@ def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> t
              "rejected_logps": logps[b:], "rejected_n_tokens": n_tokens[b:]}
     if cfg.loss == "dpo":
         with torch.no_grad(), engine.module.disable_adapter():
-            ref, _ = _logps(engine, batch)
+            ref, _ = _logps(engine, batch, cfg.precision)
         stats["ref_chosen_logps"], stats["ref_rejected_logps"] = ref[:b], ref[b:]
     loss, metrics = compute_preference_loss(cfg.loss, stats, cfg.loss_config)
     metrics["logps/chosen"], metrics["logps/rejected"] = logps[:b].detach().mean(), logps[b:].detach().mean()
