@@ -26,8 +26,9 @@ through every base matmul but no weight gradients for them. Per token that is fo
 N base matmul weights, plus 6·N_lora for the adapters (forward, input and weight gradients): 4·N + 6·N_lora.
 N counts the weights of every base `nn.Linear` including the (tied) output head; the embedding lookup costs nothing
 and attention-score FLOPs (~2% at these lengths) are left out. The 6·N·T convention of full fine-tuning would
-overstate the work by about half. The matmul peak is the best of 20 fp32 1024×1024 matmuls on one thread, measured
-in this process before the runs.
+overstate the work by about half. The matmul peak is the best of 20 1024×1024 matmuls on one thread, measured
+in this process before the runs, in the dtype the training's matrix products run in: bfloat16 under `precision`
+bf16-autocast (what "auto" resolves to on a CPU with native bf16, `--precision`), else float32.
 """
 
 from __future__ import annotations
@@ -60,13 +61,13 @@ def make_rows(n: int = 16) -> list[dict]:
     return rows
 
 
-def matmul_peak_flops(size: int = 1024, repeats: int = 20) -> float:
-    """Best single-thread fp32 matmul FLOP/s (2·n³ per product)."""
+def matmul_peak_flops(size: int = 1024, repeats: int = 20, dtype: str = "float32") -> float:
+    """Best single-thread matmul FLOP/s (2·n³ per product) in `dtype` (the training's matmul precision)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = (torch.randn(size, size, dtype=getattr(torch, dtype)) for _ in range(2))
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -103,7 +104,7 @@ def run(model_dir: str, workers: int, args, out: Path) -> tuple[float, dict[str,
     from train.trainer import run_training
 
     total = args.warmup + args.steps
-    cfg = TrainConfig(model=model_dir, loss="arpo", num_workers=workers, cpus_per_worker=1,
+    cfg = TrainConfig(model=model_dir, loss="arpo", num_workers=workers, cpus_per_worker=1, precision=args.precision,
                       micro_batch_size=args.micro, grad_accum=1, max_steps=total, checkpoint_every=1,
                       keep_checkpoints=total, deepspeed=DeepSpeedSection(zero_stage=2), run_name=f"bench_{workers}w",
                       max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length)
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro", type=int, default=2, help="pairs per worker per step")
     parser.add_argument("--max-prompt-length", type=int, default=64)
     parser.add_argument("--max-completion-length", type=int, default=32)
+    parser.add_argument("--precision", default="auto", help="train.trainer.precision (auto, fp32, bf16-autocast)")
     args = parser.parse_args(argv)
 
     import ray
@@ -144,12 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_tiny_random_model(out / "tiny") if args.model == "tiny" else resolve_model_dir(args.model)
     if not ray.is_initialized():
         init_ray(RayConfig(num_cpus=2))  # what jobs do: a local cluster, workers at nice 0
-    peak = matmul_peak_flops()
+    from train.ds_config import resolve_precision
+    from train.precision import native_cpu_bf16
+
+    precision = resolve_precision(args.precision, use_gpu=False, cpu_bf16=native_cpu_bf16())
+    peak = matmul_peak_flops(dtype="bfloat16" if precision == "bf16-autocast" else "float32")
     per_token, n_base, n_lora = flops_per_token(model_dir, TrainConfig(model=model_dir, lora=LoraSection()))
     runs = {workers: run(model_dir, workers, args, out) for workers in (1, 2)}
     tps = {workers: tokens_per_s for workers, (tokens_per_s, _) in runs.items()}
     print(f"# model={args.model} base_linear_params={n_base} lora_params={n_lora} flops_per_token={per_token:.4g} "
-          f"matmul_peak_1thread={peak / 1e9:.1f} GFLOP/s, ZeRO-2, cpus_per_worker=1, micro={args.micro}")
+          f"matmul_peak_1thread={peak / 1e9:.1f} GFLOP/s, precision={precision}, ZeRO-2, cpus_per_worker=1, micro={args.micro}")
     print(f"bench train_tokens_per_s_1w = {tps[1]:.1f}")
     print(f"bench train_tokens_per_s_2w = {tps[2]:.1f}")
     print(f"bench train_2_vs_1_workers = {tps[2] / tps[1]:.3f}")

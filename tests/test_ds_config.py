@@ -48,7 +48,7 @@ def test_precision_auto_is_bf16_on_gpu_bf16_autocast_on_native_bf16_cpus_else_fp
 def test_bf16_autocast_keeps_deepspeed_in_fp32_and_runs_the_forward_in_bf16():
     import torch
 
-    from train.loop import autocast
+    from train.precision import autocast
 
     config = build_ds_config(1, 1, 1, zero_stage=2, precision="bf16-autocast")
     assert "bf16" not in config and "fp16" not in config  # weights, gradients and optimizer stay fp32

@@ -54,16 +54,9 @@ from train.grpo_rewards import build_reward
 from train.grpo_validate import BaselineAnswers, BestAdapter, validate, write_answers
 from train.hf_rollout import HFRollout
 from train.logprobs import token_entropy
-from train.loop import (
-    _init_wandb,
-    _report,
-    autocast,
-    build_engine,
-    build_lora_model,
-    native_cpu_bf16,
-    restore_checkpoint,
-)
+from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
 from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
+from train.precision import autocast, native_cpu_bf16
 
 Metrics = dict[str, float]
 

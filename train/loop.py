@@ -45,6 +45,7 @@ from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, w
 from train.logprobs import sequence_logps
 from train.losses import compute_preference_loss
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
+from train.precision import autocast, native_cpu_bf16
 
 Metrics = dict[str, float]
 
@@ -178,20 +179,6 @@ def _collate(tokenizer, cfg: TrainConfig, rows: list[dict], device) -> dict[str,
     else:
         batch = collate_pairs([encode_pair(tokenizer, r, *limits) for r in rows], pad_id, cfg.padding_side)
     return {k: v.to(device) for k, v in batch.items()}
-
-
-def native_cpu_bf16() -> bool:
-    """Whether this CPU computes bf16 dot products natively (AVX512-BF16 or AMX), so bf16 autocast speeds it up."""
-    cpu = torch.cpu
-    return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The context a training forward runs in: bf16 autocast for "bf16-autocast" (train.ds_config.PRECISIONS), else
-    nothing. Only the forward runs in it; its backward follows the dtypes the forward recorded."""
-    if precision != "bf16-autocast":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def _logps(engine, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.Tensor, torch.Tensor]:
