@@ -40,7 +40,6 @@ from transformers import AutoTokenizer
 
 from train.advantages import aggregate_token_losses, grpo_policy_loss
 from train.config import GRPOConfig
-from train.ds_config import resolve_precision
 from train.grpo_batch import (
     GroupOutcome,
     completion_logps,
@@ -56,7 +55,7 @@ from train.hf_rollout import HFRollout
 from train.logprobs import token_entropy
 from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
 from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
-from train.precision import autocast, native_cpu_bf16
+from train.precision import autocast, worker_precision
 
 Metrics = dict[str, float]
 
@@ -66,7 +65,7 @@ def grpo_loop_per_worker(config: dict) -> None:
     if config.get("secrets") is not None:
         config["secrets"].install()  # the reward service's token (actors.secrets), before the reward client reads it
     cfg = GRPOConfig.from_dict(config["train"])
-    cfg.precision = resolve_precision(cfg.precision, cfg.use_gpu, native_cpu_bf16())
+    cfg.precision = worker_precision(cfg.precision, cfg.use_gpu)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     total, rows = config["total_steps"], config["rows"]

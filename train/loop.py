@@ -45,7 +45,7 @@ from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, w
 from train.logprobs import sequence_logps
 from train.losses import compute_preference_loss
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
-from train.precision import autocast, native_cpu_bf16
+from train.precision import autocast, worker_precision
 
 Metrics = dict[str, float]
 
@@ -57,7 +57,7 @@ def train_loop_per_worker(config: dict) -> None:
         config: See the module docstring; nothing else (no module globals) is read.
     """
     cfg = TrainConfig.from_dict(config["train"])
-    cfg.precision = resolve_precision(cfg.precision, cfg.use_gpu, native_cpu_bf16())
+    cfg.precision = worker_precision(cfg.precision, cfg.use_gpu)
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     total, rows = config["total_steps"], config["train_rows"]
     torch.manual_seed(cfg.seed)

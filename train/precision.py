@@ -7,11 +7,18 @@ import contextlib
 
 import torch
 
+from train.ds_config import resolve_precision
+
 
 def native_cpu_bf16() -> bool:
     """Whether this CPU computes bf16 dot products natively (AVX512-BF16 or AMX), so bf16 autocast speeds it up."""
     cpu = torch.cpu
     return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def worker_precision(precision: str, use_gpu: bool) -> str:
+    """`precision` as this training worker runs it ("auto" resolved for its device and CPU)."""
+    return resolve_precision(precision, use_gpu, native_cpu_bf16())
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
