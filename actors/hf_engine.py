@@ -8,8 +8,8 @@
 What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/README.md):
 
 - bfloat16 on CPUs with native bf16 dot products (avx512_bf16 / AMX) when a quick matmul probe confirms it;
-- nn.Linear weights pre-reordered into oneDNN's blocked layout (`PackedLinear`): the skinny decode matmuls
-  stream weights far faster, with bit-identical results in bf16;
+- nn.Linear weights pre-reordered into oneDNN's blocked layout (`actors.hf_weights.PackedLinear`): the skinny
+  decode matmuls stream weights far faster, with bit-identical results in bf16;
 - prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`);
 - a prompt prefix shared by the requests of a call (a judge's instructions and few-shot examples; per group of
   requests when a call mixes templates) is prefilled once (`enable_prefix_caching`, on by default).
@@ -22,24 +22,19 @@ from __future__ import annotations
 import dataclasses
 import gc
 import inspect
-import time
 from pathlib import Path
 
 import jinja2
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
+from actors.hf_weights import DTYPES, load_model, pack_linear_layers, pick_device, pick_dtype
 from actors.models import resolve_model_dir
 from actors.prefix_attention import attention_backends, use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# bf16 must beat fp32 by this factor in the startup probe to be picked on CPU (guards against timing noise).
-_BF16_MIN_SPEEDUP = 1.2
-_PROBE = (torch.float32, torch.bfloat16)
 # A shared prompt prefix shorter than this is recomputed per row: copying its keys costs about what it saves.
 _MIN_SHARED_PREFIX = 64
 
@@ -193,8 +188,8 @@ def validate_spec(spec: EngineSpec) -> None:
     """Raise ValueError naming the first EngineSpec field the hf engine cannot use."""
     if spec.kind != "hf":
         raise ValueError(f"engine.kind: HFEngine needs kind 'hf', got {spec.kind!r}")
-    if spec.dtype != "auto" and spec.dtype not in _DTYPES:
-        raise ValueError(f"engine.dtype: {spec.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+    if spec.dtype != "auto" and spec.dtype not in DTYPES:
+        raise ValueError(f"engine.dtype: {spec.dtype!r} is not one of auto, {', '.join(DTYPES)}")
     if spec.device not in ("auto", "cpu") and not spec.device.startswith("cuda"):
         raise ValueError(f"engine.device: {spec.device!r} is not one of auto, cpu, cuda, cuda:<n>")
     if not isinstance(spec.max_batch_size, int) or spec.max_batch_size < 1:
@@ -278,118 +273,6 @@ def merge_system_into_user(messages: list[dict]) -> list[dict]:
             message["content"] = f"{system}\n\n{message['content']}"
             return rest
     return [{"role": "user", "content": system}, *rest]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Device, dtype, weights
-
-
-def load_model(model_dir: str, adapter: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The causal LM at `dtype`, with a LoRA adapter merged into its weights when one is given.
-
-    The merge runs in float32 and the result is cast afterwards, so a bf16 engine rounds the merged weight once
-    (as a model saved merged would) instead of adding a rounded delta to rounded weights.
-    """
-    if not adapter:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    from peft import PeftModel
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return PeftModel.from_pretrained(base, adapter).merge_and_unload().to(dtype)
-
-
-def pick_device(name: str) -> torch.device:
-    """`auto` is the first GPU if there is one, else the CPU; asking for CUDA without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"engine.device: {name!r} requested but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Resolve `auto`: bf16 on GPU (fp16 if unsupported); on CPU bf16 only with native bf16 math that is faster."""
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if cpu_has_native_bf16() and measure_bf16_speedup() >= _BF16_MIN_SPEEDUP:
-        return torch.bfloat16
-    return torch.float32
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when /proc/cpuinfo lists avx512_bf16 or amx_bf16 (without them bf16 is emulated and slow)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return False
-    flags = set()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-    return any(flag in flags for flag in _CPU_BF16_FLAGS)
-
-
-def measure_bf16_speedup(rows: int = 64, size: int = 1024, reps: int = 5) -> float:
-    """fp32 time / bf16 time of a decode-shaped matmul, best of `reps` each (~20 ms in all).
-
-    The two dtypes alternate so that a burst of load from other processes hits both alike.
-    """
-    inputs = {dtype: (torch.randn(rows, size).to(dtype), torch.randn(4 * size, size).to(dtype)) for dtype in _PROBE}
-    for x, w in inputs.values():  # warm oneDNN's kernel cache
-        torch.nn.functional.linear(x, w)
-    best = dict.fromkeys(_PROBE, float("inf"))
-    for _ in range(reps):
-        for dtype, (x, w) in inputs.items():
-            start = time.perf_counter()
-            torch.nn.functional.linear(x, w)
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
-class PackedLinear(torch.nn.Module):
-    """Inference-only stand-in for nn.Linear with its weight pre-reordered into oneDNN's blocked layout.
-
-    A plain bf16 F.linear re-reads the weight in its row-major layout every call; the prepacked one streams it
-    in the order the kernel consumes it, which is what decode (few rows, every weight read once) is bound by.
-    """
-
-    def __init__(self, linear: torch.nn.Linear, batch_size: int):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-
-def pack_linear_layers(model: torch.nn.Module, batch_size: int) -> int:
-    """Swap every nn.Linear of a CPU model for a PackedLinear, if the packed op gives bit-identical outputs.
-
-    Returns:
-        How many layers were swapped (0 when oneDNN is unavailable or the probe differs).
-    """
-    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
-    linears = [(parent, name, child) for parent, name, child in linears if isinstance(child, torch.nn.Linear)]
-    if not linears or not _packing_is_exact(linears[0][2], batch_size):
-        return 0
-    for parent, name, child in linears:
-        setattr(parent, name, PackedLinear(child, batch_size))
-    return len(linears)
-
-
-def _packing_is_exact(linear: torch.nn.Linear, batch_size: int) -> bool:
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    x = torch.randn(batch_size, 1, linear.in_features, generator=torch.Generator().manual_seed(0))
-    x = x.to(linear.weight.dtype)
-    with torch.inference_mode():
-        try:
-            packed = PackedLinear(linear, batch_size)(x)
-        except RuntimeError:
-            return False
-        return torch.equal(packed, linear(x))
 
 
 def collect_eos_ids(model, tokenizer) -> frozenset[int]:

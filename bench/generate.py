@@ -60,7 +60,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, PackedLinear, render_prompt
+from actors.hf_engine import HFEngine, render_prompt
+from actors.hf_weights import PackedLinear
 from actors.models import resolve_model_dir
 from bench.contention import competitors
 from bench.llamacpp import INSTALL_HINT, load_llama_cpp, measure_llamacpp, measure_llamacpp_alone, parse_engines
@@ -304,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="engines to measure, comma-separated: hf (the hf engine, bare generate, Ray Data), "
                              "llamacpp (llama.cpp on the GGUF; skipped with a note when llama_cpp is not installed)")
     parser.add_argument("--gguf", default="", help="GGUF file for llamacpp (default: smollm2-135m's bundled one)")
+    parser.add_argument("--llamacpp-kv-unified", action="store_true",
+                        help="llama.cpp's one KV buffer for all sequences (faster at 16 rows here, slower at 64)")
     parser.add_argument("--fixed-threads", action="store_true",
                         help="engine.adaptive_threads=false: every decode step on the engine's full thread count")
     args = parser.parse_args(argv)

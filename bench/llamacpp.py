@@ -18,6 +18,7 @@ slot for the next prompt (continuous batching, as in the hf engine).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -137,6 +138,10 @@ class LlamaCppDecoder:
         if not self.model:
             raise ValueError(f"llama.cpp could not load {gguf}")
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        # the GGUF's own summary, e.g. "llama 256M BF16" or "... Q4_1": which weights were measured
+        desc = ctypes.create_string_buffer(128)
+        lc.llama_model_desc(self.model, desc, len(desc))
+        self.description = desc.value.decode(errors="replace")
         # any prompt fits beside one token of every other slot, so a free slot always admits the next prompt
         self.batch_tokens = max(_MIN_BATCH_TOKENS, context + max_batch_size)
         params = lc.llama_context_default_params()
@@ -220,15 +225,17 @@ def measure_llamacpp(args: argparse.Namespace, requests: list[ChatRequest], toke
     context = max(len(p) for p in prompts) + args.max_tokens
     results = {}
     for size, subset in ((args.batch_size, prompts), (1, prompts[: args.batch_size])):
-        decoder = LlamaCppDecoder(gguf, threads, size, context)
+        decoder = LlamaCppDecoder(gguf, threads, size, context, kv_unified=args.llamacpp_kv_unified)
         decoder.generate(prompts[:2], 2, eos_ids)  # warm-up, as the hf engine's
         results[size] = timed_generate(decoder, subset, args.max_tokens, eos_ids)
+        weights = decoder.description
         decoder.close()
     seconds, seqs = results[args.batch_size]
     tps = sum(len(s.tokens) for s in seqs) / seconds
     flops = useful_flops(*shapes, [(len(s.prompt), len(s.tokens)) for s in seqs])
     print(f"info llamacpp gguf={Path(gguf).name} threads={threads} batch={args.batch_size} "
-          f"completion_tokens={sum(len(s.tokens) for s in seqs)} (weights Q4_1 / Q8_0 head, 8-bit activations)")
+          f"completion_tokens={sum(len(s.tokens) for s in seqs)} weights={weights!r} (quantised types multiply "
+          f"8-bit activations)")
     print(f"bench llamacpp_tokens_per_s = {tps:.1f}")
     print(f"bench llamacpp_roofline_fraction = {flops / seconds / peak:.3f}")
     single_seconds, single_seqs = results[1]

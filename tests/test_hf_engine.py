@@ -22,7 +22,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, PackedLinear, collect_eos_ids, merge_system_into_user, render_prompt
+from actors.hf_engine import HFEngine, collect_eos_ids, merge_system_into_user, render_prompt
+from actors.hf_weights import PackedLinear
 from actors.models import build_tiny_random_model, resolve_model_dir
 from actors.shared_prefix import common_prefix_length, prefix_groups
 from actors.token_sampling import sample_token
