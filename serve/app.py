@@ -6,7 +6,7 @@
 Endpoints: POST /v1/chat/completions (OpenAI-compatible), GET /v1/models, POST /score (pointwise grade),
 POST /compare (pairwise grades + preference), POST /reward/group (a reward per response, all_pairs or
 vs_reference), GET /health (liveness), GET /ready (model loaded, its identity), GET /stats (batch sizes, cache).
-Request formats, message rendering, parsing and reward maths live in the pure `serve.protocol`.
+Request formats, parsing and reward maths live in the pure `serve.protocol`, message rendering in `serve.judge_prompts`.
 
 Every judge generation goes through one `@serve.batch` method in front of the engine's batched `generate`, behind
 an LRU cache keyed by (model identity incl. adapter hash, rendered messages, sampling). `reconfigure(user_config)`
@@ -43,6 +43,7 @@ from serve.cache import LRUCache
 from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
 from serve.errors import install_error_handlers
 from serve.guard import admit
+from serve.judge_prompts import JudgePrompts
 
 log = logging.getLogger("ray.serve")
 DEPLOYMENT_NAME = "GRMServer"
@@ -75,7 +76,7 @@ class GRMServer:
             # the token / judge API key set where the app was deployed (a constructor argument: never logged)
             secrets.install()
         self.settings: ReplicaSettings | None = None
-        self.prompts: P.JudgePrompts | None = None
+        self.prompts: JudgePrompts | None = None
         self.engine = None
         self.identity = self.model_name = self.adapter = ""
         self.loading = False

@@ -24,7 +24,7 @@ from actors.engine import EngineSpec
 from actors.stage_config import SamplingConfig
 from core.config import Section, check_tree, dotted, fail, in_range, one_of, positive
 from core.ray_env import RayConfig
-from serve import protocol
+from serve import judge_prompts, protocol
 
 
 @dataclass
@@ -238,8 +238,8 @@ def validate_replica_settings(settings: ReplicaSettings) -> None:
     in_range(settings.sampling.max_tokens, 1, settings.limits.max_tokens, "sampling.max_tokens")
 
 
-def load_prompts(prompts: PromptsConfig) -> protocol.JudgePrompts:
-    return protocol.load_judge_prompts(prompts.pointwise, prompts.pointwise_vars, prompts.pairwise,
+def load_prompts(prompts: PromptsConfig) -> judge_prompts.JudgePrompts:
+    return judge_prompts.load_judge_prompts(prompts.pointwise, prompts.pointwise_vars, prompts.pairwise,
                                        prompts.pairwise_vars, prompts.pointwise_format, prompts.rubrics,
                                        prompts.with_rubric)
 

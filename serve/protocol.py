@@ -6,7 +6,7 @@ with `eval.prompts`, judge text is read with `eval.judge_parse`: the offline jur
 
 Judge templates are filled from request fields through the config's field -> variable maps, plus MENLO's context
 variables: `locale` from the request, and `dimension` / `question` / `criteria` from the request's `dimension` key
-looked up in the rubrics file (`prompts.rubrics`, as in `jobs/judge_eval.py`). `/score` reads either paper 001's
+looked up in the rubrics file (`prompts.rubrics`, as in `jobs/judge_eval.py`; `serve.judge_prompts`). `/score` reads either paper 001's
 ``Answer: [k]`` or MENLO's pointwise ``<final_grade> FINAL GRADE: k - LABEL </final_grade>``
 (`prompts.pointwise_format`); `/compare` always reads MENLO's A/B grade blocks.
 
@@ -25,15 +25,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from actors.engine import SEED_MAX, Completion, SamplingParams, split_thinking
 from core.config import Section, dotted, fail
 from eval.judge_parse import parse_score
-from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
 from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
-from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
 from eval.reward_wire import Usage
 
-POINTWISE_FORMATS = ("answer", "menlo")
-# template variables filled from the rubric of the request's `dimension`, and from its `locale`
-RUBRIC_VARS = ("dimension", "question", "criteria")
-CONTEXT_VARS = (*RUBRIC_VARS, "locale")
 _RATIONALE_CHARS = 2000
 _GRADE_MARK_RE = re.compile(r"<\s*final[\s_.\\-]*grade|answer[\s*_]*:[\s*_]*\[", re.IGNORECASE)
 
@@ -194,124 +188,6 @@ def resolve_sampling(default: SamplingParams, limits: Limits, *, temperature: fl
 def judge_sampling(default: SamplingParams, limits: Limits, override: SamplingOverride | None) -> SamplingParams:
     values = override.model_dump() if override else {}
     return resolve_sampling(default, limits, field_prefix="sampling.", **values)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Judge prompts
-
-
-@dataclass(frozen=True)
-class JudgePrompts:
-    """The two judge templates, which request field fills which template variable, and the MENLO context."""
-
-    pointwise: PromptTemplate
-    pointwise_vars: dict
-    pairwise: PromptTemplate
-    pairwise_vars: dict
-    # "answer" (paper 001, parse_score) or "menlo" (<final_grade> block, parse_menlo_grade)
-    pointwise_format: str = "answer"
-    # dimension key -> rubric (eval.menlo_data.load_rubrics); empty when no template declares rubric variables
-    rubrics: dict = dataclasses.field(default_factory=dict)
-    with_rubric: bool = True
-
-    @property
-    def accepts_reference(self) -> bool:
-        return "reference" in self.pointwise_vars
-
-    def score_messages(self, prompt: str, response: str, reference: str | None = None,
-                       dimension: str | None = None, locale: str | None = None) -> list[dict]:
-        if reference is not None and not self.accepts_reference:
-            raise RequestError("reference", f"the pointwise template {self.pointwise.name!r} has no reference slot "
-                                            "(prompts.pointwise_vars maps no 'reference')")
-        if reference is None and self.accepts_reference:
-            raise RequestError("reference", f"the pointwise template {self.pointwise.name!r} needs a reference")
-        fields = {"prompt": prompt, "response": response, "reference": reference}
-        values = {var: fields[name] for name, var in self.pointwise_vars.items()}
-        return self.pointwise.render(**values, **self.context(self.pointwise, dimension, locale))
-
-    def compare_messages(self, prompt: str, response_a: str, response_b: str,
-                         dimension: str | None = None, locale: str | None = None) -> list[dict]:
-        fields = {"prompt": prompt, "response_a": response_a, "response_b": response_b}
-        values = {var: fields[name] for name, var in self.pairwise_vars.items()}
-        return self.pairwise.render(**values, **self.context(self.pairwise, dimension, locale))
-
-    def context(self, template: PromptTemplate, dimension: str | None, locale: str | None) -> dict:
-        """The MENLO context variables `template` declares, from the request's `dimension` and `locale`.
-
-        Raises:
-            RequestError: a needed field is missing, unknown, or given to a template without its slot.
-        """
-        declared = set(template.variables)
-        values = {}
-        if declared & set(RUBRIC_VARS):
-            if dimension is None:
-                raise RequestError("dimension", f"the template {template.name!r} needs a dimension "
-                                                f"(one of {sorted(self.rubrics)})")
-            rubric = self.rubrics.get(dimension)
-            if rubric is None:
-                raise RequestError("dimension", f"unknown dimension {dimension!r} (known: {sorted(self.rubrics)})")
-            rubric_values = {"dimension": rubric["name"], "question": rubric["question"],
-                             "criteria": render_criteria(rubric, self.with_rubric)}
-            values.update({k: v for k, v in rubric_values.items() if k in declared})
-        elif dimension is not None:
-            raise RequestError("dimension", f"the template {template.name!r} has no dimension slot")
-        if "locale" in declared:
-            if locale is None:
-                raise RequestError("locale", f"the template {template.name!r} needs a locale (e.g. en_US)")
-            values["locale"] = locale
-        elif locale is not None:
-            raise RequestError("locale", f"the template {template.name!r} has no locale slot")
-        return values
-
-
-def load_judge_prompts(pointwise: str, pointwise_vars: dict, pairwise: str, pairwise_vars: dict,
-                       pointwise_format: str = "answer", rubrics: str = "", with_rubric: bool = True) -> JudgePrompts:
-    """Load both templates (and the rubrics when a template needs them) and check the maps cover each template.
-
-    Raises:
-        ValueError: naming the `prompts.*` key at fault.
-    """
-    if pointwise_format not in POINTWISE_FORMATS:
-        raise ValueError(f"prompts.pointwise_format: {pointwise_format!r} is not one of {POINTWISE_FORMATS}")
-    templates = {}
-    for key, name in (("pointwise", pointwise), ("pairwise", pairwise)):
-        try:
-            templates[key] = load_template(prompt_path(name))
-        except PromptError as exc:
-            raise ValueError(f"prompts.{key}: {exc}") from exc
-    _check_vars("prompts.pointwise_vars", templates["pointwise"], pointwise_vars,
-                required={"prompt", "response"}, optional={"reference"})
-    _check_vars("prompts.pairwise_vars", templates["pairwise"], pairwise_vars,
-                required={"prompt", "response_a", "response_b"}, optional=set())
-    needs_rubrics = any(set(t.variables) & set(RUBRIC_VARS) for t in templates.values())
-    loaded = _load_rubrics(rubrics) if rubrics else {}
-    if needs_rubrics and not rubrics:
-        raise ValueError("prompts.rubrics: the templates declare dimension/question/criteria; give the rubrics "
-                         "file (e.g. configs/data/menlo_rubrics.yaml)")
-    return JudgePrompts(templates["pointwise"], dict(pointwise_vars), templates["pairwise"], dict(pairwise_vars),
-                        pointwise_format, loaded, with_rubric)
-
-
-def _load_rubrics(path: str) -> dict:
-    try:
-        return load_rubrics(path)
-    except (OSError, MenloDataError) as exc:
-        raise ValueError(f"prompts.rubrics: {exc}") from exc
-
-
-def _check_vars(where: str, template: PromptTemplate, var_map: dict, required: set, optional: set) -> None:
-    unknown = sorted(set(var_map) - required - optional)
-    if unknown:
-        raise ValueError(f"{where}: unknown request field {unknown[0]!r} (known: {sorted(required | optional)})")
-    missing = sorted(required - set(var_map))
-    if missing:
-        raise ValueError(f"{where}: request field {missing[0]!r} is not mapped to a template variable")
-    mapped, declared = set(var_map.values()), set(template.variables) - set(CONTEXT_VARS)
-    if mapped != declared:
-        extra = sorted(mapped - declared) or sorted(declared - mapped)
-        raise ValueError(f"{where}: template {template.name!r} declares {sorted(declared)} besides the MENLO "
-                         f"context {list(CONTEXT_VARS)}, the map fills {sorted(mapped)} (first mismatch: "
-                         f"{extra[0]!r})")
 
 
 def clean_response(text: str, strip_think: bool) -> str:

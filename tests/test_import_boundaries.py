@@ -18,7 +18,7 @@ PURE = sorted(
        "train.judge_reward", "train.grpo_batch",
        "train.config", "train.reward_client", "train.precision",
        "actors.engine", "actors.token_sampling", "actors.corpus", "actors.corpus_files", "actors.ratings",
-       "actors.cache", "serve.protocol", "serve.rewards"]
+       "actors.cache", "serve.protocol", "serve.judge_prompts", "serve.rewards"]
     + [f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if p.stem != "__init__"]
 )
 FORBIDDEN = ("ray", "vllm", "deepspeed")

@@ -14,6 +14,7 @@ from eval.reward_wire import JudgmentOut
 from serve import protocol as P
 from serve import rewards as R
 from serve.config import ServeConfig
+from serve.judge_prompts import load_judge_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 MENLO_OK = ("<think>{why}</think>\n<final_grade_A> FINAL GRADE: {a} - {la} </final_grade_A>\n"
@@ -204,7 +205,7 @@ def test_chat_limits():
 
 
 def test_messages_are_rendered_from_the_shared_templates():
-    prompts = P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
+    prompts = load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
                                    "jury_pairwise", {"prompt": "source", "response_a": "candidate_a",
                                                      "response_b": "candidate_b"})
     score = prompts.score_messages("The cat sat on the mat.", "A cat sat.")
@@ -218,15 +219,15 @@ def test_messages_are_rendered_from_the_shared_templates():
 
 def test_template_variable_maps_are_checked():
     with pytest.raises(ValueError, match="prompts.pointwise_vars: unknown request field 'answer'"):
-        P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence",
+        load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence",
                                             "answer": "x"}, "jury_pairwise",
                              {"prompt": "source", "response_a": "candidate_a", "response_b": "candidate_b"})
     with pytest.raises(ValueError, match="prompts.pairwise_vars: template 'jury_pairwise' declares"):
-        P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
+        load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
                              "jury_pairwise", {"prompt": "source", "response_a": "candidate_a",
                                                "response_b": "cand_b"})
     with pytest.raises(ValueError, match="prompts.pairwise: .*not found"):
-        P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
+        load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
                              "no_such_template", {})
 
 
@@ -236,7 +237,7 @@ RUBRICS = str(REPO / "configs" / "data" / "menlo_rubrics.yaml")
 
 
 def test_menlo_templates_take_dimension_rubric_and_locale_from_the_request():
-    prompts = P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo",
+    prompts = load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo",
                                    RUBRICS)
     score = prompts.score_messages("Say thanks.", "Thanks!", dimension="tone", locale="fr_FR")
     system, user = score[0]["content"], score[-1]["content"]
@@ -244,7 +245,7 @@ def test_menlo_templates_take_dimension_rubric_and_locale_from_the_request():
     assert "Tone: Is the response helpful, insightful, engaging, and fair?" in system
     assert "Definition: Overall writing style" in system and "* Provides no insights whatsoever" in system
     assert "[Locale]\nfr_FR" in user and "[Response]\nThanks!" in user
-    labels_only = P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo",
+    labels_only = load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo",
                                        RUBRICS, with_rubric=False)
     system = labels_only.score_messages("p", "r", dimension="tone", locale="fr_FR")[0]["content"]
     assert "3 - PASS" in system and "Definition:" not in system and "* Provides" not in system
@@ -258,7 +259,7 @@ def test_menlo_templates_take_dimension_rubric_and_locale_from_the_request():
 
 
 def test_context_fields_for_a_template_without_the_slot_are_refused():
-    prompts = P.load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
+    prompts = load_judge_prompts("jury_score", {"prompt": "base_sentence", "response": "new_sentence"},
                                    "jury_pairwise", {"prompt": "source", "response_a": "candidate_a",
                                                      "response_b": "candidate_b"})
     with pytest.raises(P.RequestError, match="dimension: .*no dimension slot"):
@@ -269,13 +270,13 @@ def test_context_fields_for_a_template_without_the_slot_are_refused():
 
 def test_menlo_templates_need_the_rubrics_file_and_a_known_format(tmp_path):
     with pytest.raises(ValueError, match="prompts.rubrics: the templates declare"):
-        P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo")
+        load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo")
     broken = tmp_path / "rubrics.yaml"
     broken.write_text("fluency: {name: Fluency}\n")
     with pytest.raises(ValueError, match="prompts.rubrics: .*rubrics.yaml"):
-        P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo", str(broken))
+        load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "menlo", str(broken))
     with pytest.raises(ValueError, match="prompts.pointwise_format: 'stars'"):
-        P.load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "stars", RUBRICS)
+        load_judge_prompts("menlo_pointwise", MENLO_VARS[0], "menlo_pairwise", MENLO_VARS[1], "stars", RUBRICS)
 
 
 @pytest.mark.parametrize("raw, fmt, grade, status, format_ok", [
