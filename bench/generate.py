@@ -28,6 +28,10 @@ from the same chat template, right after the engine's run, when llama-cpp-python
   have a peak of their own; this is the engine-to-engine yardstick, not llama.cpp's own efficiency);
 - `llamacpp_vs_engine`: llama.cpp tokens/s / the engine's. `--engines llamacpp` measures llama.cpp alone.
 
+`--gguf FILE` measures another GGUF of the model (e.g. a bf16 one from llama.cpp's `convert_hf_to_gguf.py`, the
+engine's precision; the info line names the file's weight type), `--llamacpp-kv-unified` gives llama.cpp one KV
+buffer for all sequences (its fastest setting at 16 rows here; bench/README.md).
+
 With `--contention N` (0 by default), N CPU-bound processes (`while True: pass`, bench.contention: each stops by
 itself, and is killed when its measurement ends) run beside a second measurement of each side, right after the
 idle one on the same loaded model:
