@@ -28,17 +28,11 @@ from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names, engine_secrets
 from core.config import Section, dotted, fail, one_of
 from eval.aggregate import shuffle_order, to_original_index
+from eval.judge_blocks import render_alignments_section, render_candidates_block, render_parses_section
 from eval.judge_grammar import judge_grammar
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_pairwise
-from eval.prompts import (
-    TemplateName,
-    load_template,
-    prompt_path,
-    render_alignments_section,
-    render_candidates_block,
-    render_parses_section,
-)
+from eval.prompts import TemplateName, load_template, prompt_path
 
 ASPECTS = ("Lexical", "Structural", "Overall")
 

@@ -3,12 +3,12 @@
 Paper 000 (Step 1b) shows the judge word alignments made by OTAlign (Arase et al. 2023,
 "Unbalanced optimal transport for unbalanced word alignment"), "supervised setting ... using
 τ=0.88 and a threshold of 0.40". This module is an unsupervised re-implementation in the same
-spirit; it produces the ``(src_idx, tgt_idx)`` pairs that :func:`eval.prompts.render_alignment_block`
+spirit; it produces the ``(src_idx, tgt_idx)`` pairs that :func:`eval.judge_blocks.render_alignment_block`
 renders.
 
 Pipeline for one (source, target) pair:
 
-1. Words are :func:`eval.prompts.tokenize_for_alignment` tokens (lowercased, whitespace split,
+1. Words are :func:`eval.judge_blocks.tokenize_for_alignment` tokens (lowercased, whitespace split,
    punctuation attached), so indices match what the judge sees (``7_device.``).
 2. Each sentence gets one forward pass of all-MiniLM-L6-v2 (``align_many`` batches the source with
    all its candidates). A word vector is the mean of the hidden states (layer ``layer``) of its
@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.prompts import tokenize_for_alignment
+from eval.judge_blocks import tokenize_for_alignment
 
 TAU = 0.88
 THRESHOLD = 0.40

@@ -18,7 +18,7 @@ from eval.align import (
     subword_to_word,
     word_spans,
 )
-from eval.prompts import render_alignments_section, tokenize_for_alignment
+from eval.judge_blocks import render_alignments_section, tokenize_for_alignment
 
 CLOAK_SRC = "We'll slip you through with our cloaking device."
 CLOAK_TGT = "We will hide you using our cloaking device."

@@ -10,24 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from eval import prompts
-from eval.judge_parse import parse_best_worst, parse_score
-from eval.menlo_parse import MENLO_LABELS, parse_menlo_grades
-from eval.prompts import (
+from eval import judge_blocks, prompts
+from eval.judge_blocks import (
     ALIGNMENTS_ABSENT,
     PARSES_ABSENT,
-    PROMPTS_DIR,
-    PromptError,
-    find_placeholders,
     flatten_parse,
-    load_template,
-    merge_system_into_user,
-    prompt_path,
     render_alignment_block,
     render_alignments_section,
     render_candidates_block,
     render_parses_section,
     tokenize_for_alignment,
+)
+from eval.judge_parse import parse_best_worst, parse_score
+from eval.menlo_parse import MENLO_LABELS, parse_menlo_grades
+from eval.prompts import (
+    PROMPTS_DIR,
+    PromptError,
+    find_placeholders,
+    load_template,
+    merge_system_into_user,
+    prompt_path,
 )
 
 TEMPLATE_FILES = sorted(PROMPTS_DIR.glob("*.yaml"))
@@ -68,6 +70,7 @@ messages:
 
 def test_doctests_pass():
     assert doctest.testmod(prompts).failed == 0
+    assert doctest.testmod(judge_blocks).failed == 0  # the judge input blocks, split from eval.prompts
 
 
 # -----------------------------------------------------------------------------
