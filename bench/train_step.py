@@ -146,10 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_tiny_random_model(out / "tiny") if args.model == "tiny" else resolve_model_dir(args.model)
     if not ray.is_initialized():
         init_ray(RayConfig(num_cpus=2))  # what jobs do: a local cluster, workers at nice 0
-    from train.ds_config import resolve_precision
-    from train.precision import native_cpu_bf16
+    from train.precision import worker_precision
 
-    precision = resolve_precision(args.precision, use_gpu=False, cpu_bf16=native_cpu_bf16())
+    precision = worker_precision(args.precision, use_gpu=False)  # what the CPU workers will run
     peak = matmul_peak_flops(dtype="bfloat16" if precision == "bf16-autocast" else "float32")
     per_token, n_base, n_lora = flops_per_token(model_dir, TrainConfig(model=model_dir, lora=LoraSection()))
     runs = {workers: run(model_dir, workers, args, out) for workers in (1, 2)}
