@@ -97,7 +97,9 @@ class DecodeSettings:
     # the model's forward accepts `logits_to_keep` (skip the LM head on prompt positions)
     logits_to_keep: bool = True
     # reuse the keys/values of a prompt prefix all rows share when it has at least this many tokens (0 = never)
-    min_shared_prefix: int = 64
+    # and saves at least `min_saved_prefix_tokens` of prefill ((rows - 1) x length; actors.shared_prefix)
+    min_shared_prefix: int = 16
+    min_saved_prefix_tokens: int = 128
     # hold a shared prefix once (cascade attention) when it saves at least this many attention columns per layer
     # and step, (rows - 1) x length; else copy it into the rows (actors.shared_prefix.hold_prefix)
     min_held_prefix_columns: int = 2048

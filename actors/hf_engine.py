@@ -9,7 +9,8 @@ What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/RE
 
 - bfloat16 on CPUs with native bf16 dot products (avx512_bf16 / AMX) when a quick matmul probe confirms it;
 - nn.Linear weights pre-reordered into oneDNN's blocked layout (`actors.hf_weights.PackedLinear`): the skinny
-  decode matmuls stream weights far faster, with bit-identical results in bf16;
+  decode matmuls stream weights far faster, with bit-identical results in bf16; in Llama layers q/k/v and
+  gate/up run as one such matmul each (`actors.hf_fused`), also bit-identical;
 - prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`);
 - a prompt prefix shared by the requests of a call (a judge's instructions and few-shot examples; per group of
   requests when a call mixes templates) is prefilled once (`enable_prefix_caching`, on by default).
@@ -30,13 +31,15 @@ from transformers import AutoTokenizer
 
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
+from actors.hf_fused import fuse_decoder_layers
 from actors.hf_weights import DTYPES, load_model, pack_linear_layers, pick_device, pick_dtype
 from actors.models import resolve_model_dir
 from actors.prefix_attention import attention_backends, use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
-# A shared prompt prefix shorter than this is recomputed per row: copying its keys costs about what it saves.
-_MIN_SHARED_PREFIX = 64
+# A shared prompt prefix shorter than this is recomputed per row (and prompts are grouped by this many first tokens);
+# a longer one is shared when it saves enough prefill (actors.shared_prefix.worth_sharing).
+_MIN_SHARED_PREFIX = 16
 
 
 class HFEngine:
@@ -62,8 +65,10 @@ class HFEngine:
             raise ValueError(f"engine.model: {spec.model!r} has no chat template in its tokenizer")
         self.model = load_model(model_dir, spec.adapter, self.dtype).to(self.device).eval()
         use_prefix_attention(self.model)  # shared prompt prefixes held once per group of rows
-        self.packed_layers = 0
+        self.packed_layers = self.fused_modules = 0
         if self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            # q/k/v and gate/up as one prepacked matmul each (Llama layers), then every other linear prepacked
+            self.fused_modules = fuse_decoder_layers(self.model, spec.max_batch_size)
             self.packed_layers = pack_linear_layers(self.model, spec.max_batch_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         eos_ids = collect_eos_ids(self.model, self.tokenizer)

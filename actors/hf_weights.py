@@ -106,14 +106,15 @@ def pack_linear_layers(model: torch.nn.Module, batch_size: int) -> int:
     """
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
     linears = [(parent, name, child) for parent, name, child in linears if isinstance(child, torch.nn.Linear)]
-    if not linears or not _packing_is_exact(linears[0][2], batch_size):
+    if not linears or not packing_is_exact(linears[0][2], batch_size):
         return 0
     for parent, name, child in linears:
         setattr(parent, name, PackedLinear(child, batch_size))
     return len(linears)
 
 
-def _packing_is_exact(linear: torch.nn.Linear, batch_size: int) -> bool:
+def packing_is_exact(linear: torch.nn.Linear, batch_size: int) -> bool:
+    """Whether oneDNN's prepacked op exists here and gives `linear`'s outputs bit for bit on a decode-shaped probe."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     x = torch.randn(batch_size, 1, linear.in_features, generator=torch.Generator().manual_seed(0))

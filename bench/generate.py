@@ -344,9 +344,10 @@ def main(argv: list[str] | None = None) -> None:
     peak = max(peak_before, measure_matmul_peak(engine.dtype))
     engine_tps = sum(c.completion_tokens for c in completions) / seconds
     roofline = count_useful_flops(engine.model, completions) / seconds / peak
-    print(f"info dtype={engine.dtype} packed_linear_layers={engine.packed_layers} threads={engine.threads} "
-          f"adaptive_threads={engine.tuner is not None}")
+    print(f"info dtype={engine.dtype} fused_modules={engine.fused_modules} packed_linear_layers={engine.packed_layers} "
+          f"threads={engine.threads} adaptive_threads={engine.tuner is not None}")
     print(f"info prompts={len(requests)} prompt_tokens={sum(c.prompt_tokens for c in completions)} "
+          f"prefilled_tokens={engine.last_stats.prefilled_tokens} "
           f"completion_tokens={sum(c.completion_tokens for c in completions)} matmul_peak_gflops={peak / 1e9:.1f}")
     print(f"bench engine_tokens_per_s = {engine_tps:.1f}", flush=True)
     print(f"bench roofline_fraction = {roofline:.3f}", flush=True)

@@ -25,7 +25,6 @@ from actors.engine import ChatRequest, EngineSpec, SamplingParams
 from actors.hf_engine import HFEngine, collect_eos_ids, merge_system_into_user, render_prompt
 from actors.hf_weights import PackedLinear
 from actors.models import build_tiny_random_model, resolve_model_dir
-from actors.shared_prefix import common_prefix_length, prefix_groups
 from actors.token_sampling import sample_token
 
 DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
@@ -150,58 +149,6 @@ def test_packed_bf16_engine_equals_model_generate(tiny_model_dir):
     assert completion.raw_text == reference_greedy(engine.tokenizer, plain, PROMPTS[1], max_new_tokens=12)
 
 
-# a shared prefix held once (cascade attention) or copied into every row (actors.shared_prefix.hold_prefix): the
-# engine picks by the attention it saves; both must give the tokens of the engine without prefix reuse
-HELD_OR_COPIED = pytest.mark.parametrize("min_held_columns", [0, 10**9], ids=["held", "copied"])
-
-
-@HELD_OR_COPIED
-def test_shared_prefix_is_prefilled_once_with_the_same_greedy_tokens(tiny_model_dir, min_held_columns):
-    # a judge-like system prompt (> 64 tokens) shared by all six requests; four slots, so refills reuse it too
-    system = "You judge simplifications. " + " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
-    requests = [ChatRequest([{"role": "system", "content": system}, {"role": "user", "content": p}],
-                            SamplingParams(max_tokens=4 + 2 * i)) for i, p in enumerate(PROMPTS)]
-    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4)
-    cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
-    cached.settings.min_held_prefix_columns = min_held_columns
-    with_prefix, without = cached.generate(requests), plain.generate(requests)
-    assert [c.raw_text for c in with_prefix] == [c.raw_text for c in without]
-    assert [c.completion_tokens for c in with_prefix] == [c.completion_tokens for c in without]
-    stats, plain_stats = cached.last_stats, plain.last_stats
-    assert stats.prompt_tokens == plain_stats.prompt_tokens == sum(c.prompt_tokens for c in with_prefix)
-    assert stats.shared_prefix_tokens >= 64 and plain_stats.shared_prefix_tokens == 0
-    # the prefix ran once instead of six times
-    assert stats.prefilled_tokens == stats.prompt_tokens - 5 * stats.shared_prefix_tokens
-    assert plain_stats.prefilled_tokens == plain_stats.prompt_tokens
-    # a lone request has nothing to share
-    cached.generate(requests[:1])
-    assert cached.last_stats.shared_prefix_tokens == 0
-
-
-@HELD_OR_COPIED
-def test_two_templates_in_one_call_each_share_their_own_prefix(tiny_model_dir, min_held_columns):
-    # a generate batch spanning two policies: two system prompts (> 64 tokens each), three requests each,
-    # interleaved; each group's prefix runs once and the tokens equal the engine without prefix reuse
-    rules = " ".join(f"Rule {i}: keep the meaning, use short words." for i in range(9))
-    systems = ["You simplify words. " + rules, "You simplify structure. " + rules]
-    requests = [ChatRequest([{"role": "system", "content": systems[i % 2]}, {"role": "user", "content": p}],
-                            SamplingParams(max_tokens=3 + i)) for i, p in enumerate(PROMPTS[:6])]
-    spec = EngineSpec(model=tiny_model_dir, dtype="float32", device=DEVICE, max_batch_size=4)
-    cached, plain = HFEngine(spec), HFEngine(dataclasses.replace(spec, enable_prefix_caching=False))
-    cached.settings.min_held_prefix_columns = min_held_columns
-    assert [c.raw_text for c in cached.generate(requests)] == [c.raw_text for c in plain.generate(requests)]
-    stats = cached.last_stats
-    prefixes = [common_prefix_length([cached._encode(r.messages) for r in requests[g::2]]) for g in (0, 1)]
-    assert min(prefixes) >= 64 and stats.shared_prefix_tokens == sum(prefixes)
-    # each prefix counted once, skipped by its group's three prompts
-    assert stats.prefilled_tokens == stats.prompt_tokens - 2 * sum(prefixes)
-
-
-def test_prefix_groups_by_leading_tokens():
-    assert prefix_groups([[1, 2, 3], [4, 5, 6], [1, 2, 7], [1, 2], [4, 5, 9, 9]], 2) == [[0, 2], [1, 4], [3]]
-    assert prefix_groups([[1, 2], [1, 2]], 0) == [[0], [1]]
-
-
 def test_lora_adapter_is_merged_and_answers_like_the_peft_model(tiny_model_dir, tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -235,12 +182,6 @@ def test_prefill_split_into_row_chunks_gives_the_same_tokens(tiny_engine):
         tiny_engine.settings = dataclasses.replace(tiny_engine.settings, prefill_token_budget=budget)
     assert [c.raw_text for c in chunked] == [c.raw_text for c in whole]
     assert [c.completion_tokens for c in chunked] == [c.completion_tokens for c in whole]
-
-
-def test_common_prefix_length():
-    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
-    assert common_prefix_length([[5, 1], [6, 1]]) == 0
-    assert common_prefix_length([[1, 2, 3]]) == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The hf engine's tests (`tests/test_hf_engine.py`) again on a CUDA GPU.
+"""The hf engine's tests (`tests/test_hf_engine.py`, `tests/test_shared_prefix.py`) again on a CUDA GPU.
 
 GPU run: `python -m pytest tests/test_hf_engine_cuda.py -m gpu -q`. The engine's device path (weights, KV rows,
 shared prefixes, per-row seeded generators, grammar masks and LoRA merge on the GPU) is otherwise never run: the
@@ -31,7 +31,8 @@ def test_hf_engine_tests_pass_on_cuda():
     select = [] if real else ["-k", "not test_smollm2_chat_completion_matches_generate"]
     env = {**os.environ, "QUORUM_TEST_DEVICE": "cuda"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", *select,
-                           str(REPO / "tests" / "test_hf_engine.py")], check=False, cwd=REPO,
+                           str(REPO / "tests" / "test_hf_engine.py"),
+                           str(REPO / "tests" / "test_shared_prefix.py")], check=False, cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout

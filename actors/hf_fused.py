@@ -1,0 +1,141 @@
+"""Fused projections for the hf engine's CPU decoder layers: q/k/v as one prepacked matmul, gate/up as another.
+
+Why: a decode step of a 16-row batch is 211 small matrix products on SmolLM2-135M, and each pays a call's fixed
+cost and reads its input again. One product over the concatenated q/k/v weights (and one over gate/up) reads
+the input once and pays one call's cost where there were three (two); on 2 cores a 16-row decode step went from
+42 to 36 ms (README "Benchmarks"). Concatenating output rows does not change any output element's sum, and the
+fused layers are probed against the separate ones before a model is fused: outputs are bit-identical, so greedy
+tokens do not change.
+
+Only exact `LlamaAttention` / `LlamaMLP` modules (Llama, SmolLM2) are fused: their forwards are mirrored here
+line for line, with the projections fused. Other architectures keep their own modules (prepacked, unfused). This
+is the fusion vLLM's and llama.cpp's model code does by hand too (`QKVParallelLinear`, `MergedColumnParallelLinear`);
+transformers' CPU path has none, and `torch.compile` does not fuse through oneDNN's prepacked weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaMLP,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+
+from actors.hf_weights import PackedLinear, packing_is_exact
+
+
+class FusedLlamaAttention(torch.nn.Module):
+    """`LlamaAttention` with q/k/v projected by one prepacked matmul; its forward is transformers' otherwise."""
+
+    def __init__(self, attention: LlamaAttention, batch_size: int):
+        super().__init__()
+        for name in ("config", "layer_idx", "head_dim", "num_key_value_groups", "scaling", "attention_dropout",
+                     "is_causal"):
+            setattr(self, name, getattr(attention, name))
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        self.split_sizes = [p.out_features for p in projections]
+        self.qkv_proj = PackedLinear(concat_linears(projections), batch_size)
+        self.o_proj = PackedLinear(attention.o_proj, batch_size)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values=None,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query, key, value = self.qkv_proj(hidden_states).split(self.split_sizes, dim=-1)
+        query_states = query.view(hidden_shape).transpose(1, 2)
+        key_states = key.view(hidden_shape).transpose(1, 2)
+        value_states = value.view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                                    eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+class FusedLlamaMLP(torch.nn.Module):
+    """`LlamaMLP` with gate and up projected by one prepacked matmul."""
+
+    def __init__(self, mlp: LlamaMLP, batch_size: int):
+        super().__init__()
+        self.gate_up_proj = PackedLinear(concat_linears((mlp.gate_proj, mlp.up_proj)), batch_size)
+        self.down_proj = PackedLinear(mlp.down_proj, batch_size)
+        self.act_fn = mlp.act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+def concat_linears(linears: tuple[torch.nn.Linear, ...]) -> torch.nn.Linear:
+    """One nn.Linear whose outputs are those of `linears` side by side (same input size; biases all or none)."""
+    has_bias = {linear.bias is not None for linear in linears}
+    if len(has_bias) != 1 or len({linear.in_features for linear in linears}) != 1:
+        raise ValueError("concat_linears: the layers differ in input size or in having a bias")
+    first = linears[0]
+    fused = torch.nn.Linear(first.in_features, sum(linear.out_features for linear in linears), bias=has_bias.pop(),
+                            dtype=first.weight.dtype, device=first.weight.device)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([linear.weight for linear in linears]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([linear.bias for linear in linears]))
+    return fused
+
+
+def fuse_decoder_layers(model: torch.nn.Module, batch_size: int) -> int:
+    """Swap each exact LlamaAttention / LlamaMLP of a CPU model for its fused, prepacked form.
+
+    The first attention and MLP are probed first (decode- and prefill-shaped inputs): the fused outputs must equal
+    the separate projections bit for bit, else nothing is swapped.
+
+    Returns:
+        How many modules were swapped (attention and MLP counted apart; 0 when oneDNN packing is unavailable, the
+        probe differs, or the model has no Llama layers).
+    """
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if type(child) in (LlamaAttention, LlamaMLP)]
+    attentions = [child for _, _, child in targets if type(child) is LlamaAttention]
+    mlps = [child for _, _, child in targets if type(child) is LlamaMLP]
+    if not attentions or not mlps or not packing_is_exact(attentions[0].q_proj, batch_size):
+        return 0
+    if not (_same_outputs(attentions[0], FusedLlamaAttention(attentions[0], batch_size), batch_size)
+            and _same_outputs(mlps[0], FusedLlamaMLP(mlps[0], batch_size), batch_size)):
+        return 0
+    for parent, name, child in targets:
+        fused = FusedLlamaAttention(child, batch_size) if type(child) is LlamaAttention else FusedLlamaMLP(
+            child, batch_size)
+        setattr(parent, name, fused)
+    return len(targets)
+
+
+def _same_outputs(module: torch.nn.Module, fused: torch.nn.Module, batch_size: int) -> bool:
+    """The fused module's projections equal the separate ones on a decode- and a prefill-shaped probe."""
+    if isinstance(module, LlamaAttention):
+        separate = (module.q_proj, module.k_proj, module.v_proj)
+        first = module.q_proj
+        pairs = [(lambda x, s=separate: torch.cat([p(x) for p in s], dim=-1), fused.qkv_proj),
+                 (module.o_proj, fused.o_proj)]
+    else:
+        first = module.gate_proj
+        pairs = [(lambda x, m=module: torch.cat([m.gate_proj(x), m.up_proj(x)], dim=-1), fused.gate_up_proj),
+                 (module.down_proj, fused.down_proj)]
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for shape in ((batch_size, 1), (2, 37)):
+            for plain, packed in pairs:
+                size = packed.in_features
+                x = torch.randn(*shape, size, generator=generator).to(first.weight.dtype)
+                if not torch.equal(plain(x), packed(x)):
+                    return False
+    return True
