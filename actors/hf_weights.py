@@ -4,13 +4,11 @@ adapter merged, and CPU linear layers swapped for oneDNN-prepacked ones. Split f
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # bf16 must beat fp32 by this factor in the startup probe to be picked on CPU (guards against timing noise).
 _BF16_MIN_SPEEDUP = 1.2
 _PROBE = (torch.float32, torch.bfloat16)
@@ -53,15 +51,11 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when /proc/cpuinfo lists avx512_bf16 or amx_bf16 (without them bf16 is emulated and slow)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return False
-    flags = set()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-    return any(flag in flags for flag in _CPU_BF16_FLAGS)
+    """Whether this CPU computes bf16 dot products natively (AVX512-BF16 or AMX, the checks torch's own kernels
+    dispatch on); without them bf16 is emulated and slow. The engine's dtype and training's `precision: auto` both
+    ask this."""
+    cpu = torch.cpu
+    return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
 def measure_bf16_speedup(rows: int = 64, size: int = 1024, reps: int = 5) -> float:
