@@ -266,13 +266,17 @@ def _apply_template(tokenizer, messages: list[dict], thinking: bool) -> str:
 
 
 def merge_system_into_user(messages: list[dict]) -> list[dict]:
-    """Drop system turns and prefix their text to the first user turn (or make one).
+    """Drop system turns and prefix their text to the first user turn (or make one), for chat templates without a
+    system role (Gemma's). Paper 001 folds the system prompt into the user turn for Gemma 2 without naming a
+    separator; the blank line is our choice.
 
     >>> merge_system_into_user([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     [{'role': 'user', 'content': 'Be brief.\\n\\nHi'}]
     """
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     rest = [dict(m) for m in messages if m["role"] != "system"]
+    if len(rest) == len(messages):
+        return rest
     for message in rest:
         if message["role"] == "user":
             message["content"] = f"{system}\n\n{message['content']}"

@@ -232,39 +232,3 @@ def _check_placeholders(path: Path, variables: tuple[str, ...], messages: tuple[
     unused = [v for v in variables if v not in used]
     if unused:
         raise PromptError(f"{path}: variable {unused[0]!r} is declared but no message uses it")
-
-
-# -----------------------------------------------------------------------------
-# Chat-template adapters
-
-
-def merge_system_into_user(messages: list[dict]) -> list[dict]:
-    """Fold a leading system message into the first user turn, for chat templates without a system role.
-
-    The system text is prepended to the first user message, separated by a blank line (paper 001
-    does this for Gemma 2 without naming a separator; the blank line is our choice).
-
-    Args:
-        messages: Rendered messages; at most one system message, and only at index 0.
-
-    Returns:
-        New message dicts without a system role. A system message with no user turn after it
-        becomes a user message.
-
-    Raises:
-        ValueError: A system message appears anywhere but index 0.
-
-    >>> merge_system_into_user([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
-    [{'role': 'user', 'content': 'Be brief.\\n\\nHi'}]
-    """
-    out = [dict(m) for m in messages]
-    if any(m["role"] == "system" for m in out[1:]):
-        raise ValueError("system message only allowed at index 0")
-    if not out or out[0]["role"] != "system":
-        return out
-    system = out.pop(0)["content"]
-    for m in out:
-        if m["role"] == "user":
-            m["content"] = f"{system}\n\n{m['content']}"
-            return out
-    return [{"role": "user", "content": system}, *out]

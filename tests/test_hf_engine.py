@@ -260,8 +260,21 @@ def test_system_turn_is_merged_when_the_template_rejects_it(tiny_model_dir, tmp_
     assert completion.prompt_tokens == len(engine.tokenizer(merged, add_special_tokens=False).input_ids)
 
 
-def test_merge_system_into_user_without_user_turn():
+def test_merge_system_into_user():
+    sys_user = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
+                {"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}]
+    assert merge_system_into_user(sys_user) == [
+        {"role": "user", "content": "S\n\nU1"},
+        {"role": "assistant", "content": "A"},
+        {"role": "user", "content": "U2"},
+    ]
+    assert sys_user[0] == {"role": "system", "content": "S"}  # input not mutated
+    no_sys = [{"role": "user", "content": "U"}]
+    assert merge_system_into_user(no_sys) == no_sys
     assert merge_system_into_user([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
+    # a system turn anywhere (a request from any client) joins the first user turn too
+    assert merge_system_into_user([{"role": "user", "content": "U"}, {"role": "system", "content": "S"}]) == [
+        {"role": "user", "content": "S\n\nU"}]
 
 
 # ---------------------------------------------------------------------------------------------------------------

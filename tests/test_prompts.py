@@ -28,7 +28,6 @@ from eval.prompts import (
     PromptError,
     find_placeholders,
     load_template,
-    merge_system_into_user,
     prompt_path,
 )
 
@@ -244,22 +243,6 @@ def test_prompt_path_resolves_names_and_passes_paths():
     assert prompt_path("elsewhere/x.yaml") == Path("elsewhere/x.yaml")
     assert prompt_path("x.yaml") == Path("x.yaml")
     assert prompt_path(Path("y")) == Path("y")
-
-
-def test_merge_system_into_user():
-    sys_user = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
-                {"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}]
-    assert merge_system_into_user(sys_user) == [
-        {"role": "user", "content": "S\n\nU1"},
-        {"role": "assistant", "content": "A"},
-        {"role": "user", "content": "U2"},
-    ]
-    assert sys_user[0] == {"role": "system", "content": "S"}  # input not mutated
-    no_sys = [{"role": "user", "content": "U"}]
-    assert merge_system_into_user(no_sys) == no_sys
-    assert merge_system_into_user([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
-    with pytest.raises(ValueError):
-        merge_system_into_user([{"role": "user", "content": "U"}, {"role": "system", "content": "S"}])
 
 
 # -----------------------------------------------------------------------------
