@@ -46,7 +46,7 @@ from jobs.craft_selftrain_stages import (
     stage_train,
 )
 from train.config import LoraSection, TrainConfig
-from train.losses import PreferenceLossConfig
+from train.preference_loss import PreferenceLossConfig
 
 log = logging.getLogger("quorum.craft_selftrain")
 JOB = "craft_selftrain"

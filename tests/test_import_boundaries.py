@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PURE = sorted(
     [f"eval.{p.stem}" for p in (REPO / "eval").glob("*.py") if p.stem != "__init__"]
-    + ["train.losses", "train.logprobs", "train.advantages", "train.pairs", "train.pairs_data", "train.ds_config",
+    + ["train.losses", "train.preference_loss", "train.logprobs", "train.advantages", "train.pairs", "train.pairs_data", "train.ds_config",
        "train.judge_reward", "train.grpo_batch",
        "train.config", "train.reward_client", "train.precision",
        "actors.engine", "actors.token_sampling", "actors.corpus", "actors.corpus_files", "actors.ratings",

@@ -12,17 +12,16 @@ import torch.nn.functional as F
 
 from train.logprobs import sequence_logps, token_entropy, token_logps
 from train.losses import (
-    PreferenceLossConfig,
     arpo_loss,
     arpo_penalty,
     compute_nll,
-    compute_preference_loss,
     cpo_loss,
     cpo_simpo_loss,
     dpo_loss,
     sft_loss,
     simpo_loss,
 )
+from train.preference_loss import PreferenceLossConfig, compute_preference_loss
 
 LN2 = math.log(2.0)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from core.config import Section, check_custom_resources, dotted, fail, in_range, one_of, positive
 from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
-from train.losses import PreferenceLossConfig
+from train.preference_loss import PreferenceLossConfig
 
 LOSSES = ("dpo", "cpo", "simpo", "cpo_simpo", "arpo", "sft")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")

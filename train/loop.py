@@ -3,8 +3,8 @@
 `train/trainer.py::run_training` builds the `TorchTrainer`; every worker runs `train_loop_per_worker(config)`,
 whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`, ``model_dir``, ``train_rows``,
 ``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only called here: tokenization and
-the batch plan in `train/pairs_data.py`, log-probs in `train/logprobs.py`, losses in `train/losses.py`, the DeepSpeed
-config and LR schedule in `train/ds_config.py`.
+the batch plan in `train/pairs_data.py`, log-probs in `train/logprobs.py`, losses in `train/losses.py` (called through
+`train/preference_loss.py`), the DeepSpeed config and LR schedule in `train/ds_config.py`.
 
 Per optimizer step, rank r runs `grad_accum` micro-batches given by `pairs_data.step_row_indices` (a function of the
 step number only), one concatenated forward of chosen + rejected rows each; DPO adds a no-grad forward with the LoRA
@@ -43,9 +43,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from train.config import TrainConfig
 from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
 from train.logprobs import sequence_logps
-from train.losses import compute_preference_loss
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
 from train.precision import autocast, worker_precision
+from train.preference_loss import compute_preference_loss
 
 Metrics = dict[str, float]
 

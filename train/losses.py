@@ -2,7 +2,7 @@
 
 Every loss takes per-sequence tensors of Shape (b,) (produced by `train.logprobs.sequence_logps`) and returns
 ``(per_example_loss, metrics)``: the loss of Shape (b,) and a dict of detached 0-dim tensors for logging. The
-training loop calls the single entry point:
+training loop calls them through the single entry point in `train.preference_loss`:
 
     loss, metrics = compute_preference_loss("arpo", batch_stats, PreferenceLossConfig())
     loss.backward()
@@ -16,42 +16,12 @@ Conventions shared by all losses:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 Metrics = dict[str, torch.Tensor]
-
-
-@dataclasses.dataclass(frozen=True)
-class PreferenceLossConfig:
-    """Knobs for `compute_preference_loss`; defaults are the ARPO-SimPO values of paper 000 (§2.2 Step 3).
-
-    Attributes:
-        beta: Temperature β of the sigmoid preference term (paper 000: 0.1; TRL CPOConfig default 0.1).
-        label_smoothing: Conservative-label ε (cDPO); 0 disables it.
-        simpo_gamma: SimPO target margin γ in reward units (TRL ``simpo_gamma``; paper 000: 1.5). The logit margin
-            subtracted from the avg-logp difference is γ/β (= 15 for β=0.1, γ=1.5).
-        cpo_alpha: Weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000 "α fixed to 1").
-        arpo_c1: ARPO relax coefficient 1 (authors' default 0.9).
-        arpo_c2: ARPO relax coefficient 2 (authors' default 0.4).
-        reproduce_double_normalisation: ARPO only; the authors' extra division of the already averaged
-            log-probs by the token counts in the gap (see `arpo_loss`). True by default: it is what paper 000 ran;
-            False gives the gap between per-token averages (README "Deviations from the papers").
-        nll_reduction: "token_mean" = one mean over all chosen tokens of the batch (TRL/ALMA
-            ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
-    """
-
-    beta: float = 0.1
-    label_smoothing: float = 0.0
-    simpo_gamma: float = 1.5
-    cpo_alpha: float = 1.0
-    arpo_c1: float = 0.9
-    arpo_c2: float = 0.4
-    reproduce_double_normalisation: bool = True
-    nll_reduction: Literal["token_mean", "seq_mean"] = "token_mean"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -328,78 +298,3 @@ def sft_loss(
     """
     losses = compute_nll(target_logps, target_n_tokens, reduction)
     return losses, {"nll_loss": losses.detach().mean(), "n_tokens": target_n_tokens.detach().sum()}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Entry point
-
-
-def compute_preference_loss(
-    name: str, batch_stats: dict[str, torch.Tensor], cfg: PreferenceLossConfig
-) -> tuple[torch.Tensor, Metrics]:
-    """Dispatch to one loss and reduce it to the scalar to back-propagate.
-
-    `batch_stats` holds per-sequence tensors of Shape (b,) from `sequence_logps(..., average=False)`:
-    ``chosen_logps``, ``chosen_n_tokens``, ``rejected_logps``, ``rejected_n_tokens`` and, for "dpo" only,
-    ``ref_chosen_logps``, ``ref_rejected_logps``. "sft" reads only the chosen pair (the target: a chosen response
-    or a human reference). Averages for simpo/cpo_simpo/arpo are taken here, so callers always pass sums.
-
-    Args:
-        name: One of "dpo", "cpo", "simpo", "cpo_simpo", "arpo", "sft". "simpo" is pure SimPO (no NLL, α ignored).
-        batch_stats: As above.
-        cfg: Loss knobs.
-
-    Returns:
-        The mean of the per-example losses (0-dim tensor) and the metrics, with ``loss`` added.
-    """
-    chosen, n_chosen = batch_stats["chosen_logps"], batch_stats["chosen_n_tokens"]
-    if name == "sft":
-        losses, metrics = sft_loss(chosen, n_chosen, cfg.nll_reduction)
-    elif name == "dpo":
-        losses, metrics = dpo_loss(
-            chosen,
-            batch_stats["rejected_logps"],
-            batch_stats["ref_chosen_logps"],
-            batch_stats["ref_rejected_logps"],
-            cfg.beta,
-            cfg.label_smoothing,
-        )
-    else:
-        losses, metrics = _reference_free_loss(name, batch_stats, cfg)
-    loss = losses.mean()
-    metrics["loss"] = loss.detach()
-    return loss, metrics
-
-
-def _reference_free_loss(
-    name: str, batch_stats: dict[str, torch.Tensor], cfg: PreferenceLossConfig
-) -> tuple[torch.Tensor, Metrics]:
-    chosen, n_chosen = batch_stats["chosen_logps"], batch_stats["chosen_n_tokens"]
-    rejected, n_rejected = batch_stats["rejected_logps"], batch_stats["rejected_n_tokens"]
-    nll = compute_nll(chosen, n_chosen, cfg.nll_reduction)
-    avg_chosen = chosen / n_chosen.to(chosen.dtype).clamp(min=1)
-    avg_rejected = rejected / n_rejected.to(rejected.dtype).clamp(min=1)
-    if name == "cpo":
-        return cpo_loss(chosen, rejected, nll, cfg.beta, cfg.cpo_alpha, cfg.label_smoothing)
-    if name == "simpo":
-        return simpo_loss(avg_chosen, avg_rejected, cfg.beta, cfg.simpo_gamma, cfg.label_smoothing)
-    if name == "cpo_simpo":
-        return cpo_simpo_loss(
-            avg_chosen, avg_rejected, nll, cfg.beta, cfg.simpo_gamma, cfg.cpo_alpha, cfg.label_smoothing
-        )
-    if name == "arpo":
-        return arpo_loss(
-            chosen,
-            rejected,
-            n_chosen,
-            n_rejected,
-            nll,
-            beta=cfg.beta,
-            gamma=cfg.simpo_gamma,
-            cpo_alpha=cfg.cpo_alpha,
-            c1=cfg.arpo_c1,
-            c2=cfg.arpo_c2,
-            label_smoothing=cfg.label_smoothing,
-            reproduce_double_normalisation=cfg.reproduce_double_normalisation,
-        )
-    raise ValueError(f"unknown loss {name!r}; expected one of dpo, cpo, simpo, cpo_simpo, arpo, sft")
