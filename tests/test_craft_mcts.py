@@ -1,7 +1,7 @@
-"""TG-MCTS (eval.craft_mcts, eval.craft_tree) and the degenerate guard (eval.craft_guard) on hand-worked trees.
+"""TG-MCTS (eval.craft_mcts, eval.craft_tree) on hand-worked trees (the degenerate guard: tests/test_craft_guard.py).
 
-The fake policy is a script: node id -> the children ``expand`` returns; the fake scorer looks each revision up in a
-table of (R_g, accuracy, n_checks). With the paper's reward R = R_g + 100 * accuracy every number below is worked by
+The fake policy is a script (tests/craft_script.py): node id -> the children ``expand`` returns; the fake scorer looks
+each revision up in a table of (R_g, accuracy, n_checks). With the paper's reward R = R_g + 100 * accuracy every number below is worked by
 hand. Pure: no model, no Ray.
 """
 
@@ -17,60 +17,9 @@ import pytest
 from core.config import build
 from core.errors import ConfigError
 from eval import craft_guard, craft_mcts, craft_tree
-from eval.craft_guard import GuardConfig, degenerate_reason
 from eval.craft_mcts import TGMCTS, MCTSConfig, combine_reward, run_search, uct
 from eval.craft_tree import Node, Proposal, RewardTerms, SearchResult
-
-INITIAL = [{"role": "system", "content": "framework"}, {"role": "user", "content": "instruction + text"}]
-FILLER = "w2 w3 w4 w5 w6 w7 w8 w9 w10."  # 9 words: every scripted text has 10 words, like the original
-ORIGINAL = "orig " + FILLER
-
-
-def text(label: str) -> str:
-    return f"{label} {FILLER}"
-
-
-class Script:
-    """Fake planner + reviser: ``children[node_id]`` = [(label, R_g, accuracy, n_checks)]; logs every request."""
-
-    def __init__(self, children: dict[int, list[tuple]], calls: dict[str, list[str]] | None = None) -> None:
-        self.children = children
-        self.table = {text(c[0]): c[1:] for kids in children.values() for c in kids}
-        self.calls = calls or {}
-        self.requests: list = []
-        self.scored: list = []
-
-    def expand(self, request):
-        self.requests.append(request)
-        return [Proposal(text=text(label), planner_output=f"plan {label}", observation=f"obs {label}",
-                         tool_calls=tuple(self.calls.get(label, [f"check_{label}()"])), model_calls=3)
-                for label, *_ in self.children.get(request.node_id, [])]
-
-    def score(self, original, revisions, tool_calls):
-        assert original == ORIGINAL
-        self.scored.append((list(revisions), [list(c) for c in tool_calls]))
-        return [RewardTerms(quality=q, accuracy=a, n_checks=n) for q, a, n in (self.table[r] for r in revisions)]
-
-
-# Scenario A (alpha 0.2, paper scale). Root -> c1 90, c2 110, c3 50; c2 -> c4 120, c5 80, c6 115;
-# c4 -> c7 130, c8 60, c9 100; c1 -> c10 70, c11 70, c12 70.
-SCENARIO_A = {
-    0: [("c1", 40, 0.5, 2), ("c2", 60, 0.5, 2), ("c3", 50, 0.0, 2)],
-    2: [("c4", 70, 0.5, 2), ("c5", 30, 0.5, 2), ("c6", 65, 0.5, 2)],
-    4: [("c7", 80, 0.5, 2), ("c8", 10, 0.5, 2), ("c9", 50, 0.5, 2)],
-    1: [("c10", 20, 0.5, 2), ("c11", 20, 0.5, 2), ("c12", 20, 0.5, 2)],
-}
-NO_STOPS = {"patience": 0, "stop_when_all_met": False}
-
-
-def search(children, iterations, **knobs):
-    script = Script(children)
-    cfg = MCTSConfig(max_iterations=iterations, **{**NO_STOPS, **knobs})
-    return script, run_search(ORIGINAL, INITIAL, script.expand, script.score, cfg)
-
-
-def nodes(result: SearchResult) -> dict[int, dict]:
-    return {d["id"]: d for d in result.tree}
+from tests.craft_script import FILLER, INITIAL, NO_STOPS, ORIGINAL, SCENARIO_A, Script, nodes, search, text
 
 
 def test_doctests_pass():
@@ -233,77 +182,6 @@ def test_empty_expansion_returns_the_original():
 
 
 # -----------------------------------------------------------------------------
-# Degenerate guard
-
-
-PARENT20 = " ".join(f"word{i}" for i in range(1, 20)) + " end."  # 20 words
-
-
-def test_guard_reasons():
-    cfg = GuardConfig()
-    assert degenerate_reason("", PARENT20, PARENT20, cfg) == "empty"
-    assert degenerate_reason("  \n", PARENT20, PARENT20, cfg) == "empty"
-    assert degenerate_reason("I'm sorry, but I can't help with revising this text.", PARENT20, PARENT20,
-                             cfg) == "refusal"
-    assert degenerate_reason("There appears to be a misunderstanding. Could you please provide the text?",
-                             PARENT20, PARENT20, cfg) == "refusal"
-    assert degenerate_reason("Two words.", PARENT20, PARENT20, cfg) == "collapsed"  # 2 < 0.5 * 20
-    assert degenerate_reason(" ".join(["x"] * 10) + ".", PARENT20, PARENT20, cfg) == ""  # 10 = 0.5 * 20 is fine
-    assert degenerate_reason(PARENT20 + " " + PARENT20 + " more.", PARENT20, PARENT20, cfg) == "bloated"  # 41 > 40
-    assert degenerate_reason(PARENT20, PARENT20, PARENT20, cfg, truncated=True) == "truncated"
-    cut = PARENT20.removesuffix(" end.")
-    assert degenerate_reason(cut, PARENT20, PARENT20, cfg) == ""  # flag mode trusts the caller's flag only
-    assert degenerate_reason(cut, PARENT20, PARENT20, GuardConfig(truncation="flag_or_unterminated")) == "truncated"
-    assert degenerate_reason("", PARENT20, PARENT20, GuardConfig(enabled=False)) == ""
-
-
-def test_guard_refusal_words_in_the_original_are_not_a_refusal():
-    story = "I'm sorry, she said, and closed the door behind her without another word that night."
-    assert degenerate_reason("I'm sorry, she said, and shut the door behind her without a word that night.",
-                             story, story, GuardConfig()) == ""
-
-
-def test_guard_length_reference_original_catches_slow_shrink():
-    parent = " ".join(["p"] * 12) + "."  # already shrunk from 20 words
-    child = " ".join(["c"] * 8) + "."  # 9 words: 0.75 of the parent, 0.45 of the original
-    assert degenerate_reason(child, parent, PARENT20, GuardConfig()) == ""
-    assert degenerate_reason(child, parent, PARENT20, GuardConfig(length_reference="original")) == "collapsed"
-
-
-def test_degenerate_children_are_counted_never_selected_expanded_or_chosen():
-    good = PARENT20.replace("word1 ", "better ")
-    proposals = {
-        0: [Proposal(text=""), Proposal(text="I'm sorry, but I can't help with revising this text."),
-            Proposal(text="Two words."), Proposal(text=good.replace("end.", "cut."), truncated=True),
-            Proposal(text=good, tool_calls=("text_eval()",))],
-        5: [Proposal(text=""), Proposal(text="Sorry.")],
-    }
-    requests, scored = [], []
-
-    def expand(request):
-        requests.append(request.node_id)
-        return proposals.get(request.node_id, [])
-
-    def score(original, revisions, calls):
-        scored.append(revisions)
-        return [RewardTerms(quality=50.0, accuracy=0.5, n_checks=2) for _ in revisions]
-
-    # a huge floor reward: were degenerate children selectable, UCT would pick them
-    cfg = MCTSConfig(width=5, degenerate_reward=1000.0, **NO_STOPS)
-    result = run_search(PARENT20, INITIAL, expand, score, cfg)
-    tree = nodes(result)
-    assert [tree[i]["degenerate"] for i in (1, 2, 3, 4, 5)] == ["empty", "refusal", "collapsed", "truncated", ""]
-    assert requests == [0, 5]  # only the usable child is expanded
-    assert scored == [[good]]  # degenerate revisions are never scored; node 5's expansion had nothing to score
-    assert result.counts.degenerate == 6
-    assert result.counts.degenerate_reasons == {"empty": 2, "refusal": 1, "collapsed": 2, "truncated": 1}
-    assert tree[1]["reward"] == 1000.0 and tree[1]["terms"] is None and not tree[1]["expanded"]
-    assert result.node_id == 5 and result.stop_reason == "exhausted"
-    # root: 4 floors + 100 (good: 50 + 50) + node 5's two floors
-    assert (tree[0]["visits"], tree[0]["value_sum"]) == (7, 4000 + 100 + 2000)
-
-
-# -----------------------------------------------------------------------------
 # Final selection, R_c tools, determinism, dump
 
 
@@ -425,15 +303,6 @@ def test_paper_defaults():
 def test_config_rejects_bad_values(knobs, match):
     with pytest.raises(ValueError, match=match):
         MCTSConfig(**knobs)
-
-
-def test_guard_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="refusal_regex"):
-        GuardConfig(refusal_regex="(")
-    with pytest.raises(ValueError, match="max_len_ratio"):
-        GuardConfig(min_len_ratio=0.8, max_len_ratio=0.5)
-    with pytest.raises(ValueError, match="truncation"):
-        GuardConfig(truncation="sometimes")
 
 
 def test_config_builds_from_yaml_mapping():
