@@ -1,8 +1,8 @@
 """TG-MCTS (eval.craft_mcts, eval.craft_tree) on hand-worked trees (the degenerate guard: tests/test_craft_guard.py).
 
 The fake policy is a script (tests/craft_script.py): node id -> the children ``expand`` returns; the fake scorer looks
-each revision up in a table of (R_g, accuracy, n_checks). With the paper's reward R = R_g + 100 * accuracy every number below is worked by
-hand. Pure: no model, no Ray.
+each revision up in a table of (R_g, accuracy, n_checks). With the paper's reward R = R_g + 100 * accuracy every
+number below is worked by hand. Pure: no model, no Ray.
 """
 
 from __future__ import annotations
