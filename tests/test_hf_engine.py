@@ -26,17 +26,9 @@ from actors.hf_engine import HFEngine, collect_eos_ids, merge_system_into_user, 
 from actors.hf_weights import PackedLinear
 from actors.models import build_tiny_random_model, resolve_model_dir
 from actors.token_sampling import sample_token
+from tests.engine_prompts import PROMPTS
 
 DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
-
-PROMPTS = [
-    "Simplify: The committee postponed its decision.",
-    "Rewrite in plain words: Notwithstanding the reservations expressed by several members, the proposal passed.",
-    "Hi",
-    "Explain photosynthesis to a child in one sentence, avoiding technical vocabulary where possible.",
-    "Make this shorter: owing to unprecedented demand the manufacturer implemented an allocation system.",
-    "Why?",
-]
 
 # A template in the style of Gemma's: no system role, it raises instead.
 NO_SYSTEM_TEMPLATE = (

@@ -13,17 +13,9 @@ import torch
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
 from actors.hf_engine import HFEngine
 from actors.shared_prefix import common_prefix_length, prefix_groups, worth_sharing
+from tests.engine_prompts import PROMPTS
 
 DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
-
-PROMPTS = [
-    "Simplify: The committee postponed its decision.",
-    "Rewrite in plain words: Notwithstanding the reservations expressed by several members, the proposal passed.",
-    "Hi",
-    "Explain photosynthesis to a child in one sentence, avoiding technical vocabulary where possible.",
-    "Make this shorter: owing to unprecedented demand the manufacturer implemented an allocation system.",
-    "Why?",
-]
 
 
 @pytest.fixture(scope="module", autouse=True)
