@@ -38,7 +38,7 @@ from actors.prefix_attention import attention_backends, use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
 # A shared prompt prefix shorter than this is recomputed per row (and prompts are grouped by this many first tokens);
-# a longer one is shared when it saves enough prefill (actors.shared_prefix.worth_sharing).
+# a longer one is shared when it saves enough prefill (actors.shared_prefix.plan_prefixes).
 _MIN_SHARED_PREFIX = 16
 
 
