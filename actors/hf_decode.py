@@ -96,8 +96,9 @@ class DecodeSettings:
     decode: Callable[[list[int]], str]
     # the model's forward accepts `logits_to_keep` (skip the LM head on prompt positions)
     logits_to_keep: bool = True
-    # reuse the keys/values of a prompt prefix all rows share when it has at least this many tokens (0 = never)
-    # and saves at least `min_saved_prefix_tokens` of prefill ((rows - 1) x length; actors.shared_prefix)
+    # reuse the keys/values of a prompt prefix a group of rows shares when it has at least this many tokens (0 =
+    # never) and saves at least `min_saved_prefix_tokens` of prefill ((rows - 1) x length; the groups are planned by
+    # actors.shared_prefix.plan_prefixes)
     min_shared_prefix: int = 16
     min_saved_prefix_tokens: int = 128
     # hold a shared prefix once (cascade attention) when it saves at least this many attention columns per layer

@@ -37,8 +37,8 @@ from actors.models import resolve_model_dir
 from actors.prefix_attention import attention_backends, use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
-# A shared prompt prefix shorter than this is recomputed per row (and prompts are grouped by this many first tokens);
-# a longer one is shared when it saves enough prefill (actors.shared_prefix.plan_prefixes).
+# A shared prompt prefix shorter than this is recomputed per row; a longer one is shared where it saves enough prefill
+# (actors.shared_prefix.plan_prefixes).
 _MIN_SHARED_PREFIX = 16
 
 
