@@ -3,9 +3,9 @@
 Why: a decode step of a 16-row batch is 211 small matrix products on SmolLM2-135M, and each pays a call's fixed
 cost and reads its input again. One product over the concatenated q/k/v weights (and one over gate/up) reads
 the input once and pays one call's cost where there were three (two); on 2 cores a 16-row decode step went from
-42 to 36 ms (README "Benchmarks"). Concatenating output rows does not change any output element's sum, and the
-fused layers are probed against the separate ones before a model is fused: outputs are bit-identical, so greedy
-tokens do not change.
+42 to 39 ms in the engine (README "Benchmarks"). Concatenating output rows does not change any output element's
+sum, and the fused layers are probed against the separate ones before a model is fused: outputs are bit-identical,
+so greedy tokens do not change.
 
 Only exact `LlamaAttention` / `LlamaMLP` modules (Llama, SmolLM2) are fused: their forwards are mirrored here
 line for line, with the projections fused. Other architectures keep their own modules (prepacked, unfused). This
@@ -105,17 +105,17 @@ def fuse_decoder_layers(model: torch.nn.Module, batch_size: int) -> int:
     """
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) in (LlamaAttention, LlamaMLP)]
-    attentions = [child for _, _, child in targets if type(child) is LlamaAttention]
-    mlps = [child for _, _, child in targets if type(child) is LlamaMLP]
-    if not attentions or not mlps or not packing_is_exact(attentions[0].q_proj, batch_size):
+    first = {}  # kind -> its first module, the probe
+    for _, _, child in targets:
+        first.setdefault(type(child), child)
+    if len(first) != 2 or not packing_is_exact(first[LlamaAttention].q_proj, batch_size):
         return 0
-    if not (_same_outputs(attentions[0], FusedLlamaAttention(attentions[0], batch_size), batch_size)
-            and _same_outputs(mlps[0], FusedLlamaMLP(mlps[0], batch_size), batch_size)):
+    fused = {id(child): (FusedLlamaAttention if type(child) is LlamaAttention else FusedLlamaMLP)(child, batch_size)
+             for _, _, child in targets}
+    if not all(_same_outputs(probe, fused[id(probe)], batch_size) for probe in first.values()):
         return 0
     for parent, name, child in targets:
-        fused = FusedLlamaAttention(child, batch_size) if type(child) is LlamaAttention else FusedLlamaMLP(
-            child, batch_size)
-        setattr(parent, name, fused)
+        setattr(parent, name, fused[id(child)])
     return len(targets)
 
 

@@ -14,8 +14,6 @@ _BF16_MIN_SPEEDUP = 1.2
 _PROBE = (torch.float32, torch.bfloat16)
 
 
-
-
 def load_model(model_dir: str, adapter: str, dtype: torch.dtype) -> torch.nn.Module:
     """The causal LM at `dtype`, with a LoRA adapter merged into its weights when one is given.
 

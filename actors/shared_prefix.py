@@ -2,7 +2,8 @@
 
 A judge's instructions and few-shot examples start every prompt of a call; a call may also mix templates (a
 generate batch spanning two policies), so rows are grouped by the prefixes that save the most prefill
-(`plan_prefixes`) and each group's prefix gets its own keys/values. What a group then does with them depends on how much attention they would cost:
+(`plan_prefixes`) and each group's prefix gets its own keys/values. What a group then does with them depends on
+how much attention they would cost:
 
 - *held*: kept once, outside the rows' buffers, and attended to by all the group's rows together
   (`actors.prefix_attention`, cascade attention). Worth it when (rows - 1) x prefix length is large: a judge's
@@ -78,13 +79,14 @@ def plan_prefixes(prompts: list[list[int]], min_length: int, min_saved: int) -> 
 
     A row's KV layout has room for one shared part, so each prompt joins at most one group. Think of the prompts as
     a trie: at each branch point either all the prompts below it share the prefix up to there, or each branch plans
-    its own groups (and the rows no branch grouped share the prefix up to there), whichever saves more. A group of n rows sharing L tokens saves (n - 1) x L prompt tokens of
-    prefill, less `min_saved` for the extra forward pass that computes the prefix (a 30-layer pass has a fixed cost
-    of several ms on CPU, and a one-row pass runs its matmuls less efficiently than a batch), and must save at least
-    0 that way; a prefix is at least `min_length` tokens and leaves every row its last prompt token (its prefill
-    must produce logits). So two templates opening with the same system prompt each share their own instructions
-    rather than all rows sharing only the system prompt. On `bench.generate` (32 prompts opening with the same 44
-    tokens, 16 rows) sharing took prefill from 1.7 s to 0.9 s of a 5.7 s call.
+    its own groups (and the rows no branch grouped share the prefix up to there), whichever saves more. A group of
+    n rows sharing L tokens saves (n - 1) x L prompt tokens of prefill, less `min_saved` for the extra forward pass
+    that computes the prefix (a 30-layer pass has a fixed cost of several ms on CPU, and a one-row pass runs its
+    matmuls less efficiently than a batch), and must save at least 0 that way; a prefix is at least `min_length`
+    tokens and leaves every row its last prompt token (its prefill must produce logits). So two templates opening
+    with the same system prompt each share their own instructions rather than all rows sharing only the system
+    prompt. On `bench.generate` (32 prompts opening with the same 44 tokens, 16 rows) sharing took prefill from
+    1.7 s to 0.9 s of a 5.7 s call.
 
     >>> plan_prefixes([[1, 2, 3], [1, 2, 4], [5, 6]], 2, 0)
     [([0, 1], 2)]

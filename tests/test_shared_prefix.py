@@ -52,7 +52,8 @@ def test_plan_gives_two_templates_with_one_system_prompt_their_own_prefixes():
 def _trunk_and_pairs(extra: int) -> list[list[int]]:
     """10 prompts opening with the same 40 tokens; two pairs among them share `extra` more, six go their own way."""
     base = [1] * 40
-    prompts = [base + [2] * extra + [10], base + [2] * extra + [11], base + [3] * extra + [12], base + [3] * extra + [13]]
+    prompts = [base + [2] * extra + [10], base + [2] * extra + [11],
+               base + [3] * extra + [12], base + [3] * extra + [13]]
     return prompts + [base + [20 + i] * 5 for i in range(6)]
 
 
@@ -69,7 +70,8 @@ def test_plan_splits_when_the_branches_save_more_and_the_rest_share_the_trunk():
 
 
 def test_plan_leaves_every_row_its_last_token():
-    # the shortest prompt (3 tokens) caps the group's prefix at 2; its longer siblings sharing 3 would save 1 x 3 < 2 x 2
+    # the shortest prompt (3 tokens) caps the group's prefix at 2; its longer siblings sharing 3 would save
+    # 1 x 3 < 2 x 2
     assert plan_prefixes([[1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 5]], 1, 0) == [([0, 1, 2], 2)]
     # identical prompts share all but their last token
     assert plan_prefixes([[1, 2, 3, 4]] * 3, 1, 0) == [([0, 1, 2], 3)]
