@@ -40,6 +40,11 @@ from actors.threads import decode_tuner, set_torch_threads, use_threads
 # A shared prompt prefix shorter than this is recomputed per row; a longer one is shared where it saves enough prefill
 # (actors.shared_prefix.plan_prefixes).
 _MIN_SHARED_PREFIX = 16
+# On CUDA a shared prefix is copied into every row, never held (cascade attention): there a decode step is bound by
+# kernel launches, and the cascade path's float32 matrix products and softmax merge add ~40 small kernels per layer.
+# bench.generate's 44-token prefix held over 64 rows decoded at 282 tok/s on an H100 (16 rows per step) and 1,290
+# (64 rows); unshared, 457-635 and 2,140-2,443 (README "On a GPU"). The GPU saves nothing worth that per step.
+_NEVER_HELD = 2**62
 
 
 class HFEngine:
@@ -83,6 +88,8 @@ class HFEngine:
             logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
             min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
         )
+        if self.device.type == "cuda":
+            self.settings.min_held_prefix_columns = _NEVER_HELD
         # compiled lazily on the first request with a grammar (actors.constrained)
         self._grammars = None
         self.warm_up()
