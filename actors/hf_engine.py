@@ -47,6 +47,12 @@ _MIN_SHARED_PREFIX = 16
 _NEVER_HELD = 2**62
 
 
+def min_held_prefix_columns(device: torch.device) -> int:
+    """`DecodeSettings.min_held_prefix_columns` on `device`: CPU engines hold a prefix that saves enough attention
+    columns; CUDA engines copy every shared prefix (see `_NEVER_HELD`)."""
+    return DecodeSettings.min_held_prefix_columns if device.type == "cpu" else _NEVER_HELD
+
+
 class HFEngine:
     """Engine over a transformers causal LM. See module docstring.
 
@@ -87,9 +93,8 @@ class HFEngine:
             decode=self._decode,
             logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
             min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
+            min_held_prefix_columns=min_held_prefix_columns(self.device),
         )
-        if self.device.type == "cuda":
-            self.settings.min_held_prefix_columns = _NEVER_HELD
         # compiled lazily on the first request with a grammar (actors.constrained)
         self._grammars = None
         self.warm_up()

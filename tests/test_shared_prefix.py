@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine
-from actors.shared_prefix import common_prefix_length, plan_prefixes
+from actors.hf_engine import HFEngine, min_held_prefix_columns
+from actors.shared_prefix import common_prefix_length, hold_prefix, plan_prefixes
 from tests.engine_prompts import PROMPTS
 
 DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
@@ -150,3 +150,11 @@ def test_short_prefix_shared_by_many_rows_is_prefilled_once_and_few_rows_recompu
     # three rows would save 2 x shared < 128 tokens: each computes the prefix itself
     cached.generate(requests[:3])
     assert cached.last_stats.shared_prefix_tokens == 0
+
+
+def test_cuda_engines_copy_every_shared_prefix_and_cpu_engines_hold_long_ones():
+    """Held prefixes halved an H100's decode rate (kernel launches; README "On a GPU again"); on CPU a judge rubric
+    of 640 tokens shared by 64 rows is held, a 44-token prefix over 16 rows is copied."""
+    cpu, cuda = min_held_prefix_columns(torch.device("cpu")), min_held_prefix_columns(torch.device("cuda"))
+    assert hold_prefix(640, 64, cpu) and not hold_prefix(44, 16, cpu)
+    assert not hold_prefix(640, 64, cuda) and not hold_prefix(4096, 1024, cuda)
