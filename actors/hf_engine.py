@@ -42,8 +42,8 @@ from actors.threads import decode_tuner, set_torch_threads, use_threads
 _MIN_SHARED_PREFIX = 16
 # On CUDA a shared prefix is copied into every row, never held (cascade attention): there a decode step is bound by
 # kernel launches, and the cascade path's float32 matrix products and softmax merge add ~40 small kernels per layer.
-# bench.generate's 44-token prefix held over 64 rows decoded at 282 tok/s on an H100 (16 rows per step) and 1,290
-# (64 rows); unshared, 457-635 and 2,140-2,443 (README "On a GPU"). The GPU saves nothing worth that per step.
+# bench.generate's 44-token prefix on an H100, 16 / 64 rows per step: held 278 / 1,141 tok/s, copied 539 / 2,214,
+# not shared 488 / 2,140-2,793 (README "On a GPU again"). Copying keeps the prefill saved and costs no step time.
 _NEVER_HELD = 2**62
 
 
