@@ -73,9 +73,9 @@ from actors.hf_engine import HFEngine, render_prompt
 from actors.hf_weights import PackedLinear
 from actors.models import resolve_model_dir
 from bench.contention import competitors
-from bench.llamacpp import INSTALL_HINT, load_llama_cpp, measure_llamacpp, measure_llamacpp_alone, parse_engines
+from bench.engines import add_engine_arguments, choose_engines
+from bench.llamacpp import measure_llamacpp, measure_llamacpp_alone
 from bench.roofline import useful_flops
-from bench.vllm_cpu import INSTALL_HINT as VLLM_CPU_HINT
 from bench.vllm_cpu import measure_vllm_cpu
 from core.thread_tuner import mean_threads
 
@@ -312,34 +312,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="also measure each side beside this many CPU-bound processes (0 = idle only)")
     parser.add_argument("--ray-worker-niceness", type=int, default=0,
                         help="nice value of the Ray Data side's workers (Ray's own default: 15)")
-    parser.add_argument("--engines", default="hf,llamacpp",
-                        help="engines to measure, comma-separated: hf (the hf engine, bare generate, Ray Data), "
-                             "llamacpp (llama.cpp on the GGUF; skipped with a note when llama_cpp is not installed), "
-                             "vllmcpu (vLLM's CPU backend in its own environment: --vllm-python)")
-    parser.add_argument("--gguf", default="", help="GGUF file for llamacpp (default: smollm2-135m's bundled one)")
-    parser.add_argument("--llamacpp-kv-unified", action="store_true",
-                        help="llama.cpp's one KV buffer for all sequences (faster at 16 rows here, slower at 64)")
-    parser.add_argument("--vllm-python", default=os.environ.get("QUORUM_VLLM_CPU_PYTHON", ""),
-                        help="vllmcpu: the Python of a virtual environment with vLLM's CPU build (bench/vllm_cpu.py)")
-    parser.add_argument("--vllm-eager", action="store_true", help="vllmcpu: no torch.compile (enforce_eager)")
+    add_engine_arguments(parser)
     parser.add_argument("--fixed-threads", action="store_true",
                         help="engine.adaptive_threads=false: every decode step on the engine's full thread count")
     args = parser.parse_args(argv)
     if args.contention < 0:
         parser.error("--contention must be >= 0")
-    try:
-        engines = parse_engines(args.engines)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if "llamacpp" in engines and load_llama_cpp() is None:
-        print(f"info llamacpp not measured: {INSTALL_HINT}", flush=True)
-        engines.remove("llamacpp")
-    if "vllmcpu" in engines and not os.path.isfile(args.vllm_python):
-        print(f"info vllmcpu not measured: {VLLM_CPU_HINT}", flush=True)
-        engines.remove("vllmcpu")
+    engines = choose_engines(args, parser)
     if "hf" not in engines:
-        if "vllmcpu" in engines:
-            parser.error("--engines vllmcpu is compared with the hf engine's run: add hf")
         if engines:
             requests = build_requests(args.prompts, args.max_tokens)
             measure_llamacpp_alone(args, requests, measure_matmul_peak(torch.bfloat16))

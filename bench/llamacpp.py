@@ -33,25 +33,11 @@ from actors.engine import ChatRequest, Completion
 from actors.hf_engine import render_prompt
 from bench.roofline import config_shapes, useful_flops
 
-ENGINES = ("hf", "llamacpp", "vllmcpu")
 INSTALL_HINT = ("llama_cpp is not installed: pip install 'quorum[llamacpp]' (llama-cpp-python 0.3.36, built from "
                 "its sdist: ~10 min on 2 cores; CMAKE_ARGS='-DGGML_NATIVE=ON' builds for this CPU)")
 # tokens one llama_decode may take (llama.cpp splits them into micro-batches of _UBATCH itself)
 _MIN_BATCH_TOKENS = 2048
 _UBATCH = 512
-
-
-def parse_engines(text: str) -> list[str]:
-    """The engines named in a comma-separated list, in the order given, without repeats.
-
-    >>> parse_engines("hf, llamacpp,hf")
-    ['hf', 'llamacpp']
-    """
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in names if name not in ENGINES]
-    if unknown or not names:
-        raise ValueError(f"--engines: {text!r} must name one or more of {', '.join(ENGINES)}")
-    return names
 
 
 def load_llama_cpp():

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.llamacpp import Sequence, admit, parse_engines, record_token, same_text_count
+from bench.engines import parse_engines
+from bench.llamacpp import Sequence, admit, record_token, same_text_count
 from bench.roofline import config_shapes, useful_flops
 
 

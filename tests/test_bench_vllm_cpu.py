@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.llamacpp import parse_engines
+from bench.engines import parse_engines
 from bench.vllm_cpu import run_vllm_cpu
 
 VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
