@@ -25,14 +25,16 @@ import pandas as pd
 from actors.cached_engine import CachedEngine
 from actors.engine import ChatRequest, EngineSpec, SamplingParams
 from actors.secrets import Secrets
+from eval.agentsimp_baselines import baseline_call, baseline_records
+from eval.agentsimp_grammar import main_field_tokens
 from eval.agentsimp_outputs import Reply
 from eval.agentsimp_plan import PlanConfig, configurations, plan_document
-from eval.agentsimp_records import document_inputs, run_rows
+from eval.agentsimp_records import document_inputs, record_rows, run_rows
 from eval.agentsimp_roles import RoleBook, load_role_book
-from eval.agentsimp_run import Attempt, attempt_sampling, run_schedules
+from eval.agentsimp_run import Attempt, attempt_sampling, resolve_calls, run_schedules
 
 RUN_COLUMNS = ("doc_id", "config", "label", "final", "calls", "shared", "attempts", "cached", "fallbacks",
-               "record_json", "worker_seconds")
+               "truncated", "collapsed", "record_json", "worker_seconds")
 
 
 def engine_takes_grammar(spec: EngineSpec) -> bool:
@@ -43,8 +45,10 @@ def engine_takes_grammar(spec: EngineSpec) -> bool:
 class RoleCompleter:
     """The `complete` function of `eval.agentsimp_run`: attempts -> rendered requests -> CachedEngine -> Replies.
 
-    Seconds of one engine batch are shared evenly by its fresh requests; a cache hit costs 0 s (tokens are those
-    of the stored completion, so the cost table shows what the call costs when it is made).
+    Seconds are *allocated*, not measured per call: the engine decodes a round's requests as one batch, so the
+    batch's measured engine seconds are shared evenly by its fresh requests; a cache hit costs 0 s (tokens are
+    those of the stored completion, so the cost table shows what the call costs when it is made). Each reply
+    carries its main JSON field's token share under the grammar (`Reply.budget`) for the truncation guard.
     """
 
     def __init__(self, engine: CachedEngine, book: RoleBook, max_tokens: Mapping[str, int] | int,
@@ -64,7 +68,14 @@ class RoleCompleter:
         fresh = sum(1 for _, hit in results if not hit)
         per_call = (self.engine.usage.seconds - before) / fresh if fresh else 0.0
         return [Reply(c.text, c.prompt_tokens, c.completion_tokens, 0.0 if hit else per_call, c.finish_reason,
-                      c.error, hit) for c, hit in results]
+                      c.error, hit, self.budget(a)) for a, (c, hit) in zip(attempts, results)]
+
+    def budget(self, attempt: Attempt) -> int:
+        if not self.constrained:
+            return 0
+        role = attempt.call.role
+        tokens = self.max_tokens if isinstance(self.max_tokens, int) else self.max_tokens[role]
+        return main_field_tokens(role, tokens)
 
 
 class AgentSimpWorker:
@@ -80,11 +91,14 @@ class AgentSimpWorker:
         max_retries: Retries of an invalid answer before the stage falls back.
         templates: Role id -> another prompt template (eval.agentsimp_roles.load_role_book).
         cache_dir: The request cache ("" = none).
+        baselines: Single-prompt LLM baselines to run beside the configurations (eval.agentsimp_baselines).
+        example: Template 3's rendered in-context pair (needed for llm_t3).
     """
 
     def __init__(self, spec: dict, plan: dict, configs: Sequence[str], max_tokens: Mapping[str, int] | int,
                  temperature: float = 0.6, seed: int = 0, constrained: bool = True, max_retries: int = 2,
-                 templates: Mapping[str, str] | None = None, cache_dir: str = "", secrets: Secrets | None = None):
+                 templates: Mapping[str, str] | None = None, cache_dir: str = "", secrets: Secrets | None = None,
+                 baselines: Sequence[str] = (), example: str = ""):
         if secrets is not None:
             secrets.install()
         every = configurations(PlanConfig(**plan))
@@ -93,6 +107,7 @@ class AgentSimpWorker:
         self.complete = RoleCompleter(self.engine, load_role_book(templates), max_tokens, temperature, seed,
                                       constrained)
         self.max_retries = max_retries
+        self.baselines, self.example = list(baselines), example
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         started = time.time()
@@ -100,9 +115,13 @@ class AgentSimpWorker:
         schedules = {(doc_id, name): plan_document(article, paragraphs, config)
                      for doc_id, article, paragraphs, _ in docs for name, config in self.configs.items()}
         runs = run_schedules(schedules, self.complete, self.max_retries)
+        # the baselines' calls of every document in one round
+        outcomes = resolve_calls([baseline_call(name, article, self.example) for _, article, _, _ in docs
+                                  for name in self.baselines], self.complete, self.max_retries)
         rows = []
-        for doc_id, *_ in docs:
+        for doc_id, article, *_ in docs:
             rows += run_rows(doc_id, {name: runs[(doc_id, name)] for name in self.configs})
+            rows += record_rows(doc_id, baseline_records(article, self.baselines, outcomes, self.example))
         out = pd.DataFrame(rows, columns=[c for c in RUN_COLUMNS if c != "worker_seconds"])
         out["worker_seconds"] = (time.time() - started) / max(len(out), 1)
         return out

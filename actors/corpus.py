@@ -21,6 +21,7 @@ from actors.corpus_files import check_file, csv_line_number, read_csv_frame
 from actors.ratings import read_asset_ratings, read_simpeval
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
+from core.text import is_blank, normalise_text
 
 FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 STANDARD_KINDS = ("jsonl", "parquet", "csv", "turkcorpus", "asset", "asset_ratings", "simpeval", "cord")
@@ -43,11 +44,14 @@ def read_corpus(path, fmt="auto", text_column="text", id_column=None, limit=None
             ``offset`` or ``limit``; only rows inside the window are parsed and validated.
 
     Returns:
-        DataFrame with columns ``id``, ``source`` and every other column of the file unchanged.
+        DataFrame with columns ``id``, ``source`` and every other column of the file unchanged. ``source`` is the
+        text normalised by :func:`core.text.normalise_text` (NFC, no control or zero-width characters); how many
+        rows that changed is ``frame.attrs["normalised_rows"]``.
 
     Raises:
-        CorpusError: missing file, unknown format, malformed line, missing column, empty or
-            non-string text, duplicate ids, or an empty corpus.
+        CorpusError: missing file, unknown format, malformed line (a key twice in one JSON object included),
+            missing column, empty or non-string text (empty once normalised included), duplicate ids, or an
+            empty corpus.
     """
     path = check_file(path)
     fmt = _resolve_format(path, fmt)
@@ -146,17 +150,24 @@ def _finish_corpus(raw, positions, path, fmt, text_column, id_column) -> pd.Data
     if text_column != "source" and "source" in found:
         raise CorpusError(f"{path} has a 'source' column besides text column {text_column!r}; rename one")
     for position, text in zip(positions, raw[text_column]):
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or is_blank(text):
             raise CorpusError(f"{path}: {_place(path, fmt, position)}: text column {text_column!r} "
-                              f"must be a non-empty string, got {text!r}")
+                              f"must be a non-empty string, got {text!r}{_invisible(text)}")
+    sources = [normalise_text(text) for text in raw[text_column]]
     ids = [f"{path.stem}-{position:06d}" for position in positions]
     if id_column is not None:
         ids = [_format_id(value, path, fmt, position) for position, value in zip(positions, raw[id_column])]
     _check_unique(ids, positions, path, fmt)
     rest = raw.drop(columns=[c for c in (text_column, id_column) if c is not None])
-    out = pd.concat([pd.DataFrame({"id": ids, "source": list(raw[text_column])}), rest], axis=1)
+    out = pd.concat([pd.DataFrame({"id": ids, "source": sources}), rest], axis=1)
     out.attrs["path"] = str(path)
+    out.attrs["normalised_rows"] = sum(a != b for a, b in zip(sources, raw[text_column]))
     return out
+
+
+def _invisible(text) -> str:
+    """The hint for a text that looks non-empty but holds only zero-width / control characters."""
+    return " (only zero-width or control characters)" if isinstance(text, str) and text.strip() else ""
 
 
 def _is_utf8(text: str) -> bool:
@@ -198,9 +209,9 @@ def _read_aligned(source: Path, references: list[Path]) -> tuple[list[str], list
         if columns and len(lines) != len(columns[0]):
             raise CorpusError(f"{path} has {len(lines)} lines but {source} has {len(columns[0])}")
         for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                raise CorpusError(f"{path}: line {number} is empty")
-        columns.append(lines)
+            if is_blank(line):
+                raise CorpusError(f"{path}: line {number} is empty{_invisible(line)}")
+        columns.append([normalise_text(line) for line in lines])
     return columns[0], [list(refs) for refs in zip(*columns[1:])]
 
 

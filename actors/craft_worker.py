@@ -83,7 +83,8 @@ class CraftWorker:
         return out
 
     def _run(self, row: dict, system: str) -> dict:
-        instruction, text = row["instruction"], row["text"]
+        # CORD's instruction as the paper's systems read it (ending in a colon before the text)
+        instruction, text = row.get("prompt_instruction") or row["instruction"], row["text"]
         if system == "mcts":
             initial = self.systems.initial_messages(instruction, text)
             result = run_search(text, initial, expander(self.systems, text), scorer, self.mcts)

@@ -81,7 +81,7 @@ def build_generate_dataset(sources: ray.data.Dataset, generators: list[ModelConf
             ChatWorker, batch_format="pandas",
             fn_constructor_kwargs={"spec": dataclasses.asdict(lead.engine), "secrets": engine_secrets(lead.engine),
                                    "cache_dir": cache_dir},
-            **lead.pool.map_batches_kwargs(),
+            **lead.pool.map_batches_kwargs(lead.name),
         )
         per_engine.append(completed.map_batches(finalize_candidates, batch_format="pandas", num_cpus=LIGHT_CPU))
     return per_engine[0].union(*per_engine[1:]) if len(per_engine) > 1 else per_engine[0]

@@ -43,7 +43,7 @@ _MIN_SHARED_PREFIX = 16
 # On CUDA a shared prefix is copied into every row, never held (cascade attention): there a decode step is bound by
 # kernel launches, and the cascade path's float32 matrix products and softmax merge add ~40 small kernels per layer.
 # bench.generate's 44-token prefix on an H100, 16 / 64 rows per step: held 278 / 1,141 tok/s, copied 539 / 2,214,
-# not shared 488 / 2,140-2,793 (README "On a GPU again"). Copying keeps the prefill saved and costs no step time.
+# not shared 488 / 2,140-2,793 (docs/engine.md; bench.gpu_engine). Copying keeps the prefill saved and costs no step time.
 _NEVER_HELD = 2**62
 
 

@@ -3,7 +3,7 @@
 Why: a decode step of a 16-row batch is 211 small matrix products on SmolLM2-135M, and each pays a call's fixed
 cost and reads its input again. One product over the concatenated q/k/v weights (and one over gate/up) reads
 the input once and pays one call's cost where there were three (two); on 2 cores a 16-row decode step went from
-42 to 39 ms in the engine (README "Benchmarks"). Concatenating output rows does not change any output element's
+42 to 39 ms in the engine (bench.generate; docs/benchmarks.md). Concatenating output rows does not change any output element's
 sum, and the fused layers are probed against the separate ones before a model is fused: outputs are bit-identical,
 so greedy tokens do not change.
 

@@ -45,7 +45,7 @@ class JudgeConfig(ModelConfig):
     max_parse_retries: int = 2
     retry_temperature: float = 0.7
     # decode the verdict under its format's grammar (eval.judge_grammar): every finished answer parses. Off = free
-    # text, as the papers ran their judges (README "Deviations from the papers")
+    # text, as the papers ran their judges (the paper pages' Deviations, docs/papers/)
     constrained: bool = True
 
 

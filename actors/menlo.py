@@ -28,7 +28,7 @@ class MenloJudgeConfig(ModelConfig):
     max_parse_retries: int = 0
     retry_temperature: float = 0.7
     # decode MENLO's `<think>` + grade blocks under their grammar (eval.judge_grammar): every finished answer has
-    # its grades. Off = free text, as paper 003 ran its judges (README "Deviations from the papers")
+    # its grades. Off = free text, as paper 003 ran its judges (docs/papers/003-menlo.md, Deviations)
     constrained: bool = True
 
 

@@ -3,7 +3,7 @@
 Why: a judge's prompts start with the same ~650 tokens of instructions. With the prefix copied into every row's
 KV buffer, each decode step attends over ~750 columns per row, and torch's CPU attention kernel handles each
 (row, KV head) as a problem of 3 queries: 5.4 ms per layer and step for 32 rows, more than the layer's matrix
-products (README "Benchmarks"). Here the rows' buffers hold only their own columns (the rest of the prompt and
+products (docs/benchmarks.md, bench.judge_prefix). Here the rows' buffers hold only their own columns (the rest of the prompt and
 the completion); all queries of a group's rows meet the group's prefix keys/values as one attention problem per KV
 head, each row its own columns as a small one, and the two softmax parts are merged through their log-sum-exps (as
 FlashAttention merges blocks; FlashInfer calls this cascade attention). On CPU both run in torch's flash kernel.
@@ -28,7 +28,7 @@ NAME = "quorum_prefix"
 
 # The attention kernels a CUDA decode may use on these buffers. cuDNN's (which torch picks for masked bf16
 # attention on Hopper) is left out: it builds an execution plan per new shape, and a decode step's key length is
-# new at every step (bench.gpu_engine, README "On a GPU"); `prefix_attention` falls back to SDPA, so it
+# new at every step (bench.gpu_engine; docs/engine.md); `prefix_attention` falls back to SDPA, so it
 # obeys this too. Empty = torch's own choice.
 CUDA_ATTENTION_BACKENDS: tuple[SDPBackend, ...] = (
     SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)

@@ -15,6 +15,7 @@ import pandas as pd
 
 from actors.corpus_files import MISSING_TOKENS, check_file, csv_line_number, read_csv_frame
 from core.errors import CorpusError
+from core.text import is_blank
 
 ASSET_ASPECTS = ("fluency", "meaning", "simplicity")
 ASSET_RATING_COLUMNS = ("original", "simplification", "original_sentence_id", "aspect", "worker_id", "rating")
@@ -34,7 +35,7 @@ def _read_ratings_csv(path, required, texts) -> pd.DataFrame:
         raise CorpusError(f"{path} is empty (header only, no rows)")
     for column in texts:
         for row, cell in enumerate(frame[column]):
-            if not cell.strip():
+            if is_blank(cell):
                 raise CorpusError(f"{path}: line {csv_line_number(path, row)}, column {column!r}: empty text")
     return frame
 

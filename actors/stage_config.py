@@ -56,9 +56,19 @@ class PoolConfig(Section):
                 fail(dotted(where, name), f"must be >= 1, got {getattr(self, name)}")
         check_custom_resources(self.resources, dotted(where, "resources"))
 
-    def map_batches_kwargs(self) -> dict:
+    def map_batches_kwargs(self, model: str = "") -> dict:
+        """`map_batches` arguments of the pool, once the cluster can hold it: a pool it can never place is refused
+        here (ConfigError naming the pool's keys) instead of Ray Data waiting for its actors for ever."""
         import ray.data
 
+        from actors.ray_capacity import ensure_fits
+        from core.resource_fit import Ask
+
+        unit = {"CPU": self.num_cpus, "GPU": self.num_gpus, **{k: float(v) for k, v in self.resources.items()}}
+        keys = ("pool.concurrency", "pool.num_cpus", *(("pool.num_gpus",) if self.num_gpus else ()),
+                *(("pool.resources",) if self.resources else ()))
+        ensure_fits(Ask(f"actor pool of model {model!r}" if model else "actor pool", "actors", self.concurrency,
+                        unit, keys))
         kwargs = {"compute": ray.data.ActorPoolStrategy(size=self.concurrency), "batch_size": self.batch_size,
                   "num_cpus": self.num_cpus}
         if self.num_gpus:

@@ -5,17 +5,59 @@
     completions = engine.generate(requests)
 
 `vllm` is imported inside `VLLMEngine` only, so this module, `to_vllm_sampling_kwargs` and `build_llm_kwargs`
-import and run on machines without vLLM or a GPU (the CPU tests use them).
+import and run on machines without vLLM or a GPU (the CPU tests use them; the optional vLLM-CPU tier,
+tests/test_vllm_cpu_tier.py, turns `build_llm_kwargs` into vLLM's own engine config and generates with it).
 """
 
 from __future__ import annotations
 
 import gc
+import json
+from pathlib import Path
 
 from actors.constrained import special_tags, with_special_tags
 from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# the values vLLM's `max_lora_rank` takes (vllm/config/lora.py: `MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256,
+# 320, 512]`, default 16); an adapter of a larger rank is refused at load ("LoRA rank 64 is greater than
+# max_lora_rank 16", vllm/lora/peft_helper.py `validate_legal`)
+VLLM_LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_slot(r: int) -> int:
+    """The smallest of vLLM's `max_lora_rank` values that holds an adapter of rank `r`.
+
+    vLLM sizes every LoRA slot's buffers for `max_lora_rank`, so the smallest slot that fits is the cheapest.
+
+    Raises:
+        ValueError: `r` is below 1 or above vLLM's largest slot (512).
+
+    >>> [lora_rank_slot(r) for r in (1, 4, 8, 12, 64, 300)]
+    [1, 8, 8, 16, 64, 320]
+    """
+    for slot in VLLM_LORA_RANK_SLOTS:
+        if 1 <= r <= slot:
+            return slot
+    raise ValueError(f"LoRA rank {r}: vLLM serves ranks 1..{VLLM_LORA_RANK_SLOTS[-1]} (max_lora_rank)")
+
+
+def adapter_lora_rank(adapter_dir: str) -> int:
+    """The rank vLLM checks a peft adapter against: its `r`, or the largest of its per-module `rank_pattern`.
+
+    Raises:
+        ValueError: no adapter_config.json, or one without a positive integer `r`; the message names the file.
+    """
+    path = Path(adapter_dir).expanduser() / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"engine.adapter: cannot read the peft adapter config {path}: {exc}") from exc
+    ranks = [config.get("r"), *(config.get("rank_pattern") or {}).values()]
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks):
+        raise ValueError(f"engine.adapter: {path}: `r` and `rank_pattern` must be positive integers, got {ranks}")
+    return max(ranks)
+
 
 
 def to_vllm_sampling_kwargs(sampling: SamplingParams) -> dict:
@@ -51,8 +93,11 @@ def to_vllm_sampling_kwargs(sampling: SamplingParams) -> dict:
 def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
     """Keyword arguments for `vllm.LLM` from the engine spec (model already resolved to a path or repo id).
 
+    With an adapter, LoRA is on with one slot sized for the adapter's rank (`lora_rank_slot`): vLLM's default
+    `max_lora_rank` of 16 would refuse the r = 64 adapters the GRPO configs train.
+
     Raises:
-        ValueError: a vLLM field of `spec` is out of range, named as `engine.<field>`.
+        ValueError: a vLLM field of `spec` is out of range, or its adapter unreadable, named as `engine.<field>`.
     """
     if spec.dtype not in VLLM_DTYPES:
         raise ValueError(f"engine.dtype: {spec.dtype!r} is not one of {VLLM_DTYPES}")
@@ -62,7 +107,7 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
         raise ValueError(f"engine.gpu_memory_utilization: must be in (0, 1], got {spec.gpu_memory_utilization}")
     if spec.max_model_len < 1:
         raise ValueError(f"engine.max_model_len: must be >= 1, got {spec.max_model_len}")
-    return {
+    kwargs = {
         "model": model_path,
         "tensor_parallel_size": spec.tensor_parallel_size,
         "dtype": spec.dtype,
@@ -74,6 +119,10 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
         # which only the guidance backend reads; requests without a grammar are not affected
         "structured_outputs_config": {"backend": "guidance"},
     }
+    if spec.adapter:
+        # one adapter per engine (the spec's), so one GPU slot
+        kwargs.update(max_lora_rank=lora_rank_slot(adapter_lora_rank(spec.adapter)), max_loras=1)
+    return kwargs
 
 
 def to_completion(output) -> Completion:

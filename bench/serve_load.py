@@ -20,7 +20,7 @@ then unbatched). The unbatched phase of a judge endpoint sends `--unbatched-requ
 prefills the whole judge prompt on its own, so 500 of them would take most of an hour per endpoint on 2 cores);
 throughput is a rate, so a shorter phase measures it as well. `--max-tokens` 64 is the floor for whole judgments:
 MENLO's two grade blocks take up to 62 SmolLM2 tokens (fewer can cut a verdict, which then fails to parse). On 2 near-idle cores a batched SmolLM2 judge answers ~0.7 calls/s, so the default `--endpoint all` run (3 x
-500 batched calls) took 55 minutes on 2026-11-25 (README "Reliability"); `--requests 250` keeps it near 30.
+500 batched calls) took 55 minutes on a 2-core machine (docs/benchmarks.md); `--requests 250` keeps it near 30.
 Prints `bench <name> = <value>` lines, `<ep>` being the endpoint (chat, score, compare, reward_group):
 
 - `serve_<ep>_batched_vs_unbatched`: requests/s with batching / requests/s at max_batch_size 1.
@@ -90,7 +90,7 @@ def bench_config(model: str, port: int, batch_size: int, args: argparse.Namespac
         # serial engine (the unbatched phase: 16 clients x ~6 s per SmolLM2 judgment, longer on a busy machine)
         f"serve.request_timeout_s={args.time_cap_s}", f"shutdown.timeout_s={args.time_cap_s}",
         f"health.max_engine_call_s={args.time_cap_s}",
-        # paper 001's short pointwise prompt (the README's figures): MENLO's rubric prompt is ~4x longer
+        # paper 001's short pointwise prompt (docs/benchmarks.md's figures): MENLO's rubric prompt is ~4x longer
         "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
         "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
         "prompts.pairwise=jury_pairwise",

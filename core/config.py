@@ -23,10 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union
 
-import yaml
-
 from core.errors import ConfigError
-from core.files import read_utf8
+from core.files import load_yaml, read_utf8
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading YAML and applying overrides
@@ -36,11 +34,7 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    text = read_utf8(path, ConfigError)
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    data = load_yaml(read_utf8(path, ConfigError), str(path), ConfigError) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
@@ -52,10 +46,7 @@ def apply_override(data: dict, override: str) -> None:
         raise ConfigError(f"override {override!r} must look like key=value")
     dotted, raw = override.split("=", 1)
     keys = dotted.strip().split(".")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {dotted}: cannot parse value {raw!r}: {exc}") from exc
+    value = load_yaml(raw, f"override {dotted}: value {raw!r}", ConfigError) if raw.strip() else ""
     node: Any = data
     for i, key in enumerate(keys[:-1]):
         where = ".".join(keys[: i + 1])
@@ -298,7 +289,7 @@ def _check_value(value: Any, key: str, name: str, checks: tuple[FieldCheck, ...]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The one validation style (README "Config validation"): a section checks its own fields in `check(where)` with the
+# The one validation style (docs/configuration.md): a section checks its own fields in `check(where)` with the
 # helpers below, which raise ConfigError naming the dotted YAML key; `check_tree` calls every section's `check`
 # with the key the job nests it under, so a section never guesses its prefix; a job's `validate()` holds only rules
 # that span sections or depend on what the run does.

@@ -11,18 +11,25 @@ from pathlib import Path
 
 import yaml
 
+from core import console
+from core.config import Section
+from core.model_store import check_cluster_storage
 from core.ray_env import RayConfig
 from core.runstore import RunConfig, RunStore, StageResult
 from core.tracking import Tracker, WandbConfig, add_file_log, install_redaction, secret_env_names, start_tracking
 
 
 @dataclass
-class JobSections:
+class JobSections(Section):
     """The config sections every job has; a job's `Config` subclasses this and adds its own."""
 
     run: RunConfig = field(default_factory=RunConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def check(self, where: str = "") -> None:
+        """A cluster config (ray.shared_storage set) keeps its outputs and models on the shared storage."""
+        check_cluster_storage(dataclasses.asdict(self))
 
 
 @dataclass
@@ -66,6 +73,8 @@ def open_run(job: str, cfg: JobSections, config_path: str = "") -> JobRun:
     if not store.uri_prefix:
         Path(store.path, "logs").mkdir(exist_ok=True)
         add_file_log(f"{store.path}/logs/driver.log", redaction)
+        # from here the terminal shows stage lines only; Ray's, W&B's and every worker's output go to the log
+        console.capture(f"{store.path}/logs/driver.log")
     store.start(config_dict, yaml.safe_dump(config_dict, sort_keys=False))
     cache = f"{cfg.run.root.rstrip('/')}/_cache/requests" if cfg.run.request_cache else ""
     run = JobRun(store, run_id, config_dict, cache)

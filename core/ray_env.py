@@ -1,7 +1,9 @@
 """Connecting to Ray: a local cluster on a laptop, the job's cluster under `ray job submit`.
 
-Worker environment defaults live here, once (not scattered through jobs); an operator's own environment wins over
-each default, so `HF_HUB_OFFLINE=0 ray job submit ...` does what it says.
+Every worker's environment is built here, once (not scattered through jobs): where models come from is the
+config's `ray.models` (core.model_store), written into the runtime env of every worker; the other defaults below
+yield to the driver's own environment. A submitted driver's environment is the cluster's, never the submitting
+shell's (core.model_store says where Ray decides that), so a setting that must reach the workers is a config key.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from core.config import Section, dotted, fail
+from core.model_store import MODEL_ENV_KEYS, ModelsConfig, on_storage
+
 log = logging.getLogger(__name__)
 
 WORKER_ENV_DEFAULTS = {
-    # models load from local paths only; the hub is never contacted unless the operator says so
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "WANDB_MODE": "offline",
     # DeepSpeed picks its accelerator at import; on CPU-only workers it must be told
@@ -31,10 +33,15 @@ PASS_THROUGH = ("QUORUM_CACHE", "WANDB_MODE", "DS_ACCELERATOR", "OMP_NUM_THREADS
 
 
 @dataclass
-class RayConfig:
+class RayConfig(Section):
     # "" = RAY_ADDRESS if set (ray job submit sets it), else start a new local cluster (never join another one
     # on this machine); or "auto" / "host:port" / "ray://host:port"
     address: str = ""
+    # the directory every node of the cluster mounts at the same path (cluster.yaml's EFS mount, k8s/'s shared
+    # claim): when set, run.root, trainer storage paths and ray.models.hf_home must lie under it; "" = one machine
+    shared_storage: str = ""
+    # where hf:<repo> models come from on every worker (core.model_store)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
     # CPUs of a *local* cluster; 0 = all cores
     num_cpus: int = 0
     # extra environment variables for every worker
@@ -47,10 +54,33 @@ class RayConfig:
     worker_niceness: int = 0
 
 
-def worker_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: os.environ.get(k, v) for k, v in WORKER_ENV_DEFAULTS.items()}
-    env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
-    env.update(extra)
+    def check(self, where: str = "") -> None:
+        storage = self.shared_storage
+        if storage and ("://" in storage or not os.path.isabs(storage)):
+            fail(dotted(where, "shared_storage"), f"{storage!r} must be the absolute path where every node mounts "
+                                                  "the shared filesystem (e.g. /mnt/shared)")
+        hf_home = self.models.hf_home
+        if storage and hf_home and not on_storage(hf_home, storage):
+            fail(dotted(where, "models.hf_home"), f"{hf_home!r} is not on ray.shared_storage ({storage}): every "
+                                                  "node must load the same staged models")
+        for name in self.env_vars:
+            if name in MODEL_ENV_KEYS:
+                fail(dotted(where, f"env_vars.{name}"), "set by ray.models (hub_access, hf_home) for every worker; "
+                                                        "set it there")
+
+
+def worker_env(cfg: RayConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables of every worker's runtime env.
+
+    `environ` (default: this process's) may override the defaults and supplies the pass-through variables; the
+    model story (`cfg.models`) and `cfg.env_vars` come from the config only. `environ={}` gives the config's own
+    environment, for a runtime env written for another machine (`quorum serve --print-config`).
+    """
+    environ = os.environ if environ is None else environ
+    env = {k: environ.get(k, v) for k, v in WORKER_ENV_DEFAULTS.items()}
+    env.update({k: environ[k] for k in PASS_THROUGH if k in environ})
+    env.update(cfg.models.env())
+    env.update(cfg.env_vars)
     if not env.get("DS_ACCELERATOR"):
         env.pop("DS_ACCELERATOR", None)
     return env
@@ -62,7 +92,7 @@ def init_ray(cfg: RayConfig) -> None:
 
     if ray.is_initialized():
         return
-    runtime_env = {"env_vars": worker_env(cfg.env_vars)}
+    runtime_env = {"env_vars": worker_env(cfg)}
     address = cfg.address or os.environ.get("RAY_ADDRESS", "")
     if address:
         log.info("connecting to Ray at %s", address)

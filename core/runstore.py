@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from core import console
 from core.config import Section, config_hash, dotted, fail
 from core.errors import ConfigError
 
@@ -195,12 +196,14 @@ class RunStore:
         if self.resume and self.is_complete(name, digest):
             entry = self.manifest["stages"][name]
             log.info("stage %s: reusing complete output (hash %s)", name, digest)
+            console.stage_finished(name, entry.get("rows", 0), 0.0, {}, reused=True)
             return StageResult(name, final, entry.get("rows", 0), True, 0.0, entry.get("summary", {}))
         self._drop_stale_attempts(name)
         tmp = f"{self.path}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
         self.manifest["stages"][name] = {"status": "running", "hash": digest}
         self._save_manifest()
         started = time.time()
+        console.stage_started(name)
         summary = produce(self.uri_prefix + tmp if self.uri_prefix else tmp) or {}
         rows = self._count_rows(tmp)
         self._replace_dir(tmp, final)
@@ -210,6 +213,7 @@ class RunStore:
             "summary": summary, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         self._save_manifest()
+        console.stage_finished(name, rows, seconds, summary)
         return StageResult(name, final, rows, False, seconds, summary)
 
     def _drop_stale_attempts(self, name: str) -> None:

@@ -1,7 +1,7 @@
 """Torch's intra-op thread count chosen by timing decode steps, so that it follows the machine's load.
 
 Why: every OpenMP parallel region ends at a barrier. On 2 cores beside one busy process, a decode step on 2 threads
-runs at the speed of the thread that shares its core with the competitor (the README's contention section: 0.21 to
+runs at the speed of the thread that shares its core with the competitor (bench.generate --contention 1: 0.21 to
 0.28 of idle, a fair share being 0.5), while 1 thread keeps a core to itself. On an idle machine 2 threads win. No
 fixed count is right for both, and which load a laptop or CI runner has is known only by measuring.
 

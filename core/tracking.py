@@ -10,12 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from core.config import ALWAYS_SECRET, Section, dotted, one_of
+from core.config import ALWAYS_SECRET, Section, dotted, fail, one_of
+
+# where W&B reads its key, on the driver and (installed by actors.secrets) on every training worker
+WANDB_KEY_ENV = "WANDB_API_KEY"
+WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
 @dataclass
@@ -34,7 +39,7 @@ class WandbConfig(Section):
         return self.enabled and self.mode != "disabled"
 
     def check(self, where: str = "") -> None:
-        one_of(self.mode, ("auto", "online", "offline", "disabled"), dotted(where, "mode"))
+        one_of(self.mode, WANDB_MODES, dotted(where, "mode"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -131,16 +136,94 @@ class Tracker:
             self.run = None
 
 
+def resolve_mode(mode: str, environ: Mapping[str, str] = os.environ) -> str:
+    """auto -> W&B's own `WANDB_MODE` where set, else online when this process has a W&B key, else offline; other
+    modes pass through.
+
+    >>> resolve_mode("auto", {}), resolve_mode("auto", {"WANDB_API_KEY": "k"}), resolve_mode("offline", {"WANDB_API_KEY": "k"})
+    ('offline', 'online', 'offline')
+    >>> resolve_mode("auto", {"WANDB_API_KEY": "k", "WANDB_MODE": "offline"})
+    'offline'
+    """
+    one_of(mode, WANDB_MODES, "wandb.mode")
+    if mode != "auto":
+        return mode
+    env_mode = {"dryrun": "offline", "run": "online"}.get(environ.get("WANDB_MODE", ""), environ.get("WANDB_MODE", ""))
+    if env_mode in ("online", "offline", "disabled"):
+        return env_mode
+    return "online" if environ.get(WANDB_KEY_ENV) else "offline"
+
+
+def job_run_name(job: str, run_id: str) -> str:
+    """The job's W&B run name, and the group of every run it starts (its own and its trainers')."""
+    return f"{job}/{run_id}"
+
+
 def start_tracking(cfg: WandbConfig, job: str, run_id: str, config: dict, local_dir: str | None) -> Tracker:
     """Start a W&B run with the resolved config; offline unless an API key is present (or mode says so)."""
-    if not cfg.enabled or cfg.mode == "disabled":
+    if not cfg.on:
         return Tracker()
     import wandb
 
-    mode = cfg.mode if cfg.mode != "auto" else ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    name = job_run_name(job, run_id)
     run = wandb.init(
-        project=cfg.project, entity=cfg.entity or None, name=f"{job}/{run_id}", group=job, job_type=job,
-        config=config, mode=mode, dir=local_dir, tags=cfg.tags or None, reinit="finish_previous",
+        project=cfg.project, entity=cfg.entity or None, name=name, group=name, job_type=job,
+        config=config, mode=resolve_mode(cfg.mode), dir=local_dir, tags=cfg.tags or None, reinit="finish_previous",
         settings=wandb.Settings(console="off"),
     )
     return Tracker(run)
+
+
+def trainer_tracking(cfg: WandbConfig, job: str, run_id: str,
+                     environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The tracking fields of a trainer config (`train.config.TrackingFields`) for a trainer a job starts: its runs
+    take the job run's project, entity and tags, sit in the job run's group, and are online exactly when the job's
+    run is (the driver resolves `auto`; its key reaches the workers through `actors.secrets`, by name).
+
+    Raises:
+        ConfigError: mode online without a key in the driver's environment: `wandb login`'s netrc file stays on
+            this machine, so the training workers on other nodes could not log in.
+    """
+    mode = resolve_mode(cfg.mode, environ) if cfg.on else "disabled"
+    if mode == "online" and not environ.get(WANDB_KEY_ENV):
+        fail("wandb.mode", f"online needs {WANDB_KEY_ENV} set in the submitting environment: the training workers "
+             "get the key from there (a `wandb login` netrc file does not reach other nodes)")
+    return {"wandb": cfg.on, "wandb_project": cfg.project, "wandb_entity": cfg.entity, "wandb_mode": mode,
+            "wandb_group": job_run_name(job, run_id), "wandb_tags": list(cfg.tags or [])}
+
+
+def wandb_secret_names(mode: str) -> list[str]:
+    """The variables a trainer's workers need for W&B: the key, by name, when its runs are online."""
+    return [WANDB_KEY_ENV] if mode == "online" else []
+
+
+def start_worker_run(trainer: Any, *, run_id: str, local_dir: str, config: dict, rank: int) -> Any:
+    """A training worker's W&B run (`worker_wandb_init` of the trainer config's tracking fields), or None."""
+    kwargs = worker_wandb_init(enabled=trainer.wandb, project=trainer.wandb_project, entity=trainer.wandb_entity,
+                               mode=trainer.wandb_mode, group=trainer.wandb_group, tags=trainer.wandb_tags,
+                               run_name=trainer.run_name, run_id=run_id, local_dir=local_dir, config=config, rank=rank)
+    if kwargs is None:
+        return None
+    import wandb
+
+    os.makedirs(local_dir, exist_ok=True)
+    return wandb.init(**kwargs)
+
+
+def worker_wandb_init(*, enabled: bool, project: str, entity: str, mode: str, group: str, tags: list[str],
+                      run_name: str, run_id: str, local_dir: str, config: dict, rank: int,
+                      environ: Mapping[str, str] = os.environ) -> dict[str, Any] | None:
+    """`wandb.init` keyword arguments of a training worker's run, or None for a worker that logs none.
+
+    Rank 0 logs the trainer's metrics, reduced over the workers (and per-rank figures gathered to it); one run per
+    trainer keeps the group readable. Its mode is the job's, resolved on the driver (`trainer_tracking`); `auto`
+    (a trainer started without a job) is resolved here, in the worker's environment. The key never
+    appears here: wandb reads `WANDB_API_KEY` from the worker's environment, where `actors.secrets` installed it.
+    """
+    if not enabled or rank != 0 or mode == "disabled":
+        return None
+    if mode == "auto":
+        mode = resolve_mode("auto", environ)
+    return {"project": project, "entity": entity or None, "group": group or None, "tags": list(tags) or None,
+            "job_type": "train", "name": f"{group}/{run_name}" if group else run_name, "id": run_id,
+            "resume": "allow", "dir": local_dir, "mode": mode, "config": config}

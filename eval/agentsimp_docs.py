@@ -3,14 +3,19 @@
 The paper splits clean plain text into "paragraph-based chunks" (its code: on blank lines) and says nothing about
 other formats. A `Document` is an ordered list of `Block`s of three kinds: **paragraph** (a chunk the paragraph
 agents simplify), **heading** (structure: shown to the project director and the logic analyst inside the article
-text, never simplified as a paragraph) and **verbatim** (code, raw HTML in Markdown: kept in place, never sent to a
-model). Nothing in a file is dropped silently: every piece of text ends up in some block.
+text, never simplified as a paragraph) and **verbatim** (code, raw HTML in Markdown, <pre>: never sent to a model,
+not in the planners' article nor in the scored source; kept in the documents table with their position, see
+`verbatim_blocks`; the reconstructed article does not contain them). Nothing in a file is dropped silently: every
+piece of text ends up in some block.
 
 =========  ==========================================================================================
 format     segmentation
 =========  ==========================================================================================
 .txt       paragraphs = runs of non-blank lines; the lines of one paragraph are joined with a space
-           (hard-wrapped text is unwrapped); no headings
+           (hard-wrapped text is unwrapped). A line "# ..." to "###### ..." (a Markdown ATX heading) is a
+           heading of that level, wherever it stands. A text without any blank line but with several lines
+           has one paragraph per line (the authors' GuoFeng loader splits on single newlines), unless
+           `line_paragraphs="never"`; "always" splits on every line
 .md        CommonMark block structure (markdown-it-py, "commonmark" preset): ATX/setext headings ->
            heading; each paragraph -> paragraph, and so each list item's and block quote's paragraph;
            fenced/indented code and HTML blocks -> verbatim. Inline markup is reduced to its text (link
@@ -21,7 +26,8 @@ format     segmentation
            block element (<p>, <li>, <div>, <td>, <blockquote>, ...) -> one paragraph, so <li> items,
            text loose in a <div> and the text after a nested list all become paragraphs; <br> is a space
 .jsonl     one document per line: {"id": str, "text": str | "paragraphs": [str, ...],
-           "references": [str, ...]?}; text is segmented like .txt; no other key is allowed
+           "references": [str, ...]?}; text is segmented like .txt, a "paragraphs" item that is a heading
+           line is a heading; no other key is allowed
 =========  ==========================================================================================
 
 A single .txt/.md/.html file is one document whose id is the file stem. Bad input raises
@@ -44,6 +50,7 @@ from markdown_it import MarkdownIt
 
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
+from core.text import is_blank
 from eval.agentsimp_roles import join_paragraphs
 
 FORMATS = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html",
@@ -59,6 +66,8 @@ _BLOCK_TAG_NAMES = (
 _BLOCK_TAGS = frozenset(_BLOCK_TAG_NAMES.split())
 _SPACE = re.compile(r"\s+")
 _BLANK_SPLIT = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
+_ATX = re.compile(r"^[ ]{0,3}(#{1,6})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+LINE_PARAGRAPHS = ("auto", "never", "always")
 
 
 @dataclass(frozen=True)
@@ -92,25 +101,57 @@ class Document:
 
     @property
     def article(self) -> str:
-        """The whole document for the planners: headings as Markdown "#" lines, paragraphs and verbatim blocks."""
-        return join_paragraphs([f"{'#' * b.level} {b.text}" if b.kind == "heading" else b.text for b in self.blocks])
+        """The document for the planners: headings as Markdown "#" lines and paragraphs (verbatim blocks left out)."""
+        return join_paragraphs([f"{'#' * b.level} {b.text}" if b.kind == "heading" else b.text
+                                for b in self.blocks if b.kind != "verbatim"])
+
+    @property
+    def verbatim_blocks(self) -> tuple[tuple[int, str], ...]:
+        """(number of paragraphs before it, text) of every verbatim block: where it stood among the paragraphs."""
+        out, seen = [], 0
+        for block in self.blocks:
+            if block.kind == "paragraph":
+                seen += 1
+            elif block.kind == "verbatim":
+                out.append((seen, block.text))
+        return tuple(out)
 
 
 # ----------------------------------------------------------------------------- segmentation
 
 
-def segment_text(text: str, first_line: int = 1) -> list[Block]:
-    """Plain text -> paragraph blocks (runs of non-blank lines, unwrapped).
+def segment_text(text: str, first_line: int = 1, line_paragraphs: str = "auto") -> list[Block]:
+    """Plain text -> heading and paragraph blocks (module docstring: runs of non-blank lines, unwrapped; "#" lines
+    are headings; a text without a blank line has a paragraph per line unless `line_paragraphs` is "never").
 
     >>> [(b.text, b.line) for b in segment_text("One\\ntwo.\\n\\n\\nThree.\\n")]
     [('One two.', 1), ('Three.', 5)]
+    >>> [(b.kind, b.text, b.level) for b in segment_text("## Fares\\nBus fares rise.\\nTrains stay.")]
+    [('heading', 'Fares', 2), ('paragraph', 'Bus fares rise.', 0), ('paragraph', 'Trains stay.', 0)]
     """
-    blocks, line = [], first_line
-    for piece in re.split(r"(\n[ \t]*(?:\n[ \t]*)+)", text.replace("\r\n", "\n")):
-        if piece.strip() and not _BLANK_SPLIT.fullmatch(piece):
-            lead = len(piece) - len(piece.lstrip("\n"))
-            blocks.append(Block("paragraph", _SPACE.sub(" ", piece).strip(), line=line + lead))
-        line += piece.count("\n")
+    if line_paragraphs not in LINE_PARAGRAPHS:
+        raise ValueError(f"line_paragraphs must be one of {', '.join(LINE_PARAGRAPHS)}, got {line_paragraphs!r}")
+    text = text.replace("\r\n", "\n")
+    by_line = line_paragraphs == "always" or (
+        line_paragraphs == "auto" and not _BLANK_SPLIT.search(text.strip()) and "\n" in text.strip())
+    blocks, run = [], []
+
+    def flush():
+        if run:
+            blocks.append(Block("paragraph", _SPACE.sub(" ", " ".join(t for t, _ in run)).strip(), line=run[0][1]))
+            run.clear()
+
+    for number, raw in enumerate(text.split("\n"), first_line):
+        heading = _ATX.match(raw)
+        if not raw.strip() or heading:
+            flush()
+            if heading and heading.group(2).strip():
+                blocks.append(Block("heading", heading.group(2).strip(), len(heading.group(1)), number))
+            continue
+        run.append((raw, number))
+        if by_line:
+            flush()
+    flush()
     return blocks
 
 
@@ -200,7 +241,7 @@ def _flush(run: list, blocks: list[Block]) -> None:
 # ----------------------------------------------------------------------------- files
 
 
-def read_document(path, fmt: str = "auto") -> Document:
+def read_document(path, fmt: str = "auto", line_paragraphs: str = "auto") -> Document:
     """One .txt/.md/.html file as a Document with id = file stem.
 
     Raises:
@@ -211,21 +252,25 @@ def read_document(path, fmt: str = "auto") -> Document:
     if fmt == "jsonl":
         raise CorpusError(f"{path}: a JSONL corpus holds several documents; read it with read_corpus")
     text = _read(path)
-    blocks = {"text": segment_text, "markdown": segment_markdown}.get(fmt, lambda t: segment_html(t, str(path)))(text)
+    readers = {"text": lambda t: segment_text(t, line_paragraphs=line_paragraphs), "markdown": segment_markdown}
+    blocks = readers.get(fmt, lambda t: segment_html(t, str(path)))(text)
     document = Document(path.stem, tuple(blocks), (), str(path))
     if not document.paragraphs:
         raise CorpusError(f"{path}: no paragraph to simplify ({len(blocks)} headings or verbatim blocks only)")
+    if all(is_blank(p) for p in document.paragraphs):
+        raise CorpusError(f"{path}: no paragraph to simplify (its paragraphs hold only zero-width or control "
+                          "characters)")
     return document
 
 
-def read_corpus(path) -> tuple[Document, ...]:
+def read_corpus(path, line_paragraphs: str = "auto") -> tuple[Document, ...]:
     """A JSONL corpus (module docstring); blank lines are skipped, everything else must be a valid document."""
     path = Path(path)
     documents, seen = [], {}
     for number, line in enumerate(_read(path).split("\n"), 1):
         if not line.strip():
             continue
-        document = _jsonl_document(path, number, line)
+        document = _jsonl_document(path, number, line, line_paragraphs)
         if document.id in seen:
             raise CorpusError(f"{path}: line {number}: duplicate id {document.id!r} (first on line {seen[document.id]})")
         seen[document.id] = number
@@ -235,17 +280,24 @@ def read_corpus(path) -> tuple[Document, ...]:
     return tuple(documents)
 
 
-def read_documents(paths: Sequence) -> tuple[Document, ...]:
-    """Documents from files of any supported format (JSONL files may hold several); ids must be unique."""
+def read_documents(paths: Sequence, line_paragraphs: str = "auto") -> tuple[Document, ...]:
+    """Documents from files of any supported format (JSONL files may hold several); ids must be unique.
+
+    Raises:
+        CorpusError: also when `paths` hold no document at all.
+    """
     documents, origin = [], {}
     for path in paths:
-        found = read_corpus(path) if _format(Path(path), "auto") == "jsonl" else (read_document(path),)
+        found = (read_corpus(path, line_paragraphs) if _format(Path(path), "auto") == "jsonl" else
+                 (read_document(path, line_paragraphs=line_paragraphs),))
         for document in found:
             if document.id in origin:
                 raise CorpusError(f"{document.origin}: duplicate document id {document.id!r} "
                                   f"(also {origin[document.id]})")
             origin[document.id] = document.origin
             documents.append(document)
+    if not documents:
+        raise CorpusError(f"no document in {', '.join(map(str, paths)) or 'the input paths (none given)'}")
     return tuple(documents)
 
 
@@ -263,7 +315,7 @@ def _read(path: Path) -> str:
     return read_utf8(path, CorpusError)
 
 
-def _jsonl_document(path: Path, number: int, line: str) -> Document:
+def _jsonl_document(path: Path, number: int, line: str, line_paragraphs: str = "auto") -> Document:
     where = f"{path}: line {number}"
     record = json_object(line, where, CorpusError)
     unknown = sorted(set(record) - set(JSONL_KEYS))
@@ -275,14 +327,17 @@ def _jsonl_document(path: Path, number: int, line: str) -> Document:
     if ("text" in record) == ("paragraphs" in record):
         raise CorpusError(f"{where}: give exactly one of 'text' and 'paragraphs'")
     if "text" in record:
-        if not isinstance(record["text"], str) or not record["text"].strip():
+        if not isinstance(record["text"], str) or is_blank(record["text"]):
             raise CorpusError(f"{where}: 'text' must be a non-empty string")
-        blocks = tuple(segment_text(record["text"]))
+        blocks = tuple(segment_text(record["text"], line_paragraphs=line_paragraphs))
     else:
         paragraphs = _strings(record["paragraphs"], "paragraphs", where)
         if not paragraphs:
             raise CorpusError(f"{where}: 'paragraphs' must not be empty")
-        blocks = tuple(Block("paragraph", _SPACE.sub(" ", p).strip()) for p in paragraphs)
+        blocks = tuple(Block("heading", m.group(2).strip(), len(m.group(1))) if (m := _ATX.fullmatch(p.strip()))
+                       and m.group(2).strip() else Block("paragraph", _SPACE.sub(" ", p).strip()) for p in paragraphs)
+    if not any(b.kind == "paragraph" for b in blocks):
+        raise CorpusError(f"{where}: no paragraph to simplify (headings only)")
     references = _strings(record.get("references", []), "references", where)
     return Document(doc_id, blocks, tuple(references), f"{path}:{number}")
 
@@ -291,6 +346,6 @@ def _strings(value, key: str, where: str) -> list[str]:
     if not isinstance(value, list):
         raise CorpusError(f"{where}: {key!r} must be a list of strings, got {type(value).__name__}")
     for k, item in enumerate(value):
-        if not isinstance(item, str) or not item.strip():
+        if not isinstance(item, str) or is_blank(item):
             raise CorpusError(f"{where}: {key}[{k}] must be a non-empty string, got {item!r}")
     return list(value)

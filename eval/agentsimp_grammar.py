@@ -42,6 +42,28 @@ _FIRST = r'[^"\\\x00-\x20]|\\["\\\/]'
 STRING_BODY = rf"(?:{_FIRST})(?:{_UNIT})*"
 
 
+def field_tokens(role: str, max_tokens: int) -> list[int]:
+    """Each JSON field's token share within `max_tokens` (module docstring), in the prompt's field order.
+
+    >>> field_tokens("proofreader", 400)  # skeleton '{"mistakes": "", "corrected article": ""}' = 41 chars
+    [87, 263]
+    """
+    fields = role_fields(role)
+    skeleton = json.dumps({key: [] if kind == "list" else "" for key, kind, _ in fields})
+    budget = max_tokens - len(skeleton) - _MARGIN
+    weights = [_WEIGHTS.get(key, _LIST_WEIGHT if kind == "list" else _TEXT_WEIGHT) for key, kind, _ in fields]
+    return [budget * w // sum(weights) for w in weights]
+
+
+def main_field_tokens(role: str, max_tokens: int) -> int:
+    """The largest field share of a JSON role's grammar (its main text); 0 for a free-text role.
+
+    An answer whose completion reaches this many tokens may have had its main text closed by the grammar
+    (`eval.agentsimp_outputs.guard_error` treats it as truncated).
+    """
+    return max(field_tokens(role, max_tokens), default=0) if role_fields(role) else 0
+
+
 def role_grammar(role: str, max_tokens: int) -> str:
     """The grammar of role `role`'s JSON answer within `max_tokens` completion tokens; "" for a free-text role.
 
@@ -55,10 +77,7 @@ def role_grammar(role: str, max_tokens: int) -> str:
     fields = role_fields(role)
     if not fields:
         return ""
-    skeleton = json.dumps({key: [] if kind == "list" else "" for key, kind, _ in fields})
-    budget = max_tokens - len(skeleton) - _MARGIN
-    weights = [_WEIGHTS.get(key, _LIST_WEIGHT if kind == "list" else _TEXT_WEIGHT) for key, kind, _ in fields]
-    shares = [budget * w // sum(weights) for w in weights]
+    shares = field_tokens(role, max_tokens)
     if min(shares) < MIN_FREE_TOKENS:
         raise ValueError(f"max_tokens={max_tokens} is too small for the {role} answer: a field would get "
                          f"{min(shares)} tokens (at least {MIN_FREE_TOKENS} needed)")

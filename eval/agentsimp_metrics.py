@@ -5,10 +5,16 @@ and cost accounting. All pure; model-based metrics come in as callables.
 
 - SARI (`eval.sari.corpus_sari` with the document as one segment) and D-SARI (`eval.dsari.document_sari`) against
   each reference *alone*, then the mean over references: Appendix A, "averaging the results from all four
-  reference documents per document" (not multi-reference SARI). None without references.
-- FKGL of the output (`eval.textmetrics.sentence_fkgl`; the paper reports it "for reference only").
+  reference documents per document" (not multi-reference SARI). None without references. D-SARI is the
+  reference script's computation on the raw text (`dsari_tokenizer="script"`: `lower().split(" ")`, Punkt
+  sentence counts, so a "#"/"##" heading line is not a sentence of its own); "13a" is the knob for sacrebleu's
+  tokenizer.
+- FKGL of the output (`document_fkgl`; the paper reports it "for reference only"): EASSE's words and syllables
+  (lowercased '13a' tokens) over the sentences D-SARI counts (Punkt on the raw text), so both metrics see the same
+  number of sentences in one output.
 - BERTScore F1 (the issue asks for it; the paper uses BARTScore): `bertscore(candidate, reference)` from the caller
-  (e.g. `eval.bertscore` with the bundled MiniLM), mean over references.
+  (the job uses `eval.bertscore.document_bertscore`, whole documents in windows, with the bundled MiniLM), mean over
+  references.
 - compression: characters of output / source (`eval.textmetrics.compression_ratio`).
 
 **Summary check** (§3.2.2: ChatGPT "tends to generate summaries instead of simplifying long texts"; the paper has no
@@ -38,8 +44,8 @@ from dataclasses import dataclass
 
 from eval.dsari import document_sari
 from eval.sari import corpus_sari
-from eval.textmetrics import compression_ratio, sentence_fkgl
-from eval.textnorm import split_sentences
+from eval.textmetrics import compression_ratio
+from eval.textnorm import count_punkt_sentences, count_syllables, normalize, split_sentences
 
 _STOPWORDS = (
     "a about above after again against all also am an and any are as at be because been before being below between "
@@ -146,8 +152,26 @@ def summary_check(source: str, output: str, min_length_ratio: float = 0.5, min_c
 # ----------------------------------------------------------------------------- document scores
 
 
+def document_fkgl(text: str) -> float:
+    """FKGL of one document: EASSE's words and syllables, Punkt's sentences on the raw text (module docstring).
+
+    FKGL = max(0, 0.39 * words / sentences + 11.8 * syllables / words - 15.59); 0.0 for a text without words.
+
+    >>> text = "# Road repairs\\n\\nThe council will close the road for necessary repairs. Buses will use another street."
+    >>> round(document_fkgl(text), 3)  # 19 tokens ("#" and "." included), 2 sentences (the heading joins), 25 syllables
+    3.641
+    """
+    tokens = normalize(text, lowercase=True).split()
+    sentences = count_punkt_sentences(text)
+    if not tokens or not sentences:
+        return 0.0
+    syllables = sum(count_syllables(t) for t in tokens)
+    return max(0.0, 0.39 * len(tokens) / sentences + 11.8 * syllables / len(tokens) - 15.59)
+
+
 def score_document(source: str, output: str, references: Sequence[str] = (),
-                   bertscore: Callable[[str, str], float] | None = None, **check) -> dict[str, float | None]:
+                   bertscore: Callable[[str, str], float] | None = None, dsari_tokenizer: str = "script",
+                   **check) -> dict[str, float | None]:
     """All scores of one output document (keys `SCORE_KEYS`; None where references or `bertscore` are missing).
 
     Args:
@@ -155,6 +179,7 @@ def score_document(source: str, output: str, references: Sequence[str] = (),
         output: The simplified document.
         references: Reference simplifications; each scored alone, then averaged.
         bertscore: (candidate, reference) -> F1, or None to skip.
+        dsari_tokenizer: "script" (the reference script's) or "13a" (`eval.dsari.document_sari`).
         **check: Thresholds for `summary_check`.
     """
     refs = [r for r in references if r is not None]
@@ -165,8 +190,8 @@ def score_document(source: str, output: str, references: Sequence[str] = (),
 
     return {
         "sari": mean([corpus_sari([source], [output], [[ref]]) for ref in refs]),
-        "dsari": mean([document_sari(source, output, [ref]) for ref in refs]),
-        "fkgl": sentence_fkgl(output),
+        "dsari": mean([document_sari(source, output, [ref], tokenizer=dsari_tokenizer) for ref in refs]),
+        "fkgl": document_fkgl(output),
         "bertscore": mean([bertscore(output, ref) for ref in refs]) if bertscore else None,
         "compression": compression_ratio(source, output),
         "length_ratio": summary.length_ratio,

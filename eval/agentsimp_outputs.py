@@ -23,10 +23,26 @@ paper prints its output specs) is re-wrapped, and the paper's malformed Fig. 16 
 **Validation is strict**: the object must match the role's JSON schema (`role_schema`: exactly the keys, strings
 with a non-space character, lists of such strings; "None" or null only where the role may decline).
 
+**"None" findings** (the metaphorical analyst's Fig. 13 and the proofreader's prompts, §3.2.4 "If no issues are
+found, no changes are applied"): when the analysis (``"analyzed result"``) or the mistakes (``"mistakes"``) are
+"None", the role changes nothing (value.text None: the plan keeps its input), whatever text the answer carries in
+its other field; a "None" text with a finding also keeps the input.
+
 **Retries** (`decide`, `settle`): an answer that fails extraction or validation, or an engine error, is retried
 up to `max_retries` times (new seed, `retry_sampling`); then the stage *falls back* to the value given by the plan
 (the stage's input, e.g. the unsimplified paragraph), and the `RoleOutcome` records every raw answer, every error
 and `fell_back=True`. Nothing raises on model output, and nothing is dropped.
+
+**Guards** (`guard_error`): two answers fall back to the stage's input at once, without a retry (a retry under the
+same budget is cut again), recorded in `RoleOutcome.guard`:
+
+- ``truncated``: the engine stopped at the token limit (``finish_reason == "length"``, any role), or a JSON answer
+  decoded under its grammar used at least its main field's token share (`Reply.budget`, from
+  `eval.agentsimp_grammar.main_field_tokens`): the grammar closes a string when its share runs out, so a cut
+  article still parses, and that is the only trace it leaves.
+- ``collapsed``: a call with ``min_ratio`` > 0 (the architect and the proofreader: document-level rewrites that
+  must not shorten the article) answered with fewer than ``min_ratio`` × the words of its input, or with one
+  sentence where its input had three or more (`collapsed`).
 
 Pure: no ray, vllm, deepspeed or torch.
 """
@@ -42,8 +58,11 @@ import jsonschema
 
 from eval.agentsimp_roles import render_outline, role_spec, split_paragraphs
 from eval.judge_parse import Parsed, split_think
+from eval.textnorm import count_punkt_sentences
 
 ACCEPT, RETRY, FALL_BACK = "accept", "retry", "fallback"
+TRUNCATED, COLLAPSED = "truncated", "collapsed"
+GUARDS = (TRUNCATED, COLLAPSED)
 # retries draw a new sample; a greedy retry would repeat itself, so they run at least this hot (as the juries do)
 RETRY_MIN_TEMPERATURE = 0.7
 
@@ -101,6 +120,8 @@ class Reply:
     finish_reason: str = "stop"
     error: str = ""
     cached: bool = False
+    # the main JSON field's token share under the role's grammar (0: decoded freely or a free-text role)
+    budget: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,7 @@ class RoleOutcome:
         raws: The raw text of every attempt, in order.
         prompt_tokens, completion_tokens, seconds, cached: Summed over attempts (cached = attempts served from
             the request cache).
+        guard: "truncated" or "collapsed" when a guard made the call fall back (module docstring), else "".
     """
 
     value: RoleValue
@@ -126,6 +148,7 @@ class RoleOutcome:
     completion_tokens: int = 0
     seconds: float = 0.0
     cached: int = 0
+    guard: str = ""
 
 
 # ----------------------------------------------------------------------------- schemas
@@ -252,11 +275,13 @@ def _json_value(role: str, obj: dict) -> RoleValue:
         return RoleValue(obj["simplified result"].strip())
     if role == "simplify_supervisor":
         return RoleValue(declined("suggestions"))
-    if role == "metaphorical_analyst":
-        return RoleValue(declined("simplified result"), note=declined("analyzed result"))
-    if role == "terminology_interpreter":
-        return RoleValue(obj["parsed result"].strip(), items=tuple(t.strip() for t in obj["terminology"]))
-    return RoleValue(declined("corrected article"), note=declined("mistakes"))  # proofreader
+    if role in ("metaphorical_analyst", "proofreader"):
+        # a "None" finding changes nothing, whatever the text field says (module docstring)
+        finding, text = ("analyzed result", "simplified result") if role == "metaphorical_analyst" else (
+            "mistakes", "corrected article")
+        note = declined(finding)
+        return RoleValue(None if note is None else declined(text), note=note)
+    return RoleValue(obj["parsed result"].strip(), items=tuple(t.strip() for t in obj["terminology"]))
 
 
 def _parse_text(role: str, text: str | None, expect_paragraphs: int) -> Parsed:
@@ -286,26 +311,72 @@ def decide(errors: Sequence[str], max_retries: int) -> str:
     ACCEPT when the last attempt parsed; RETRY while there were at most `max_retries` failures (so at most
     1 + max_retries attempts in all; no attempt yet also means RETRY, i.e. make the first); FALL_BACK otherwise.
 
-    >>> [decide(h, 1) for h in ([], ["no_json"], ["no_json", ""], ["no_json", "empty"])]
-    ['retry', 'retry', 'accept', 'fallback']
+    A guard error (truncated, collapsed) falls back at once.
+
+    >>> [decide(h, 1) for h in ([], ["no_json"], ["no_json", ""], ["no_json", "empty"], ["truncated: length"])]
+    ['retry', 'retry', 'accept', 'fallback', 'fallback']
     """
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     if errors and not errors[-1]:
         return ACCEPT
+    if errors and errors[-1].split(":")[0] in GUARDS:
+        return FALL_BACK
     return RETRY if len(errors) <= max_retries else FALL_BACK
 
 
-def reply_error(role: str, reply: Reply, expect_paragraphs: int = 0) -> tuple[RoleValue | None, str]:
-    """Parse one reply: (value, "") or (None, error); an engine error is "engine: <message>"."""
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def collapsed(source: str, output: str, min_ratio: float) -> str:
+    """Why `output` is a collapsed rewrite of `source` (module docstring), or "" when it is not.
+
+    >>> collapsed("One cat. Two cats sat. Three cats ran off.", "Cats.", 0.5)
+    'collapsed: 1 of 9 words'
+    >>> collapsed("One cat. Two cats sat. Three cats ran off.", "One cat sat and two more cats ran off fast", 0.5)
+    'collapsed: 1 sentence from 3'
+    >>> collapsed("One cat. Two cats sat.", "A cat. Two cats sat down.", 0.5)
+    ''
+    """
+    have, had = _words(output), _words(source)
+    if have < min_ratio * had:
+        return f"{COLLAPSED}: {have} of {had} words"
+    before = count_punkt_sentences(source)
+    if before >= 3 and count_punkt_sentences(output) <= 1:
+        return f"{COLLAPSED}: 1 sentence from {before}"
+    return ""
+
+
+def guard_error(reply: Reply, value: RoleValue | None, fallback: RoleValue, min_ratio: float = 0.0) -> str:
+    """The guard a parsed reply trips (module docstring): "truncated: ...", "collapsed: ..." or ""."""
+    if reply.finish_reason == "length":
+        return f"{TRUNCATED}: finish_reason length after {reply.completion_tokens} tokens"
+    if reply.budget and reply.completion_tokens >= reply.budget:
+        return f"{TRUNCATED}: {reply.completion_tokens} tokens reached the main field's budget of {reply.budget}"
+    if min_ratio > 0 and value is not None and value.text is not None and fallback.text:
+        return collapsed(fallback.text, value.text, min_ratio)
+    return ""
+
+
+def reply_error(role: str, reply: Reply, expect_paragraphs: int = 0, fallback: RoleValue | None = None,
+                min_ratio: float = 0.0) -> tuple[RoleValue | None, str]:
+    """Parse one reply: (value, "") or (None, error); an engine error is "engine: <message>", a guard's
+    "truncated: ..." / "collapsed: ..." (checked when `fallback`, the stage's input, is given)."""
     if reply.error or reply.finish_reason == "error":
         return None, f"engine: {reply.error or 'error'}"
+    if reply.finish_reason == "length":
+        return None, guard_error(reply, None, RoleValue(None))
     parsed = parse_output(role, reply.text, expect_paragraphs)
+    if parsed.value is not None and fallback is not None:
+        guard = guard_error(reply, parsed.value, fallback, min_ratio)
+        if guard:
+            return None, guard
     return parsed.value, parsed.error
 
 
 def settle(role: str, replies: Sequence[Reply], fallback: RoleValue, max_retries: int,
-           expect_paragraphs: int = 0) -> RoleOutcome | None:
+           expect_paragraphs: int = 0, min_ratio: float = 0.0) -> RoleOutcome | None:
     """The outcome of a call after `replies` (one per attempt, in order), or None when it needs another attempt.
 
     >>> bad, good = Reply("no json here"), Reply('{"simplified result": "Cats sleep."}')
@@ -317,16 +388,17 @@ def settle(role: str, replies: Sequence[Reply], fallback: RoleValue, max_retries
     >>> (out.value.text, out.fell_back, out.errors)
     ('Felines slumber.', True, ('no_json', 'no_json'))
     """
-    parsed = [reply_error(role, r, expect_paragraphs) for r in replies]
+    parsed = [reply_error(role, r, expect_paragraphs, fallback, min_ratio) for r in replies]
     action = decide([error for _, error in parsed], max_retries)
     if action == RETRY:
         return None
     value = parsed[-1][0] if action == ACCEPT else fallback
+    last = parsed[-1][1].split(":")[0]
     return RoleOutcome(
         value=value, attempts=len(replies), errors=tuple(e for _, e in parsed if e), fell_back=action == FALL_BACK,
         raws=tuple(r.text for r in replies), prompt_tokens=sum(r.prompt_tokens for r in replies),
         completion_tokens=sum(r.completion_tokens for r in replies), seconds=sum(r.seconds for r in replies),
-        cached=sum(1 for r in replies if r.cached),
+        cached=sum(1 for r in replies if r.cached), guard=last if action == FALL_BACK and last in GUARDS else "",
     )
 
 

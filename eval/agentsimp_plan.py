@@ -14,12 +14,14 @@ deterministic fake in the tests). Four configurations, communication x reconstru
 
 Batches follow that order; calls in one batch are independent, across paragraphs and, in sync, across agents.
 
-Where the paper is silent or wrong (each a `PlanConfig` knob; README "Deviations"):
+Where the paper is silent or wrong (each a `PlanConfig` knob; docs/papers/004-agentsimp.md, Deviations):
 
 - **Supervisor** (§3.2.2 describes it, Algorithms 1-2 and the authors' code leave it out, nobody consumes its
   suggestions): `supervisor="revise"` (default, the process the paper describes) runs SS on the simplifier's
-  paragraph and has the simplifier revise it with the suggestions, `supervisor_rounds` times; a "None" review
-  ends that paragraph's rounds. `supervisor="off"` is Algorithms 1-2.
+  paragraph and has the simplifier revise it with the suggestions, `supervisor_rounds` times. A "None" review
+  would end that paragraph's rounds early, but Fig. 12's prompt offers the supervisor no "None" answer, so with
+  the paper's prompt every paragraph gets exactly `supervisor_rounds` revisions. `supervisor="off"` is
+  Algorithms 1-2.
 - **Guideline of the paragraph agents**: the project director's G (Algorithms 1-2, default) or the authors' code's
   generic one (`paragraph_guideline="generic"`).
 - **Metaphorical analyst "None"**: the paragraph passes unchanged: the simplifier's output in pipeline, the original
@@ -28,8 +30,15 @@ Where the paper is silent or wrong (each a `PlanConfig` knob; README "Deviations
   has C paragraphs and later ones the carried paragraph plus C more, so ceil(M/C) calls; the carried paragraph is
   not emitted twice; a document with M <= C gets one window. G goes to the first window (Algorithm 2 line 11) in its
   own prompt block (`window_guideline`: first | all | none). `window_keep_count=True` rejects an answer with
-  another paragraph count (retried, then the window falls back to its input); by default any count is kept.
+  another paragraph count (retried, then the window falls back to its input); by default any count is kept. An
+  answer is split into paragraphs on blank lines; one without a blank line but with several lines is split on its
+  lines (`split_answer`), so an architect that separates paragraphs by single newlines does not carry its whole
+  answer into the next window.
 - **Proofreader** (in §3.2.4, missing from both algorithms): on by default (`proofreader`).
+- **Cut or collapsed rewrites**: an answer cut at the token limit falls back to the stage's input (every role); an
+  architect's or proofreader's answer with fewer than `collapse_ratio` (0.5) x its input's words, or one sentence
+  where the input had three or more, falls back too (`eval.agentsimp_outputs.guard_error`; 0 turns the collapse
+  check off). Both are counted per configuration in the run rows and the report.
 - **Fallbacks** (a call whose answers all fail): PD -> generic guideline, ALA -> empty outline, CS/CS'/MA/TI -> the
   paragraph they were given, SS -> no suggestions, CI -> the basic (CS) version, AA -> its paragraphs unchanged,
   PF -> the article unchanged. The outcome records `fell_back`.
@@ -77,6 +86,7 @@ class PlanConfig(Section):
     window_guideline: str = "first"
     window_keep_count: bool = False
     proofreader: bool = True
+    collapse_ratio: float = 0.5
     generic_guideline: str = GENERIC_GUIDELINE
 
     @property
@@ -98,6 +108,8 @@ class PlanConfig(Section):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 fail(dotted(where, name), f"must be an integer >= 1, got {value!r}")
+        if not isinstance(self.collapse_ratio, int | float) or not 0 <= self.collapse_ratio < 1:
+            fail(dotted(where, "collapse_ratio"), f"must be in [0, 1), got {self.collapse_ratio!r}")
         if not self.generic_guideline.strip():
             fail(dotted(where, "generic_guideline"), "must not be empty")
 
@@ -119,6 +131,7 @@ class RoleCall:
         fallback: The value used when every attempt fails (the stage's input).
         unit: What it works on, for records: "doc", "p<i>" (0-based paragraph) or "w<k>" (window).
         expect_paragraphs: Paragraph count the answer must have (iterative architect with window_keep_count).
+        min_ratio: The collapse guard's word ratio (architect, proofreader; 0 = no check).
     """
 
     role: str
@@ -126,11 +139,13 @@ class RoleCall:
     fallback: RoleValue = field(compare=False)
     unit: str = field(default="doc", compare=False)
     expect_paragraphs: int = 0
+    min_ratio: float = 0.0
 
     @cached_property
     def key(self) -> str:
-        """Stable content key: same role, inputs and check => same key, whatever the configuration or unit."""
-        blob = json.dumps([self.role, sorted(self.inputs), self.expect_paragraphs], ensure_ascii=False)
+        """Stable content key: same role, inputs and checks => same key, whatever the configuration or unit."""
+        checks = [self.expect_paragraphs] + ([self.min_ratio] if self.min_ratio else [])
+        blob = json.dumps([self.role, sorted(self.inputs), *checks], ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     @property
@@ -196,8 +211,9 @@ class DocumentRun:
 Schedule = Generator[tuple[RoleCall, ...], Mapping[str, RoleOutcome], DocumentRun]
 
 
-def _call(role: str, fallback: str | None, unit: str = "doc", expect: int = 0, **inputs: str) -> RoleCall:
-    return RoleCall(role, tuple(inputs.items()), RoleValue(fallback), unit, expect)
+def _call(role: str, fallback: str | None, unit: str = "doc", expect: int = 0, min_ratio: float = 0.0,
+          **inputs: str) -> RoleCall:
+    return RoleCall(role, tuple(inputs.items()), RoleValue(fallback), unit, expect, min_ratio)
 
 
 def _ask(calls: Sequence[RoleCall], log: list) -> Generator[tuple[RoleCall, ...], Mapping[str, RoleOutcome], list]:
@@ -244,15 +260,16 @@ def plan_document(article: str, paragraphs: Sequence[str], config: PlanConfig) -
     stages = [(name, join_paragraphs([dict(run.stages)[name] for run in runs])) for name in names]
     windows: list[WindowRun] = []
     if direct:
-        aa = _call("article_architect_direct", join_paragraphs(chunks), guidelines=guideline,
-                   outline=outline.text, paragraphs=join_paragraphs(chunks))
+        aa = _call("article_architect_direct", join_paragraphs(chunks), min_ratio=config.collapse_ratio,
+                   guidelines=guideline, outline=outline.text, paragraphs=join_paragraphs(chunks))
         (out,) = yield from _ask([aa], log)
         stages.append(("aa", out.value.text))
     else:
         text = yield from _iterative(chunks, guideline, config, windows, log)
         stages.append(("aa", text))
     if config.proofreader:
-        (out,) = yield from _ask([_call("proofreader", stages[-1][1], article=stages[-1][1])], log)
+        (out,) = yield from _ask([_call("proofreader", stages[-1][1], min_ratio=config.collapse_ratio,
+                                        article=stages[-1][1])], log)
         stages.append(("pf", out.value.text_or(stages[-1][1])))
     return DocumentRun(config, guideline, outline, tuple(runs), tuple(windows), tuple(stages), tuple(log))
 
@@ -326,6 +343,20 @@ def _notes(suggestions: list, ma: RoleOutcome, ti: RoleOutcome) -> tuple[tuple[s
     return (*rounds, ("metaphors", ma.value.note), ("terms", "; ".join(ti.value.items)))
 
 
+def split_answer(text: str) -> list[str]:
+    """An architect's answer as paragraphs: blank-line separated, or line by line when it has no blank line.
+
+    >>> split_answer("A b.\\nC d.\\n\\nE.")
+    ['A b.\\nC d.', 'E.']
+    >>> split_answer("A b.\\nC d.\\nE.")
+    ['A b.', 'C d.', 'E.']
+    """
+    paragraphs = split_paragraphs(text)
+    if len(paragraphs) == 1 and "\n" in paragraphs[0]:
+        return [line.strip() for line in paragraphs[0].split("\n") if line.strip()]
+    return paragraphs
+
+
 def _iterative(chunks: list[str], guideline: str | None, config: PlanConfig, windows: list, log: list):
     """The corrected Algorithm 2: windows of C new paragraphs after the carried one; returns the joined article."""
     out: list[str] = []
@@ -338,11 +369,12 @@ def _iterative(chunks: list[str], guideline: str | None, config: PlanConfig, win
         k = len(windows)
         guided = config.window_guideline == "all" or (config.window_guideline == "first" and k == 0)
         expect = len(split_paragraphs(text)) if config.window_keep_count else 0
-        call = (_call("article_architect_iterative_guided", text, f"w{k}", expect, guidelines=guideline,
+        ratio = config.collapse_ratio
+        call = (_call("article_architect_iterative_guided", text, f"w{k}", expect, ratio, guidelines=guideline,
                       paragraphs=text) if guided else
-                _call("article_architect_iterative", text, f"w{k}", expect, paragraphs=text))
+                _call("article_architect_iterative", text, f"w{k}", expect, ratio, paragraphs=text))
         (result,) = yield from _ask([call], log)
-        answer = split_paragraphs(result.value.text)
+        answer = split_answer(result.value.text)
         more = start < len(chunks)
         emitted, next_carry = (answer[:-1], answer[-1]) if more else (answer, None)
         windows.append(WindowRun(k, carry, tuple(new), guided, tuple(answer), tuple(emitted), next_carry))

@@ -9,8 +9,10 @@ The job (`jobs/agentsimp.py`) keeps one Parquet table per kind; everything here 
   request cache / the lockstep driver).
 - `stage_rows(record)`: every stage's text per document (`paragraph` = -1) and per paragraph, plus each window of
   the iterative architect, so ablations score any intermediate stage.
-- `call_rows(record)` and `cost_table(calls)`: one row per call; LLM calls, attempts, fallbacks, tokens and seconds
-  per configuration and step ("total" = all steps), then "all" with each distinct call of a document once.
+- `call_rows(record)` and `cost_table(calls)`: one row per call; LLM calls, attempts, fallbacks, tokens and
+  `alloc_seconds` per configuration and step ("total" = all steps), then "all" with each distinct call of a document
+  once. `alloc_seconds` are allocated, not measured per call: the engine decodes each lockstep round as one batch,
+  and the batch's measured engine seconds are shared evenly by its fresh requests (cache hits get 0).
 - `score_rows` and `score_table`: scores of every (document, configuration, stage), then per (configuration,
   stage) means with percentile-bootstrap CIs over documents (paper Tables 2-4 layout; rows labelled as the paper).
 
@@ -25,6 +27,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from eval.agentsimp_baselines import BASELINES
+from eval.agentsimp_baselines import LABELS as BASELINE_LABELS
+from eval.agentsimp_baselines import MEAN as BASELINE_MEAN
+from eval.agentsimp_baselines import STAGE as BASELINE_STAGE
 from eval.agentsimp_docs import Document
 from eval.agentsimp_metrics import PAPER_ROWS, SCORE_KEYS, score_document
 from eval.agentsimp_plan import CONFIGURATIONS, DocumentRun
@@ -34,15 +40,18 @@ from eval.agreement import bootstrap_ci
 
 # the scores that get a bootstrap CI in the tables (the others are reported as means)
 CI_KEYS = ("sari", "dsari", "fkgl", "bertscore", "compression", "jury")
-COST_KEYS = ("calls", "attempts", "fallbacks", "cached", "prompt_tokens", "completion_tokens", "seconds")
+COST_KEYS = ("calls", "attempts", "fallbacks", "cached", "prompt_tokens", "completion_tokens", "alloc_seconds")
 
 
 def document_row(document: Document) -> dict:
-    """One `documents` row: id, origin, the planners' article, paragraphs and references as JSON, source text."""
+    """One `documents` row: id, origin, the planners' article, paragraphs, references and verbatim blocks (never sent
+    to a model: [paragraphs before it, text] each) as JSON, source text."""
     return {"doc_id": document.id, "origin": document.origin, "article": document.article,
             "paragraphs_json": json.dumps(list(document.paragraphs), ensure_ascii=False),
+            "verbatim_json": json.dumps([list(v) for v in document.verbatim_blocks], ensure_ascii=False),
             "references_json": json.dumps(list(document.references), ensure_ascii=False),
-            "source": document.text, "n_paragraphs": len(document.paragraphs)}
+            "source": document.text, "n_paragraphs": len(document.paragraphs),
+            "n_words": len(document.text.split())}
 
 
 def document_inputs(row: Mapping) -> tuple[str, str, list[str], list[str]]:
@@ -55,18 +64,26 @@ def run_rows(doc_id: str, runs: Mapping[str, DocumentRun]) -> list[dict]:
     """One row per configuration of one document (configurations in the given order, e.g. the lockstep run's).
 
     `shared` = calls of this configuration already made for an earlier one (counted once in the run), `cached` =
-    attempts served by the request cache (a resumed or repeated run), `fallbacks` = calls that fell back.
+    attempts served by the request cache (a resumed or repeated run), `fallbacks` = calls that fell back, of which
+    `truncated` / `collapsed` fell back through a guard (eval.agentsimp_outputs: cut at the token limit, or an
+    architect / proofreader rewrite that shrank its input).
     """
+    return record_rows(doc_id, {name: run_record(run) for name, run in runs.items()})
+
+
+def record_rows(doc_id: str, records: Mapping[str, Mapping]) -> list[dict]:
+    """`run_rows` from run records (`run_record`, or a baseline's `eval.agentsimp_baselines.baseline_record`)."""
     seen: set[str] = set()
     rows = []
-    for name, run in runs.items():
-        record = run_record(run)
+    for name, record in records.items():
         calls = record["calls"]
         shared = sum(1 for c in calls if c["key"] in seen)
         seen.update(c["key"] for c in calls)
-        rows.append({"doc_id": doc_id, "config": name, "label": run.config.label, "final": run.final,
+        rows.append({"doc_id": doc_id, "config": name, "label": record["label"], "final": record["final"],
                      "calls": len(calls), "shared": shared, "attempts": sum(c["attempts"] for c in calls),
                      "cached": sum(c["cached"] for c in calls), "fallbacks": sum(c["fell_back"] for c in calls),
+                     "truncated": sum(c.get("guard") == "truncated" for c in calls),
+                     "collapsed": sum(c.get("guard") == "collapsed" for c in calls),
                      "record_json": json.dumps(record, ensure_ascii=False)})
     return rows
 
@@ -97,8 +114,9 @@ def call_rows(doc_id: str, record: Mapping) -> list[dict]:
     """One row per call of one configuration's run, in order (inputs and raw answers stay in record_json)."""
     return [{"doc_id": doc_id, "config": record["config"], "order": k, "role": c["role"], "step": c["step"],
              "unit": c["unit"], "key": c["key"], "attempts": c["attempts"], "fell_back": bool(c["fell_back"]),
+             "guard": c.get("guard", ""),
              "errors": "; ".join(c["errors"]), "cached": int(c["cached"]), "prompt_tokens": c["prompt_tokens"],
-             "completion_tokens": c["completion_tokens"], "seconds": float(c["seconds"])}
+             "completion_tokens": c["completion_tokens"], "alloc_seconds": float(c["seconds"])}
             for k, c in enumerate(record["calls"])]
 
 
@@ -109,7 +127,7 @@ def cost_table(calls: Iterable[Mapping]) -> list[dict]:
     to the sum of the configurations is what the shared paragraph stage saved.
 
     >>> rows = [{"doc_id": "d", "config": c, "step": "plan", "key": "k", "attempts": 1, "fell_back": False,
-    ...          "cached": 0, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0} for c in ("a", "b")]
+    ...          "cached": 0, "prompt_tokens": 10, "completion_tokens": 2, "alloc_seconds": 1.0} for c in ("a", "b")]
     >>> [(r["config"], r["step"], r["calls"], r["prompt_tokens"]) for r in cost_table(rows)]
     [('a', 'plan', 1, 10), ('a', 'total', 1, 10), ('b', 'plan', 1, 10), ('b', 'total', 1, 10), ('all', 'plan', 1, 10), ('all', 'total', 1, 10)]
     """
@@ -130,7 +148,7 @@ def cost_table(calls: Iterable[Mapping]) -> list[dict]:
                 row["cached"] += int(c["cached"])
                 row["prompt_tokens"] += int(c["prompt_tokens"])
                 row["completion_tokens"] += int(c["completion_tokens"])
-                row["seconds"] += float(c["seconds"])
+                row["alloc_seconds"] += float(c["alloc_seconds"])
     order = [*configs, "all"]
     return [table[(c, s)] for c in order for s in (*STEPS, "total") if (c, s) in table]
 
@@ -141,6 +159,8 @@ def score_rows(sources: Mapping[str, str], references: Mapping[str, Sequence[str
 
     Returns:
         {"doc_id", "config", "stage", **score_document(...)} per (document, configuration, stage).
+    With LLM baselines among the configurations, each document also gets an `llm_mean` row: the mean of each
+    score over its baseline templates (Appendix B averages the three templates).
     """
     out = []
     for row in stages:
@@ -149,11 +169,23 @@ def score_rows(sources: Mapping[str, str], references: Mapping[str, Sequence[str
         doc = row["doc_id"]
         out.append({"doc_id": doc, "config": row["config"], "stage": row["stage"],
                     **score_document(sources[doc], row["text"], references.get(doc, ()), bertscore, **check)})
+    by_doc: dict[str, list[dict]] = {}
+    for row in out:
+        if row["config"] in BASELINES:
+            by_doc.setdefault(row["doc_id"], []).append(row)
+    for doc, rows in by_doc.items():
+        mean = {key: (sum(v) / len(v) if (v := [r[key] for r in rows if _present(r[key])]) else None)
+                for key in SCORE_KEYS}
+        out.append({"doc_id": doc, "config": BASELINE_MEAN, "stage": BASELINE_STAGE, **mean})
     return out
 
 
 def stage_label(config: str, stage: str, last_stage: str) -> str:
-    """The paper's row name of a stage: "PL" ... for the last stage, "w/o PF" ... (Tables 3-4), else ""."""
+    """The paper's row name of a stage: "PL" ... for the last stage, "w/o PF" ... (Tables 3-4), else "".
+
+    A baseline's one stage is its row ("LLM T1" ... "LLM (T1-T3 mean)")."""
+    if config in BASELINE_LABELS:
+        return BASELINE_LABELS[config] if stage == last_stage else ""
     communication, _, label = CONFIGURATIONS[config]
     if stage == last_stage:
         return label

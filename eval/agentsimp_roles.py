@@ -1,7 +1,8 @@
 """AgentSimp (paper 004) roles: who they are, which prompt file each uses, and how their prompts are rendered.
 
 The paper's nine roles (§3.1) become twelve *role ids*, one per prompt template, because three roles have two
-prompts each in our reading of the paper:
+prompts each in our reading of the paper; three more ids are the single-prompt LLM baselines of Table 2 (Appendix B,
+templates 1-3), run beside the agents on the same backbone (eval.agentsimp_baselines):
 
 =====================================  =====  ===========  ======  =============================================
 role id                                abbr.  step (§3.2)  output  template (configs/prompts/agentsimp_<id>.yaml)
@@ -14,10 +15,11 @@ content_simplifier_revise              CS     initial      json    Fig. 11 + our
 metaphorical_analyst                   MA     refined      json    Fig. 13
 terminology_interpreter                TI     refined      json    Fig. 16 (output spec repaired)
 content_integrator                     CI     refined      text    Fig. 14 (synchronous strategy only)
-article_architect_direct               AA     reconstruct  text    ours (the paper prints none)
+article_architect_direct               AA     reconstruct  text    the authors' code (the paper prints none)
 article_architect_iterative            AA     reconstruct  text    Fig. 15
 article_architect_iterative_guided     AA     reconstruct  text    Fig. 15 + a guideline block
-proofreader                            PF     revise       json    ours (the paper prints none)
+proofreader                            PF     revise       json    the authors' code (the paper prints none)
+baseline_template_1 / _2 / _3          LLM    baseline     text    Figs. 6-8 (Table 2's single-prompt baselines)
 =====================================  =====  ===========  ======  =============================================
 
 Each template's ``description`` says what we changed and why. A job may point any role at another template file
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 from eval.prompts import PromptTemplate, load_template, prompt_path
 
-STEPS = ("plan", "initial", "refined", "reconstruct", "revise")
+STEPS = ("plan", "initial", "refined", "reconstruct", "revise", "baseline")
 
 # the authors' code gives CS/MA/TI/CI this instead of the project director's guideline (notes §1.7, paraphrased)
 GENERIC_GUIDELINE = (
@@ -79,6 +81,9 @@ ROLE_SPECS = (
     RoleSpec("article_architect_iterative", "AA", "reconstruct", "text"),
     RoleSpec("article_architect_iterative_guided", "AA", "reconstruct", "text"),
     RoleSpec("proofreader", "PF", "revise", "json"),
+    RoleSpec("baseline_template_1", "LLM", "baseline", "text"),
+    RoleSpec("baseline_template_2", "LLM", "baseline", "text"),
+    RoleSpec("baseline_template_3", "LLM", "baseline", "text"),
 )
 ROLE_IDS = tuple(spec.id for spec in ROLE_SPECS)
 

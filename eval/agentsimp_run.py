@@ -63,7 +63,8 @@ def resolve_calls(calls: Sequence[RoleCall], complete: Complete, max_retries: in
         still = []
         for call, reply in zip(pending, answers):
             replies[call.key].append(reply)
-            outcome = settle(call.role, replies[call.key], call.fallback, max_retries, call.expect_paragraphs)
+            outcome = settle(call.role, replies[call.key], call.fallback, max_retries, call.expect_paragraphs,
+                             call.min_ratio)
             if outcome is None:
                 still.append(call)
             else:
@@ -135,14 +136,18 @@ def attempt_sampling(attempt: Attempt, max_tokens: int | Mapping[str, int], temp
             "grammar": role_grammar(role, tokens) if constrained else ""}
 
 
+def call_record(call: RoleCall, outcome: RoleOutcome) -> dict:
+    """One call and its outcome as plain JSON-able data (an entry of a run record's "calls")."""
+    return {"role": call.role, "unit": call.unit, "step": call.step, "key": call.key, "inputs": dict(call.inputs),
+            "value": asdict(outcome.value), "attempts": outcome.attempts, "errors": list(outcome.errors),
+            "fell_back": outcome.fell_back, "raws": list(outcome.raws), "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens, "seconds": outcome.seconds, "cached": outcome.cached,
+            "guard": outcome.guard}
+
+
 def run_record(run: DocumentRun) -> dict:
     """A DocumentRun as plain JSON-able data: config, guideline, outline, stages, paragraphs, windows and calls."""
-    calls = [{"role": call.role, "unit": call.unit, "step": call.step, "key": call.key,
-              "inputs": dict(call.inputs), "value": asdict(outcome.value), "attempts": outcome.attempts,
-              "errors": list(outcome.errors), "fell_back": outcome.fell_back, "raws": list(outcome.raws),
-              "prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-              "seconds": outcome.seconds, "cached": outcome.cached}
-             for call, outcome in run.calls]
+    calls = [call_record(call, outcome) for call, outcome in run.calls]
     return {
         "config": run.config.name, "label": run.config.label, "settings": asdict(run.config),
         "guideline": run.guideline, "outline": asdict(run.outline) if run.outline else None,

@@ -10,6 +10,14 @@ rescaling):
 1. Each text is tokenised (truncated to the model's maximum length) and encoded; the token
    vectors are taken from hidden layer `num_layers` (default: the last layer) and L2-normalised.
    [CLS]/[SEP]-style special tokens are dropped, as bert-score gives them zero weight.
+   `sentence_bertscore` truncates like bert-score: only the first ~510 wordpieces of a text count
+   (about 400 words for MiniLM's 512 positions). `document_bertscore` scores whole documents: each
+   text is encoded in overlapping windows of the model's maximum length (`stride` wordpieces shared
+   by consecutive windows, default half a window), every wordpiece is taken once, from the first
+   window that holds it after that window's overlap (so every piece but those of the first window
+   has at least `stride` pieces of left context), and steps 2-4 match all pieces of the candidate
+   against all pieces of the reference. On a text that fits in one window it equals
+   `sentence_bertscore`.
 2. With cosine similarities S between candidate tokens and reference tokens, precision is the
    mean over candidate tokens of their best match, recall the mean over reference tokens of their
    best match, F1 their harmonic mean.
@@ -110,6 +118,49 @@ def embed_texts(texts: Sequence[str], tokenizer, model, num_layers: int | None =
     return vectors
 
 
+def embed_documents(texts: Sequence[str], tokenizer, model, num_layers: int | None = None, stride: int = 0,
+                    batch_size: int = 32):
+    """Normalised vectors of every wordpiece of each whole text, encoded in overlapping windows (module docstring).
+
+    Args:
+        texts: texts to encode, of any length.
+        tokenizer: a fast transformers tokenizer (it returns the overflowing windows).
+        model: the matching encoder.
+        num_layers: hidden layer to use; None means the last.
+        stride: wordpieces shared by consecutive windows; 0 means half a window.
+        batch_size: windows per forward pass.
+
+    Returns:
+        A list of tensors, one per text, shape (n_wordpieces, hidden_size).
+    """
+    import torch
+
+    layer = model.config.num_hidden_layers if num_layers is None else num_layers
+    width = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+    content = width - tokenizer.num_special_tokens_to_add()
+    overlap = stride or content // 2
+    if not 0 < overlap < content:
+        raise ValueError(f"stride must be in 1..{content - 1} wordpieces, got {stride}")
+    encoded = tokenizer(list(texts), truncation=True, max_length=width, stride=overlap,
+                        return_overflowing_tokens=True, return_special_tokens_mask=True, padding=True,
+                        return_tensors="pt")
+    owners = encoded.pop("overflow_to_sample_mapping").tolist()
+    keep = encoded.pop("special_tokens_mask").eq(0) & encoded["attention_mask"].bool()
+    windows = []
+    for start in range(0, len(owners), batch_size):
+        batch = {k: v[start:start + batch_size].to(model.device) for k, v in encoded.items()}
+        with torch.no_grad():
+            hidden = model(**batch, output_hidden_states=True).hidden_states[layer]
+        hidden = torch.nn.functional.normalize(hidden.float().cpu(), dim=-1)
+        windows.extend(hidden[i][keep[start + i]] for i in range(hidden.shape[0]))
+    pieces: list[list] = [[] for _ in texts]
+    for owner, vectors in zip(owners, windows):
+        # a later window repeats the last `overlap` pieces of the one before it
+        pieces[owner].append(vectors if not pieces[owner] else vectors[overlap:])
+    hidden_size = model.config.hidden_size
+    return [torch.cat(parts) if parts else torch.zeros(0, hidden_size) for parts in pieces]
+
+
 def _match(cand, ref) -> BertScore:
     if cand.shape[0] == 0 or ref.shape[0] == 0:
         return BertScore(0.0, 0.0, 0.0)
@@ -151,6 +202,37 @@ def sentence_bertscore(
         matches = [_match(cand, next(ref_vecs)) for _ in refs]
         scores.append(max(matches, key=lambda s: s.f1))
     return scores
+
+
+def document_bertscore(
+    cands: Sequence[str], refs_per_cand: Sequence[Sequence[str]], model_path: str | Path | None = None,
+    num_layers: int | None = None, stride: int = 0, batch_size: int = 16, device: str = "cpu",
+) -> list[BertScore]:
+    """BERTScore of whole documents (every wordpiece, windowed encoding; module docstring), best reference by F1.
+
+    Args:
+        cands: candidate documents.
+        refs_per_cand: the reference documents of each candidate (one list per candidate).
+        model_path: local encoder directory; None uses the bundled MiniLM.
+        num_layers: hidden layer to use; None means the last.
+        stride: wordpieces shared by consecutive windows (0 = half a window).
+        batch_size: windows per forward pass.
+        device: torch device name.
+
+    Returns:
+        One BertScore per candidate.
+    """
+    if len(cands) != len(refs_per_cand):
+        raise ValueError(f"{len(cands)} candidates but {len(refs_per_cand)} reference lists")
+    for i, refs in enumerate(refs_per_cand):
+        if isinstance(refs, str) or not refs:
+            raise ValueError(f"candidate {i}: references must be a non-empty list of texts, got {refs!r}")
+    tokenizer, model = load_encoder(str(model_path or default_model_path()), device)
+    flat_refs = [ref for refs in refs_per_cand for ref in refs]
+    cand_vecs = embed_documents(cands, tokenizer, model, num_layers, stride, batch_size)
+    ref_vecs = iter(embed_documents(flat_refs, tokenizer, model, num_layers, stride, batch_size))
+    return [max((_match(cand, next(ref_vecs)) for _ in refs), key=lambda s: s.f1)
+            for cand, refs in zip(cand_vecs, refs_per_cand)]
 
 
 def corpus_bertscore(

@@ -1,6 +1,8 @@
 """CORD (paper 002's COnstrained Revision Dataset) as typed rows: text, instruction, constraints, gold calls.
 
-The released files (``cord.constraint_{0..4}.jsonl``, 100 rows each; level = number of constraints) hold
+Where CORD comes from: the authors' release, github.com/nusnlp/CRAFT, ``data/test_input/`` (files
+``test.agent.constraint_{0..4}.jsonl``; a directory of them is read as it is, as is one with the files renamed
+``cord.constraint_{0..4}.jsonl``). The files (100 rows each; level = number of constraints) hold
 per row ``id``, ``test_input`` (the whole planner prompt: framework, tool descriptions, then the user
 instruction and the text), ``tool_test_result.constraint_info`` (the gold call strings) and
 ``other_info.constraint_info`` (one ``{prompt, constrain_type, value, function_call}`` per constraint;
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
+from core.text import is_blank
 from eval.craft_calls import CallError, ToolCall, extract_calls, parse_call, template_type
 
 log = logging.getLogger(__name__)
@@ -50,7 +53,8 @@ INSTRUCTION_END = ":\n\n"
 # the authors' base instruction before the constraint sentences were appended and GPT-4o rendered them
 TEMPLATE_BASE = "Polish the following text."
 INSTRUCTION_MODES = ("rendered", "template")
-FILE_PATTERN = "cord.constraint_*.jsonl"
+# quorum's names (cord.constraint_1.jsonl) and the authors' release (test.agent.constraint_1.jsonl)
+FILE_PATTERN = "*constraint_[0-9]*.jsonl"
 
 # constrain_type in the files (and in the authors' generator) -> (Table 14 sub-group, relation)
 CONSTRAINT_TYPES = {
@@ -117,9 +121,23 @@ class CordRow:
     source: str = ""
     error: str = ""
 
+    @property
+    def prompt_instruction(self) -> str:
+        """The instruction as the paper's systems read it: its last period became a colon (CORD's test_input).
+
+        >>> CordRow("x", 1, "T.", "Polish the text. Keep 'a'.").prompt_instruction
+        "Polish the text. Keep 'a':"
+        >>> CordRow("x", 0, "T.", "Improve the following text").prompt_instruction
+        'Improve the following text:'
+        """
+        if not self.instruction:
+            return ""
+        return (self.instruction.removesuffix(".")) + ":"
+
     def to_row(self) -> dict:
         """A flat, JSON-serialisable dict for Ray Data (constraints as JSON text, their types as a list)."""
         return {"id": self.id, "level": self.level, "text": self.text, "instruction": self.instruction,
+                "prompt_instruction": self.prompt_instruction,
                 "constraint_types": [c.type for c in self.constraints],
                 "constraints_json": json.dumps([asdict(c) for c in self.constraints], ensure_ascii=False),
                 "gold_calls": list(self.gold_calls), "source": self.source, "error": self.error}
@@ -135,7 +153,7 @@ class CordRow:
 
 def read_cord(paths: str | Path | Iterable[str | Path], levels: Iterable[int] | None = None,
               on_error: str = "raise", instruction: str = "rendered") -> list[CordRow]:
-    """Read CORD files (or a directory holding ``cord.constraint_*.jsonl``) into rows, in file order.
+    """Read CORD files (or a directory of ``cord.constraint_<n>.jsonl`` or ``test.agent.constraint_<n>.jsonl``) into rows.
 
     Args:
         paths: a directory, one file, or several files.
@@ -175,6 +193,11 @@ def _files(paths) -> list[Path]:
             found = sorted(item.glob(FILE_PATTERN), key=lambda p: (_level(p), p.name))
             if not found:
                 raise CordError(f"{item}: no {FILE_PATTERN} files")
+            levels = [_level(p) for p in found]
+            if len(set(levels)) != len(levels):
+                twice = sorted({lv for lv in levels if levels.count(lv) > 1})
+                raise CordError(f"{item}: more than one file for level(s) {twice} "
+                                f"({', '.join(p.name for p in found if _level(p) in twice)}); keep one per level")
             files.extend(found)
         elif item.is_file():
             files.append(item)
@@ -248,6 +271,8 @@ def _instruction_and_text(prompt: str, other: dict) -> tuple[str, str]:
     instruction, sep, text = tail.partition(INSTRUCTION_END)
     if not sep or not text.strip():
         raise CordError("test_input has no ':' + blank line between the instruction and the text")
+    if is_blank(text):
+        raise CordError("the text to revise is empty once normalised (only zero-width or control characters)")
     content = other.get("input_content")
     if content is not None and content != text:
         raise CordError("other_info.input_content differs from the text in test_input")

@@ -4,8 +4,15 @@
 - **Iter** (§6.1 (d)): Direct, then ``iter_rounds - 1`` rounds of ``craft_iter`` (instruction, original, previous
   revision); no tool feedback. Paper: 5 rounds.
 - **Agent** (§5.1-5.2): planner -> tool calls + per-sentence plan (``eval.craft_react``) -> reviser (E.7) ->
-  tools check the planner's own calls (``eval.craft_tools``) -> observation (``eval.craft_render``) fed back, at most
-  ``max_steps`` (paper 5); stops early once every call the planner wrote holds (over at least one real check).
+  tools check the planner's calls (``eval.craft_tools``) -> observation (``eval.craft_render``) fed back, at most
+  ``max_steps`` (paper 5). The paper's stop (D.2, D.5): when revision quality stops improving: the step reward
+  (the search's, R_g + 100 x accuracy on the planner's first tool list) has not risen for ``patience`` steps.
+  ``stop_when_all_met`` also stops once every call of that list holds (off: a planner that misreads a constraint
+  satisfies its own wrong check at once).
+
+**One guard rule for every system** (``eval.craft_guard``): a revision the guard flags is replaced by the text it
+revised (Direct: the input; an Iter round or an agent step: the previous text; a TG-MCTS child is never chosen, so
+the answer is a usable node or the input) and counted by reason in ``guard_flags``.
 - **TG-MCTS** (§5.3): ``eval.craft_mcts.run_search`` with :func:`expander` (the agent's step, K samples per node) and
   :func:`scorer`.
 
@@ -17,7 +24,7 @@ raises on model output: parse errors and guard flags are counted in the result.
 Text quality (R_g here, and the report's quality column): ``quality()`` = 100 x difflib's word-level similarity
 ratio between the original and the revision (2 x matched words / total words). The paper's R_g is the mean of
 normalised perplexity, BARTScore and SOME (App. D.3), three extra models we do not run on CPU; this proxy only
-measures how much of the original is kept (content preservation), not fluency. README deviation row.
+measures how much of the original is kept (content preservation), not fluency. A deviation row in docs/papers/002-craft.md.
 """
 
 from __future__ import annotations
@@ -25,13 +32,22 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from core.config import Section, dotted, positive
+from core.config import Section, dotted, fail, one_of, positive
+from eval.craft_grammar import planner_grammar
 from eval.craft_guard import GuardConfig, degenerate_reason
 from eval.craft_mcts import ExpandRequest, Proposal, RewardTerms
-from eval.craft_react import PlannerStep, join_revision, parse_planner_output, parse_suggestions
+from eval.craft_react import (
+    PlanLine,
+    PlannerStep,
+    join_revision,
+    parse_planner_output,
+    parse_suggestions,
+    splice_revision,
+)
 from eval.craft_render import build_observation, render_history, render_plan_input
+from eval.craft_text import sentence_pieces
 from eval.craft_tools import CallError, constraint_accuracy
 from eval.prompts import TemplateName, load_template, prompt_path
 
@@ -48,11 +64,24 @@ class AgentConfig(Section):
         max_steps: Agent planner -> reviser steps at most (paper 5).
         iter_rounds: Iter's revision rounds, the Direct one included (paper 5).
         planner_max_tokens / reviser_max_tokens: Token caps of one planner / reviser answer.
-        planner_temperature: Sampling temperature of the planner (the agent's first sample and MCTS' K samples).
+        planner_temperature: Sampling temperature of the planner (the agent's first sample and MCTS' K samples;
+            D.6 and the authors' code: 0.7).
+        reviser_temperature: Sampling temperature of the reviser, the Direct and Iter answers and the E.8
+            feedback (D.6: GPT-4o at 0.7; 0 = greedy). Every sampled request carries a seed.
         history_window: Planner steps kept in its chat (None = all, the paper; a small model's context cannot).
         quality_feedback: Ask the reviser model for E.8 fluency / grammaticality / coherence feedback each step
             (3 more calls per step; the paper does; off keeps a CPU demo affordable).
-        guard: The degenerate-revision guard: a flagged agent step keeps the previous text.
+        tool_feedback: Show the tools' feedback (constraint checks, the text_eval() score, E.8 suggestions) in the
+            observation; off = the revised text alone (the paper's "w/o Feedback" ablation, Tables 6-7).
+        planner_grammar: Decode the planner under ``eval.craft_grammar.planner_grammar`` (Table 17 layout, the
+            E.2 tools with typed arguments, plan lines that quote the current text's sentences verbatim), so every
+            finished answer parses. Not the paper's (a trained 8B planner needs none); on in the CPU demo.
+        unplanned_sentences: ``drop`` (the paper: the reviser sees only the plan, E.7, and its output is the
+            revision) or ``keep`` (sentences the plan does not quote stay in place:
+            ``eval.craft_react.splice_revision``; for planners that quote only a few sentences).
+        patience: Agent steps without a rise of the step reward before it stops (0 = run ``max_steps``).
+        stop_when_all_met: Also stop the agent once every call of its first tool list holds (off: not the paper's).
+        guard: The degenerate-revision guard, one rule for Direct, Iter and the agent (see the module docstring).
     """
 
     planner_prompt: TemplateName = "craft_planner"
@@ -64,13 +93,25 @@ class AgentConfig(Section):
     planner_max_tokens: int = 1024
     reviser_max_tokens: int = 1024
     planner_temperature: float = 0.7
+    reviser_temperature: float = 0.7
     history_window: int | None = None
     quality_feedback: bool = True
+    tool_feedback: bool = True
+    planner_grammar: bool = False
+    unplanned_sentences: Literal["drop", "keep"] = "drop"
+    patience: int = 2
+    stop_when_all_met: bool = False
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def check(self, where: str = "") -> None:
         for name in ("max_steps", "iter_rounds", "planner_max_tokens", "reviser_max_tokens"):
             positive(getattr(self, name), dotted(where, name))
+        one_of(self.unplanned_sentences, ("drop", "keep"), dotted(where, "unplanned_sentences"))
+        if self.planner_grammar:
+            try:
+                planner_grammar(self.planner_max_tokens)
+            except ValueError as exc:
+                fail(dotted(where, "planner_max_tokens"), f"too small for planner_grammar: {exc}")
 
 
 @dataclass
@@ -108,23 +149,44 @@ class Systems:
                           for name in ("planner", "reviser", "direct", "iter")}
         self.feedback = {a: load_template(prompt_path(f"craft_feedback_{a}")) for a in FEEDBACK_ASPECTS}
 
-    def _sampling(self, max_tokens: int, temperature: float = 0.0, seed: int = 0, stop: Sequence[str] = ()) -> dict:
-        return {"max_tokens": max_tokens, "temperature": temperature, "seed": self.seed + seed, "stop": tuple(stop)}
+    def _sampling(self, max_tokens: int, temperature: float = 0.0, seed: int = 0, stop: Sequence[str] = (),
+                  grammar: str = "") -> dict:
+        out = {"max_tokens": max_tokens, "temperature": temperature, "seed": self.seed + seed, "stop": tuple(stop)}
+        if grammar:
+            out["grammar"] = grammar
+        return out
+
+    def _revise(self, messages: list[dict], seed: int) -> Any:
+        cfg = self.config
+        return self.reviser([(messages, self._sampling(cfg.reviser_max_tokens, cfg.reviser_temperature, seed))])[0]
+
+    def _guarded(self, run: SystemRun, reply: Any, previous: str, original: str) -> str:
+        """The guard's one rule: a flagged answer is replaced by the text it revised (counted by reason)."""
+        text = reply.text.strip()
+        reason = degenerate_reason(text, previous, original, self.config.guard,
+                                   truncated=reply.finish_reason == "length")
+        if reason:
+            run.guard_flags[reason] = run.guard_flags.get(reason, 0) + 1
+            return previous
+        return text
 
     # -- baselines -------------------------------------------------------------------------------------------
     def direct(self, instruction: str, text: str) -> SystemRun:
-        messages = self.templates["direct"].render(instruction=instruction, text=text)
-        reply = self.reviser([(messages, self._sampling(self.config.reviser_max_tokens))])[0]
-        return SystemRun(revision=reply.text.strip(), steps=[{"round": 1, "finish_reason": reply.finish_reason}],
-                         stop_reason="done")
+        reply = self._revise(self.templates["direct"].render(instruction=instruction, text=text), 0)
+        run = SystemRun(revision=text, stop_reason="done")
+        run.revision = self._guarded(run, reply, text, text)
+        run.steps.append({"round": 1, "finish_reason": reply.finish_reason, "accepted": not run.guard_flags})
+        return run
 
     def iterate(self, instruction: str, text: str) -> SystemRun:
         run = self.direct(instruction, text)
         for round_no in range(2, self.config.iter_rounds + 1):
             messages = self.templates["iter"].render(instruction=instruction, original=text, previous=run.revision)
-            reply = self.reviser([(messages, self._sampling(self.config.reviser_max_tokens))])[0]
-            run.revision = reply.text.strip()
-            run.steps.append({"round": round_no, "finish_reason": reply.finish_reason})
+            reply = self._revise(messages, 0)
+            flags = sum(run.guard_flags.values())
+            run.revision = self._guarded(run, reply, run.revision, text)
+            run.steps.append({"round": round_no, "finish_reason": reply.finish_reason,
+                              "accepted": sum(run.guard_flags.values()) == flags})
         return run
 
     # -- one planner -> reviser step (the agent's step and an MCTS child) -------------------------------------
@@ -134,34 +196,45 @@ class Systems:
     def steps(self, history: list[dict], current: str, original: str, k: int, seed: int) -> list[Proposal]:
         """K planner samples on ``history``, each revised, checked and turned into an observation (batched)."""
         cfg = self.config
+        grammar = planner_grammar(cfg.planner_max_tokens, sentence_pieces(current)) if cfg.planner_grammar else ""
         outs = self.planner([(history, self._sampling(cfg.planner_max_tokens, cfg.planner_temperature, seed + i,
-                                                      ("###OBSERVATION",))) for i in range(k)])
+                                                      ("###OBSERVATION",), grammar)) for i in range(k)])
         parsed = [parse_planner_output(o.text) for o in outs]
-        with_plan = [i for i, s in enumerate(parsed) if s.plan]
-        revs = self.reviser([(self.templates["reviser"].render(plan=render_plan_input(parsed[i].plan)),
-                              self._sampling(cfg.reviser_max_tokens)) for i in with_plan])
+        plans = [_plan_for_reviser(s.plan, cfg.unplanned_sentences) for s in parsed]
+        with_plan = [i for i, p in enumerate(plans) if p]
+        revs = self.reviser([(self.templates["reviser"].render(plan=render_plan_input(plans[i])),
+                              self._sampling(cfg.reviser_max_tokens, cfg.reviser_temperature, seed + i))
+                             for i in with_plan])
         texts = [""] * k  # a step without plan lines has no revision: the guard counts it as empty
         truncated = [o.finish_reason == "length" for o in outs]
         for i, rev in zip(with_plan, revs):
-            texts[i] = join_revision(rev.text)
+            texts[i] = splice_revision(current, plans[i], rev.text) if cfg.unplanned_sentences == "keep" \
+                else join_revision(rev.text)
             truncated[i] = truncated[i] or rev.finish_reason == "length"
-        suggestions = self._quality_feedback(texts) if cfg.quality_feedback else [{} for _ in texts]
+        suggestions = self._quality_feedback(texts, seed) if cfg.quality_feedback else [{} for _ in texts]
         proposals = []
         for i, (step, text) in enumerate(zip(parsed, texts)):
             _, results = constraint_accuracy(step.tool_calls, original, text or current)
             messages = [r.message for r in results if isinstance(r, CallError) or not r.pending]
+            # text_eval() -> score (E.2): the text-quality tool's score in the observation when the planner calls it
+            score = quality(original, text or current) if any(c.replace(" ", "") == "text_eval()"
+                                                                for c in step.tool_calls) else None
             calls = 1 + (i in with_plan) + (len(FEEDBACK_ASPECTS) if cfg.quality_feedback and text else 0)
             proposals.append(Proposal(
                 text=text, planner_output=step.raw, plan=tuple(asdict(p) for p in step.plan),
-                observation=build_observation(text or current, messages, suggestions[i]),
-                tool_calls=tuple(step.tool_calls), feedback={"constraints": messages, "quality": suggestions[i]},
+                observation=build_observation(text or current, messages, suggestions[i], quality_score=score,
+                                              include_feedback=cfg.tool_feedback),
+                tool_calls=tuple(step.tool_calls),
+                feedback={"constraints": messages, "quality": suggestions[i], "text_eval": score},
                 model_calls=calls, truncated=truncated[i], parse_errors=tuple(step.errors)))
         return proposals
 
-    def _quality_feedback(self, texts: list[str]) -> list[dict]:
+    def _quality_feedback(self, texts: list[str], seed: int = 0) -> list[dict]:
         """E.8 suggestions per aspect for every non-empty text, all aspects of all texts in one batch."""
+        cfg = self.config
         todo = [(i, a) for i, t in enumerate(texts) if t for a in FEEDBACK_ASPECTS]
-        replies = self.reviser([(self.feedback[a].render(text=texts[i]), self._sampling(self.config.reviser_max_tokens))
+        replies = self.reviser([(self.feedback[a].render(text=texts[i]),
+                                 self._sampling(cfg.reviser_max_tokens, cfg.reviser_temperature, seed + i))
                                 for i, a in todo])
         out: list[dict] = [{} for _ in texts]
         for (i, aspect), reply in zip(todo, replies):
@@ -170,11 +243,13 @@ class Systems:
 
     # -- the agent ---------------------------------------------------------------------------------------------
     def agent(self, instruction: str, text: str) -> SystemRun:
-        """Planner/reviser loop: at most max_steps, early stop when the planner's own checks all hold."""
+        """Planner/reviser loop: at most max_steps; stops when the step reward stalls (see the module docstring)."""
         cfg = self.config
         initial = self.initial_messages(instruction, text)
         done: list[tuple[PlannerStep, str]] = []
         run = SystemRun(revision=text, stop_reason="max_steps")
+        rc_calls: list[str] | None = None  # the planner's first tool list: what every step's accuracy is over
+        best, stall = float("-inf"), 0
         for step_no in range(cfg.max_steps):
             history = render_history(initial, done, window=cfg.history_window)
             proposal = self.steps(history, run.revision, text, k=1, seed=1000 * step_no)[0]
@@ -184,16 +259,30 @@ class Systems:
                 run.guard_flags[reason] = run.guard_flags.get(reason, 0) + 1
             else:
                 run.revision = proposal.text  # a flagged revision is not accepted: the text stays as it was
-            accuracy, results = constraint_accuracy(proposal.tool_calls, text, run.revision)
-            n_checks = sum(isinstance(r, CallError) or not r.pending for r in results)
+            rc_calls = list(proposal.tool_calls) if rc_calls is None else rc_calls
+            terms = scorer(text, [run.revision], [rc_calls])[0]
+            reward = terms.quality + 100 * terms.accuracy
             run.steps.append({"step": step_no + 1, "planner_output": proposal.planner_output, "revision": proposal.text,
-                              "guard": reason, "tool_calls": list(proposal.tool_calls), "own_accuracy": accuracy,
-                              "n_checks": n_checks, "parse_errors": list(proposal.parse_errors)})
+                              "guard": reason, "tool_calls": list(proposal.tool_calls), "accuracy": terms.accuracy,
+                              "n_checks": terms.n_checks, "reward": reward, "parse_errors": list(proposal.parse_errors)})
             done.append((parse_planner_output(proposal.planner_output), proposal.observation))
-            if n_checks and accuracy >= 1.0 and not reason:
+            if cfg.stop_when_all_met and terms.n_checks and terms.accuracy >= 1.0 and not reason:
                 run.stop_reason = "all_constraints_met"
                 break
+            best, stall = (reward, 0) if reward > best else (best, stall + 1)
+            if cfg.patience and stall >= cfg.patience:
+                run.stop_reason = "patience"
+                break
         return run
+
+
+def _plan_for_reviser(plan: list[PlanLine], unplanned: str) -> list[PlanLine]:
+    """The plan lines the reviser gets: all of them (the paper), or each quoted sentence once when unquoted
+    sentences are kept (a sentence planned twice would be spliced in twice)."""
+    if unplanned != "keep":
+        return list(plan)
+    seen: set[str] = set()
+    return [p for p in plan if not (p.sentence.strip() in seen or seen.add(p.sentence.strip()))]
 
 
 def expander(systems: Systems, original: str) -> Callable[[ExpandRequest], list[Proposal]]:

@@ -3,9 +3,13 @@
 Why: the TG-MCTS reward ``R = R_g + R_c`` can be gamed by dropping content. The authors' released CRAFT-4o
 predictions contain refusals ("There appears to be a misunderstanding. Could you please provide the text...") and
 two-sentence outputs for long inputs that still pass a per-sentence-length constraint with a good perplexity
-(notes 002 §6.8). The paper has no guard; ours is a documented deviation. A revision the guard flags is never
-expanded or chosen by the search, gets a floor reward, and is counted (`eval.craft_mcts`). The same check serves
-the Direct / Iter / agent baselines, so every system's degenerate outputs are counted the same way.
+(notes 002 §6.8). The paper has no guard; ours is a documented deviation.
+
+One rule for every system, so no system "wins" by being judged more kindly: a revision the guard flags is replaced
+by the text it revised and counted by reason. Direct falls back to the input, an Iter round or an agent step to the
+previous text (``eval.craft_agent``), and a TG-MCTS child is never expanded or chosen and gets a floor reward
+(``eval.craft_mcts``), so the search answers with a usable node or the input. The CRAFT job refuses an
+``agent.guard`` (Direct, Iter, agent) that differs from ``mcts.guard``.
 
 Checks, in this order (the first that fires is the reason):
 

@@ -6,7 +6,7 @@ Table 14 program templates with M randomly chosen features, and renders the inst
 GPT-4o on CPU we take the features from a ``reference`` text the caller passes (default: the text itself), so every
 constraint is satisfiable by construction (the paper's guarantee, from its revision) and the instruction is the
 unrendered template text ("Polish the following text." + one Table 14 sentence per constraint), which is CORD's
-``instruction="template"`` form (README "Deviations from the papers").
+``instruction="template"`` form (docs/papers/002-craft.md, Deviations).
 
     rng = random.Random(0)
     instance = make_instance("d1", text, rng, n_constraints=2)
@@ -26,7 +26,10 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from core.errors import CorpusError
+from core.files import json_object, read_utf8
 from eval.cord import Constraint
 from eval.craft_calls import canonical
 from eval.craft_text import REFERENCE, TextRules, keyword_count, sentence_lengths, split_sentences, word_count
@@ -214,6 +217,66 @@ def instruction_text(constraints: list[Constraint], base: str = BASE_INSTRUCTION
     return " ".join([base, *(c.prompt for c in constraints)])
 
 
+@dataclass(frozen=True)
+class RawText:
+    """One raw text of D_r and where it came from (``file`` or ``file:line``)."""
+
+    id: str
+    text: str
+    source: str
+
+
+def read_raw_texts(path: str | Path, min_words: int = 350, max_words: int = 1000) -> tuple[list[RawText], dict]:
+    """Plain raw texts for self-training (the paper's D_r: CNN/DailyMail texts of 350-1,000 words, §5.1.1).
+
+    ``path`` is a ``.txt`` file (one text), a ``.jsonl`` file (one object per line with ``text``, or ``article``
+    as in CNN/DailyMail dumps; ``id`` kept when present) or a directory of such files (sorted, recursively).
+    Words are whitespace tokens; a text outside ``[min_words, max_words]`` (0 = no bound) is skipped and counted,
+    never silently dropped. Returns the texts and the counts ``{"read", "kept", "too_short", "too_long",
+    "empty"}``. A line that is not a JSON object with a text raises :class:`~core.errors.CorpusError` naming the
+    file and line.
+    """
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
+    elif root.is_file():
+        files = [root]
+    else:
+        raise CorpusError(f"{root}: no such file or directory")
+    if not files:
+        raise CorpusError(f"{root}: no .txt or .jsonl files")
+    texts: list[RawText] = []
+    counts = {"read": 0, "kept": 0, "too_short": 0, "too_long": 0, "empty": 0}
+    for file in files:
+        for item in _raw_items(file):
+            counts["read"] += 1
+            n = len(item.text.split())
+            reason = "empty" if n == 0 else "too_short" if min_words and n < min_words else \
+                "too_long" if max_words and n > max_words else ""
+            if reason:
+                counts[reason] += 1
+            else:
+                counts["kept"] += 1
+                texts.append(item)
+    return texts, counts
+
+
+def _raw_items(file: Path) -> list[RawText]:
+    content = read_utf8(file, CorpusError).removeprefix("\ufeff")
+    if file.suffix == ".txt":
+        return [RawText(file.stem, content.strip(), file.name)]
+    items = []
+    for number, line in enumerate(content.split("\n"), start=1):
+        if not line.strip():
+            continue
+        record = json_object(line, f"{file}: line {number}", CorpusError)
+        text = record.get("text", record.get("article"))
+        if not isinstance(text, str):
+            raise CorpusError(f"{file}: line {number}: no 'text' (or 'article') string")
+        items.append(RawText(str(record.get("id", f"{file.stem}:{number}")), text.strip(), f"{file.name}:{number}"))
+    return items
+
+
 def first_sentences(text: str, n: int, rules: TextRules = REFERENCE) -> str:
     """The first ``n`` sentences of ``text`` joined by spaces (0 = all): short demo texts for a CPU model.
 
@@ -222,6 +285,37 @@ def first_sentences(text: str, n: int, rules: TextRules = REFERENCE) -> str:
         return text.strip()
     pieces = re.split(r"(?<=[.!?])\s+", text.strip())
     return " ".join(pieces[:n])
+
+
+def contradictions(instance: Instance, rules: TextRules = REFERENCE) -> list[str]:
+    """Why no revision can meet every constraint of ``instance`` ([] when none is found).
+
+    The sampler builds each constraint so that the reference text meets it, but two of them can still exclude each
+    other through the tools' substring rules: a removed keyword that a kept sentence contains (the sentence must
+    stay verbatim, the keyword must vanish), or a removed keyword inside a keyword that must stay or occur (removing
+    "Smith" removes every "Smithson"). Such instances are counted (stage summaries), not dropped.
+
+    >>> from eval.cord import Constraint
+    >>> keep = Constraint("keep_sentence", "unchange", {"ids": [1]}, "", "")
+    >>> drop = Constraint("remove_keyword", "remove", {"keyword": "Smith"}, "", "")
+    >>> contradictions(Instance("x", "Smith came. He left.", "", [keep, drop]))
+    ["kept sentence 1 contains the removed keyword 'Smith'"]
+    """
+    sentences = split_sentences(instance.text, rules)
+    removed = [str(c.args["keyword"]) for c in instance.constraints if c.type == "remove_keyword"]
+    out = []
+    for word in removed:
+        for c in instance.constraints:
+            if c.type == "keep_sentence":
+                out += [f"kept sentence {i} contains the removed keyword {word!r}" for i in c.args["ids"]
+                        if i <= len(sentences) and word in sentences[i - 1]]
+            needed = c.type == "include_keyword" and keyword_count(instance.text, str(c.args["keyword"]), rules) > 0
+            needed |= c.type == "keyword_frequency" and (c.relation == "more than" and c.args["count"] >= 0
+                                                         or c.relation == "equal" and c.args["count"] > 0)
+            if needed and word.lower() in str(c.args["keyword"]).lower() and \
+                    (word in str(c.args["keyword"]) or rules.remove_ignore_case):
+                out.append(f"removed keyword {word!r} is part of the keyword {c.args['keyword']!r} that must occur")
+    return out
 
 
 def constraint_mix(instances: list[Instance]) -> dict[str, int]:

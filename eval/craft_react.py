@@ -309,3 +309,61 @@ def join_revision(text: str | None, separator: str = " ") -> str:
     if len(lines) > 1 and lines[0].endswith(":"):
         lines = lines[1:]
     return separator.join(x for x in lines if x)
+
+
+def revision_lines(text: str | None) -> list[str]:
+    """The reviser's output lines as :func:`join_revision` keeps them (before joining).
+
+    >>> revision_lines("Here are the polished sentences:\\n1. It rains.\\n\\n2. We stay in.")
+    ['It rains.', 'We stay in.']
+    """
+    joined = join_revision(text, separator="\n")
+    return [line for line in joined.split("\n") if line]
+
+
+def splice_revision(current: str, plan: list[PlanLine], reviser_output: str | None) -> str:
+    """The current text with the plan's sentences replaced by their revisions; every other sentence stays.
+
+    Why: the paper's reviser sees only the plan (E.7), so its output is the whole revision and a sentence the plan
+    does not quote is lost. A planner that quotes every sentence (the paper's) loses nothing; a small one with a
+    short token budget quotes a few, and its revision would drop the rest of the text. ``agent.unplanned_sentences:
+    keep`` uses this function instead of :func:`join_revision` (a declared deviation).
+
+    Each quoted sentence is looked up verbatim in ``current`` (first occurrence not already taken). If the reviser
+    wrote one line per plan line and every quoted sentence was found, line i replaces sentence i in place;
+    otherwise the whole revision replaces the first found sentence and the other found sentences are removed.
+    A plan none of whose sentences occurs in ``current`` gives the joined output, as :func:`join_revision`; an empty
+    answer gives "" (a failed revision, not a shorter text).
+
+    >>> plan = [PlanLine("It rains.", "x"), PlanLine("We stay.", "y")]
+    >>> splice_revision("Hi. It rains. We stay. Bye.", plan, "It pours.\\nWe remain.")
+    'Hi. It pours. We remain. Bye.'
+    >>> splice_revision("Hi. It rains. We stay. Bye.", plan, "It pours and we remain.")
+    'Hi. It pours and we remain. Bye.'
+    """
+    lines = revision_lines(reviser_output)
+    if not lines:
+        return ""  # no revision at all: the guard counts it as empty, as with the paper's joined output
+    spans: list[tuple[int, int, int]] = []  # (start, end, plan index)
+    for i, item in enumerate(plan):
+        sentence = item.sentence.strip()
+        start = current.find(sentence) if sentence else -1
+        while start >= 0 and any(s <= start < e for s, e, _ in spans):
+            start = current.find(sentence, start + 1)
+        if start >= 0:
+            spans.append((start, start + len(sentence), i))
+    if not spans:
+        return " ".join(lines)
+    spans.sort()
+    if len(lines) == len(plan) == len(spans):
+        replacement = {i: lines[i] for _, _, i in spans}
+    else:
+        replacement = {i: "" for _, _, i in spans}
+        replacement[spans[0][2]] = " ".join(lines)
+    out, last = [], 0
+    for start, end, i in spans:
+        out.append(current[last:start] + replacement[i])
+        last = end
+    out.append(current[last:])
+    # a removed sentence leaves its surrounding spaces behind: collapse runs of spaces (not newlines)
+    return re.sub(r"[ \t]{2,}", " ", "".join(out)).strip()

@@ -67,8 +67,8 @@ def build_observation(
                 quality.append(f"{aspect}:\n" + "\n".join(f"- {line}" for line in lines))
         if quality:
             parts.append("Text quality feedback:\n" + "\n".join(quality))
-    parts.append("Use this feedback to write new tool calls and a new revision plan for the revised text, "
-                 "following the response format.")
+    parts.append(("Use this feedback to write" if include_feedback else "Write") + " new tool calls and a new revision "
+                 "plan for the revised text, following the response format.")
     return "\n\n".join(parts)
 
 

@@ -14,6 +14,13 @@ per constraint type it is the share of that type's constraints that hold. 95% CI
 (percentile bootstrap, resampling instances: a type's constraints of one instance move together).
 
 **Quality**: ``eval.craft_agent.quality`` (word-level similarity to the original, 0..100; see there).
+
+**The copy floor**: every table carries a ``copy`` row, the input returned unchanged (:func:`with_copy_floor`, no
+model call). CORD's constraints were set from a shorter GPT-4o revision, yet copying already meets about half of
+them; a system is only better than doing nothing where it beats this row.
+
+**Significance** (:func:`sign_test`): the paper's one-tailed sign test of one system against another over paired
+instances (ties dropped), with a bootstrap of instances for the share of wins.
 """
 
 from __future__ import annotations
@@ -27,8 +34,57 @@ from eval.agreement import bootstrap_ci
 from eval.craft_agent import quality
 from eval.craft_tools import check
 
-SYSTEM_ORDER = ("direct", "iter", "agent", "mcts")
+COPY = "copy"
+SYSTEM_ORDER = (COPY, "direct", "iter", "agent", "mcts")
 COST_COLUMNS = ("llm_calls", "prompt_tokens", "completion_tokens", "seconds")
+
+
+def with_copy_floor(results: pd.DataFrame) -> pd.DataFrame:
+    """``results`` plus one ``copy`` row per instance: the input as the revision, no model call, no cost.
+
+    A kept bad CORD line stays failed in the copy row too (it has no text to copy).
+    """
+    if results.empty or COPY in set(results["system"]):
+        return results
+    first = results.drop_duplicates("id").copy()
+    first["system"] = COPY
+    first["revision"] = first["text"]
+    first["error"] = [e if e.startswith("bad input") else "" for e in first["error"]]
+    for col in COST_COLUMNS:
+        if col in first:
+            first[col] = 0
+    for col in ("stop_reason", "guard_flags_json", "detail_json"):
+        if col in first:
+            first[col] = "" if col == "stop_reason" else "{}"
+    return pd.concat([first, results], ignore_index=True)
+
+
+def sign_test(checks: pd.DataFrame, system: str, baseline: str, n_boot: int = 1000, seed: int = 0) -> dict:
+    """One-tailed sign test (the paper's significance test): does ``system`` beat ``baseline`` per instance?
+
+    Pairs are instances both systems ran; an instance counts as a win when its accuracy is higher, a loss when
+    lower; ties are dropped. ``p`` is the binomial tail P(X >= wins | n = wins + losses, 1/2); ``ci_low/high``
+    bound the share of wins among untied instances (percentile bootstrap of instances).
+
+    >>> c = pd.DataFrame({"id": ["a", "a", "b", "b", "c", "c"], "level": 1, "system": ["m", "i"] * 3,
+    ...                   "type": "t", "satisfied": [True, False, True, False, True, True]})
+    >>> r = sign_test(c, "m", "i"); (r["wins"], r["losses"], r["ties"], r["p"])
+    (2, 0, 1, 0.25)
+    """
+    from scipy.stats import binomtest
+
+    acc = checks.groupby(["system", "id"])["satisfied"].mean().unstack(0)
+    if system not in acc or baseline not in acc:
+        return {"system": system, "baseline": baseline, "wins": 0, "losses": 0, "ties": 0, "p": float("nan"),
+                "win_share": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+    both = acc[[system, baseline]].dropna()
+    diff = (both[system] - both[baseline]).to_numpy()
+    wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
+    n = wins + losses
+    p = float(binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else float("nan")
+    share, lo, hi = _ci((diff[diff != 0] > 0), n_boot=n_boot, seed=seed)
+    return {"system": system, "baseline": baseline, "wins": wins, "losses": losses, "ties": int(len(diff) - n),
+            "p": p, "win_share": share, "ci_low": lo, "ci_high": hi}
 
 
 def constraint_checks(results: pd.DataFrame) -> pd.DataFrame:
@@ -95,8 +151,9 @@ def quality_table(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> p
     return pd.DataFrame(rows, columns=["system", "instances", "quality", "ci_low", "ci_high"])
 
 
-def cost_table(results: pd.DataFrame) -> pd.DataFrame:
-    """LLM calls, tokens and seconds per system: totals and means per instance, plus failed rows."""
+def cost_table(results: pd.DataFrame, relative_to: str = "iter") -> pd.DataFrame:
+    """LLM calls, tokens and seconds per system: totals and means per instance, plus failed rows, and each mean
+    relative to ``relative_to``'s (Table 11's "x Iter"; NaN when that system did not run)."""
     rows = []
     for system in _systems(results) if len(results) else []:
         mine = results[results["system"] == system]
@@ -105,7 +162,12 @@ def cost_table(results: pd.DataFrame) -> pd.DataFrame:
             row[col] = float(mine[col].sum())
             row[f"{col}_per_instance"] = float(mine[col].mean())
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    base = out[out["system"] == relative_to] if len(out) else out
+    for col in COST_COLUMNS:
+        ref = float(base[f"{col}_per_instance"].iloc[0]) if len(base) else float("nan")
+        out[f"{col}_vs_{relative_to}"] = out[f"{col}_per_instance"] / ref if ref else float("nan")
+    return out
 
 
 def calls_per_solved(results: pd.DataFrame, checks: pd.DataFrame, system: str = "mcts") -> float:

@@ -23,8 +23,11 @@ in the revision, and for ``sentence_length_check`` the deciding extreme: the lon
 when none does). A text without sentences has no sentence that breaks a per-sentence bound, so it passes.
 
 **Constraint accuracy** follows the reference ``compute_cons_acc``: the fraction of checker calls that
-hold; ``text_eval``/``detect_keyword`` are skipped; with nothing left to score (only ``text_eval()``)
-the accuracy is 1.0; a malformed call counts as a failure. Unlike the reference, a word-count or
+hold; ``text_eval``/``detect_keyword`` are skipped; a malformed call counts as a failure. With nothing
+left to score (no call, or only ``text_eval()``) the accuracy is **0.0**, where the reference returns 1: a
+search rewarded with 1 for checking nothing pays a planner for calling no tool (a copy of the input with only
+``text_eval()`` would reach the maximum reward). Callers that must tell "nothing checked" from "all failed"
+read the number of scored results. Unlike the reference, a word-count or
 keyword-frequency check counts as passed only when it holds (the reference scores the observed count's
 truthiness there, so any non-empty text passes), and a word-count range is two separate calls (the
 reference ``eval``s ``"a; b"`` as one expression, which always fails).
@@ -227,13 +230,13 @@ def constraint_accuracy(calls: Iterable[str | ToolCall], original: str, revised:
                         rules: TextRules = REFERENCE) -> tuple[float, list[CheckResult | CallError]]:
     """Fraction of the checker calls that hold on ``revised`` (see the module docstring), and every result.
 
-    >>> constraint_accuracy(["text_eval()"], "A b.", "A b.")[0]
-    1.0
+    >>> constraint_accuracy(["text_eval()"], "A b.", "A b.")[0]   # nothing checked scores 0, never 1
+    0.0
     """
     results = [check(call, original, revised, rules) for call in calls]
     scored = [r for r in results if isinstance(r, CallError) or not r.pending]
     if not scored:
-        return 1.0, results
+        return 0.0, results
     return sum(r.satisfied is True for r in scored) / len(scored), results
 
 

@@ -24,7 +24,7 @@ class RewardTerms:
     Attributes:
         quality: R_g, the text-quality term (paper: mean of normalized PPL, BARTScore and SOME, App. D.3; 0..100,
             can be negative because PPL_nom is not clamped).
-        accuracy: Fraction of the checked constraint calls that hold, in [0, 1] (1 when nothing is checked).
+        accuracy: Fraction of the checked constraint calls that hold, in [0, 1] (0 when nothing is checked).
         n_checks: How many constraint calls the accuracy is over (``text_eval()`` and ``detect_keyword()``
             excluded); 0 = nothing to check, which never triggers the all-constraints-met stop.
         parts: Anything to log with the node, JSON-serialisable (``ppl_nom``, ``bart_nom``, ``some_nom``,

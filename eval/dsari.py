@@ -15,18 +15,27 @@ over orders 1..4) and multiplies them by document-level penalties:
     D_keep = KEEP · LP_2 · SLP,   D_del = DEL · LP_2,   D_add = ADD · LP_1
     D-SARI = (D_keep + D_del + D_add) / 3                      (we report it in 0..100)
 
-Choices where we differ from, or had to extend, the reference script:
+Tokenisation (`tokenizer`):
 
-- **Tokenisation.** The script lowercases and uses NLTK's `word_tokenize` for n-grams and
-  lengths and `sent_tokenize` (Punkt) for sentence counts. NLTK is not available here, so words
-  come from sacrebleu's '13a' tokenizer after lowercasing (it differs from `word_tokenize` mainly
-  on contractions: "don't" stays one token) and sentences from `eval.textnorm.split_sentences`.
-  Scores can therefore differ slightly from the script's.
-- **Empty texts.** The script divides by zero for an empty output (LP_1) or when output and
-  references have no sentence (SLP); we define LP_1 = 0 for an empty output facing non-empty
-  references, and SLP = 1 when both sentence counts are 0.
-- **Corpus score.** The script scores documents one by one; a corpus D-SARI is the mean of the
-  document scores (its `DSARI.compute_metric` returns the per-document list).
+- **"script" (default): the reference script's own.** `D_SARI.py` takes raw text and builds
+  n-grams from `text.lower().split(" ")` and lengths from `len(text.split(" "))`: single spaces
+  only, so punctuation stays attached to its word ("fares."), a line break does not separate the
+  words around it ("fares.\n\nthe" is one token) and two spaces make an empty token. Sentences:
+  `nltk.sent_tokenize` (Punkt) on the raw output and references. We count them with NLTK's Punkt
+  algorithm (`eval.textnorm.punkt_sentences`) given our abbreviation list, because the trained
+  English parameters (`punkt_tab`) are not installable offline; Punkt ends sentences only at
+  '.', '!' or '?', so a heading line ("# Title", "## Part") joins the next sentence and is not a
+  sentence of its own, and a blank line is no boundary.
+- **"13a" (knob).** Lowercase, then sacrebleu's '13a' tokenizer (EASSE's preprocessing, as our
+  SARI); lengths are 13a tokens. Sentences are counted with Punkt as above.
+
+Other choices:
+
+- **Empty texts.** The script divides by zero when output and references have no sentence
+  (SLP); we define SLP = 1 when both sentence counts are 0, and LP_1 = 0 for an output without
+  tokens (the script's `split(" ")` never yields one: "" is one empty token).
+- **Corpus score.** The script scores one document at a time (`D_SARIsent`); a corpus D-SARI is
+  the mean of the document scores.
 - **References.** By default all references of a document are used together (multi-reference
   n-gram counts, as in the script). AgentSimp (paper 004) instead scores each reference alone and
   averages; `corpus_dsari(..., per_reference=True)` does that.
@@ -38,7 +47,9 @@ import math
 from collections.abc import Sequence
 
 from eval.sari import SariScore, score_xu2016, transpose_refs
-from eval.textnorm import count_sentences, normalize
+from eval.textnorm import count_punkt_sentences, normalize
+
+TOKENIZATIONS = ("script", "13a")
 
 
 def compute_length_penalties(
@@ -71,8 +82,24 @@ def compute_length_penalties(
     return lp1, lp2, slp
 
 
+def tokens(text: str, tokenizer: str = "script") -> list[str]:
+    """The tokens D-SARI builds n-grams from and counts as length (module docstring).
+
+    >>> tokens("Bus fares rise.\\n\\nThe  city pays.")
+    ['bus', 'fares', 'rise.\\n\\nthe', '', 'city', 'pays.']
+    >>> tokens("Bus fares rise.", "13a")
+    ['bus', 'fares', 'rise', '.']
+    """
+    if tokenizer == "script":
+        return text.lower().split(" ")
+    if tokenizer == "13a":
+        return normalize(text, lowercase=True).split()
+    raise ValueError(f"unknown D-SARI tokenizer {tokenizer!r}: expected one of {', '.join(TOKENIZATIONS)}")
+
+
 def document_sari(
-    orig_doc: str, sys_doc: str, ref_docs: Sequence[str], return_components: bool = False
+    orig_doc: str, sys_doc: str, ref_docs: Sequence[str], return_components: bool = False,
+    tokenizer: str = "script",
 ) -> float | SariScore:
     """D-SARI of one document, in 0..100.
 
@@ -81,20 +108,21 @@ def document_sari(
         sys_doc: the system's simplified document.
         ref_docs: one or more reference simplifications of the document.
         return_components: return SariScore(d_sari, d_add, d_keep, d_del) instead of the float.
+        tokenizer: "script" (the reference script's `lower().split(" ")`) or "13a".
 
     Returns:
         D-SARI in 0..100, or its penalised components.
     """
     if not ref_docs:
         raise ValueError("document_sari needs at least one reference document")
-    orig_toks = normalize(orig_doc, lowercase=True).split()
-    sys_toks = normalize(sys_doc, lowercase=True).split()
-    refs_toks = [normalize(ref, lowercase=True).split() for ref in ref_docs]
+    orig_toks = tokens(orig_doc, tokenizer)
+    sys_toks = tokens(sys_doc, tokenizer)
+    refs_toks = [tokens(ref, tokenizer) for ref in ref_docs]
     base = score_xu2016(orig_toks, sys_toks, refs_toks)
     ref_len = int(sum(len(t) for t in refs_toks) / len(refs_toks))
-    ref_sents = int(sum(count_sentences(ref) for ref in ref_docs) / len(ref_docs))
+    ref_sents = int(sum(count_punkt_sentences(ref) for ref in ref_docs) / len(ref_docs))
     lp1, lp2, slp = compute_length_penalties(
-        len(orig_toks), len(sys_toks), ref_len, count_sentences(sys_doc), ref_sents
+        len(orig_toks), len(sys_toks), ref_len, count_punkt_sentences(sys_doc), ref_sents
     )
     keep, delete, add = base.keep * lp2 * slp, base.delete * lp2, base.add * lp1
     score = SariScore((add + keep + delete) / 3, add, keep, delete)
@@ -107,6 +135,7 @@ def corpus_dsari(
     refs_docs: Sequence[Sequence[str | None]],
     per_reference: bool = False,
     return_components: bool = False,
+    tokenizer: str = "script",
 ) -> float | SariScore:
     """Mean D-SARI over documents.
 
@@ -117,6 +146,7 @@ def corpus_dsari(
         per_reference: score each reference alone and average (AgentSimp's protocol) instead
             of scoring all references together.
         return_components: return the mean SariScore instead of the float.
+        tokenizer: "script" or "13a" (`document_sari`).
 
     Returns:
         Mean D-SARI in 0..100, or the mean of each component.
@@ -127,9 +157,9 @@ def corpus_dsari(
     scores = []
     for orig, out, refs in zip(orig_docs, sys_docs, refs_per_doc):
         if per_reference:
-            scores.append(_mean_scores([document_sari(orig, out, [ref], True) for ref in refs]))
+            scores.append(_mean_scores([document_sari(orig, out, [ref], True, tokenizer) for ref in refs]))
         else:
-            scores.append(document_sari(orig, out, refs, True))
+            scores.append(document_sari(orig, out, refs, True, tokenizer))
     mean = _mean_scores(scores) if scores else SariScore(0.0, 0.0, 0.0, 0.0)
     return mean if return_components else mean.sari
 

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-import yaml
 
 from core.config import Section, dotted, fail
-from core.files import json_object, read_utf8
+from core.files import json_object, load_yaml, read_utf8
+from core.text import is_blank
 from eval.menlo_parse import MENLO_LABELS
 from eval.prompts import TemplateName, load_template, prompt_path
 
@@ -125,7 +125,7 @@ def _check_record(record: dict, where: str) -> dict:
             raise MenloDataError(f"{where}: missing field {key!r}")
     row = {key: record[key] for key in REQUIRED}
     for key in ("pair_id", "locale", "prompt", "response_a", "response_b"):
-        if not isinstance(row[key], str) or not row[key].strip():
+        if not isinstance(row[key], str) or is_blank(row[key]):
             raise MenloDataError(f"{where}, field {key!r}: must be a non-empty string")
     if row["dimension"] not in DIMENSIONS:
         raise MenloDataError(f"{where}, field 'dimension': {row['dimension']!r} is not one of {list(DIMENSIONS)}")
@@ -161,10 +161,7 @@ def load_rubrics(path: str | Path) -> dict:
         MenloDataError: naming the file and the missing or malformed key.
     """
     path = Path(path)
-    try:
-        data = yaml.safe_load(read_utf8(path, MenloDataError))
-    except yaml.YAMLError as exc:
-        raise MenloDataError(f"{path}: invalid YAML: {exc}") from None
+    data = load_yaml(read_utf8(path, MenloDataError), str(path), MenloDataError)
     if not isinstance(data, dict):
         raise MenloDataError(f"{path}: top level must be a mapping of dimensions")
     for dim in DIMENSIONS:

@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-import yaml
-
 from core.config import ConfigError, FieldCheck
+from core.files import load_yaml, read_utf8
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "configs" / "prompts"
 ROLES = ("system", "user", "assistant")
@@ -157,10 +156,7 @@ def load_template(path: str | Path) -> PromptTemplate:
     path = Path(path)
     if not path.is_file():
         raise PromptError(f"{path}: template file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise PromptError(f"{path}: invalid YAML: {exc}") from exc
+    data = load_yaml(read_utf8(path, PromptError), str(path), PromptError)
     if not isinstance(data, dict):
         raise PromptError(f"{path}: top level must be a mapping")
     _check_keys(path, data)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-SCHEMES = ("all_pairs", "vs_reference")
+# all_pairs is the paper's (MENLO §5); listwise (one judge call ranks or grades the whole group) is quorum's extension
+SCHEMES = ("all_pairs", "vs_reference", "listwise")
 REWARD_DEFINITIONS = {
     "all_pairs": "mean over judgments of grade_i - grade_opponent (range -4..4)",
     "vs_reference": "mean over judgments of grade_i - grade_reference (range -4..4)",
+    "listwise": "one call for the group: normalised rank (n - 1 - position_i) / (n - 1), or (grade_i - 1) / 4 "
+                "(range 0..1)",
 }
 
 
@@ -28,6 +31,16 @@ class JudgmentOut(BaseModel):
     b: int
     grade_a: int | None
     grade_b: int | None
+    parse_status: str
+    rationale: str
+    cached: bool = False
+
+
+class ListwiseOut(BaseModel):
+    # "rank" or "grade"; `order`: 0-based response indices, best first (rank); `grades`: per response (grade)
+    mode: str
+    order: list[int] | None
+    grades: list[int] | None
     parse_status: str
     rationale: str
     cached: bool = False
@@ -58,3 +71,5 @@ class GroupRewardResponse(BaseModel):
     counts: GroupCounts
     model: str
     usage: Usage
+    # the one verdict of scheme "listwise" (its `judgments` are then empty); None for the pairwise schemes
+    listwise: ListwiseOut | None = None

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import CorpusError
+from core.files import read_utf8
 from eval.prompts import load_template, prompt_path
 from eval.text_clean import clean_simplification
 
@@ -39,7 +40,7 @@ def read_word_list(path: str | Path) -> list[str]:
     if not path.is_file():
         raise CorpusError(f"{path}: file not found")
     words, seen = [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_utf8(path, CorpusError).splitlines(), start=1):
         word = line.strip()
         if not word or word.startswith("#"):
             continue

@@ -25,6 +25,15 @@ FKGL, the split rate and D-SARI use these rules instead:
 On one-sentence-per-line corpora (TurkCorpus, ASSET) this agrees with Punkt on almost every
 line; on messy text it can differ by a sentence here and there.
 
+`punkt_sentences` is NLTK's Punkt algorithm itself (`nltk.tokenize.punkt.PunktSentenceTokenizer`,
+what `nltk.sent_tokenize` runs), for metrics whose reference script counts sentences with
+`nltk.sent_tokenize` on raw text (D-SARI's `D_SARI.py`). Punkt ends a sentence only at '.', '!'
+or '?' (plus closing quotes/brackets) followed by whitespace: a line break, even a blank line, is
+whitespace like any other, so a heading line without final punctuation ("# Road works") joins the
+sentence after it. Its trained English parameters (the `punkt_tab` data) are not installed and
+cannot be downloaded here, so the tokenizer gets this module's abbreviation list instead of the
+learned one; its other heuristics (initials, ellipses, numbers) are Punkt's own.
+
 `count_syllables` restates EASSE's syllable counter for FKGL (rules in `eval.textmetrics`).
 """
 
@@ -159,6 +168,30 @@ def split_sentences(text: str) -> list[str]:
 def count_sentences(text: str) -> int:
     """Number of sentences `split_sentences` finds in `text`."""
     return len(split_sentences(text))
+
+
+@cache
+def _punkt():
+    # imported here: nltk loads NumPy and SciPy, and only the Punkt counters need it
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    params = PunktParameters()
+    params.abbrev_types = set(_ABBREVIATIONS)
+    return PunktSentenceTokenizer(params)
+
+
+def punkt_sentences(text: str) -> list[str]:
+    """Sentences of raw `text` by NLTK's Punkt (module docstring): line breaks do not end a sentence.
+
+    >>> punkt_sentences("# Road works\\n\\nMr. Lee closes the road. Buses divert!")
+    ['# Road works\\n\\nMr. Lee closes the road.', 'Buses divert!']
+    """
+    return _punkt().tokenize(text) if text.strip() else []
+
+
+def count_punkt_sentences(text: str) -> int:
+    """Number of sentences `punkt_sentences` finds in `text` (0 for a blank text)."""
+    return len(punkt_sentences(text))
 
 
 # ----------------------------------------------------------------------------- syllables (FKGL)

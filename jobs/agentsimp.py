@@ -15,7 +15,8 @@ One document, no cluster: `quorum simplify-doc FILE [--html OUT]` (jobs/agentsim
 Stages (Parquet under <run.root>/agentsimp/<run-id>/, each skipped when complete with the same inputs):
 documents (.txt/.md/.html files or a JSONL corpus -> paragraphs; eval.agentsimp_docs) -> runs (Ray Data rows =
 documents; `actors.agentsimp_worker.AgentSimpWorker` pools run every configuration's schedule in lockstep, shared
-calls once, through the request cache; one row per document x configuration with every stage, window and call)
+calls once, through the request cache, and Table 2's single-prompt LLM baselines (templates 1-3); one row per
+document x configuration or baseline with every stage, window and call)
 -> stages (every text per document, paragraph and window) -> calls (one row per LLM call) -> jury (document-level
 LLM jury on each configuration's output: coherence, simplicity, faithfulness; actors.jury, score format) -> scores
 (SARI, D-SARI, FKGL, BERTScore, compression, summary check per document x configuration x stage) -> table (means
@@ -51,9 +52,9 @@ __all__ = ["Config", "main"]
 
 
 def load_documents(cfg: Config) -> pd.DataFrame:
-    docs = read_documents(cfg.inputs.files())
+    docs = read_documents(cfg.inputs.files(), cfg.inputs.line_paragraphs)
     if cfg.inputs.references_path:
-        refs = {d.id: d.references for d in read_corpus(cfg.inputs.references_path)}
+        refs = {d.id: d.references for d in read_corpus(cfg.inputs.references_path, cfg.inputs.line_paragraphs)}
         docs = tuple(dataclasses.replace(d, references=d.references or refs.get(d.id, ())) for d in docs)
     if cfg.inputs.limit:
         docs = docs[: cfg.inputs.limit]
@@ -69,6 +70,10 @@ def simplify(cfg: Config, docs: pd.DataFrame, cache_dir: str) -> pd.DataFrame:
     init_ray(cfg.ray)
     size = max(1, cfg.backbone.pool.batch_size)
     ds = ray.data.from_pandas([docs.iloc[i:i + size] for i in range(0, len(docs), size)])
+    # a block is one lockstep run of `pool.batch_size` documents through every configuration and emits nothing until
+    # all of them are done; on a slow or shared engine (a 72B backbone, iterative windows one after another) that can
+    # outlast Ray Data's 30-minute no-progress limit, so the limit is off here (each engine call has its own timeout)
+    ds.context.execution_no_progress_timeout_s = -1
     done = ds.map_batches(AgentSimpWorker, batch_format="pandas", fn_constructor_kwargs=worker_kwargs(cfg, cache_dir),
                           **cfg.backbone.pool.map_batches_kwargs())
     order = {name: k for k, name in enumerate(cfg.agentsimp.configurations)}
@@ -108,14 +113,14 @@ def bertscore_fn(cfg: Config, stages: pd.DataFrame, refs: dict[str, list[str]]):
     """(candidate, reference) -> F1, computed in one batch for every document-level stage text with references."""
     if not cfg.evaluation.bertscore:
         return None
-    from eval.bertscore import sentence_bertscore
+    from eval.bertscore import document_bertscore, sentence_bertscore
 
     docs = stages[(stages["paragraph"] == -1) & (stages["window"] == -1)]
     pairs = list(dict.fromkeys((t, r) for d, t in zip(docs["doc_id"], docs["text"]) for r in refs.get(d, ())))
     if not pairs:
         return None
-    scores = sentence_bertscore([t for t, _ in pairs], [[r] for _, r in pairs],
-                                model_path=cfg.evaluation.bertscore_model_dir or None)
+    score = document_bertscore if cfg.evaluation.bertscore_mode == "document" else sentence_bertscore
+    scores = score([t for t, _ in pairs], [[r] for _, r in pairs], model_path=cfg.evaluation.bertscore_model_dir or None)
     table = {pair: s.f1 for pair, s in zip(pairs, scores)}
     return lambda candidate, reference: table[(candidate, reference)]
 
@@ -135,7 +140,8 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     run = open_run(JOB, cfg, config_path)
     store, cache = run.store, run.cache_dir
     ev = cfg.evaluation
-    check = {"min_length_ratio": ev.min_length_ratio, "min_coverage": ev.min_coverage, "min_overlap": ev.min_overlap}
+    check = {"min_length_ratio": ev.min_length_ratio, "min_coverage": ev.min_coverage, "min_overlap": ev.min_overlap,
+             "dsari_tokenizer": ev.dsari_tokenizer}
     tracker = run.start_tracking(JOB, cfg.wandb)
     try:
         results = [frame_stage(store, "documents", dataclasses.asdict(cfg.inputs), lambda: load_documents(cfg))]
@@ -156,7 +162,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         refs = {d: json.loads(r) for d, r in zip(docs["doc_id"], docs["references_json"])}
         sources = dict(zip(docs["doc_id"], docs["source"]))
         results.append(frame_stage(store, "scores", {"bertscore": ev.bertscore, "model": ev.bertscore_model_dir,
-                                                     **check}, lambda: pd.DataFrame(score_rows(
+                                                     "bertscore_mode": ev.bertscore_mode, **check}, lambda: pd.DataFrame(score_rows(
                                                          sources, refs, stages.to_dict("records"),
                                                          bertscore_fn(cfg, stages, refs), **check))))
         scores = store.read_stage("scores").to_pandas()

@@ -61,8 +61,8 @@ def simplify_one(cfg, path: str, configuration: str, cache_dir: str = "") -> dic
     from actors.agentsimp_worker import AgentSimpWorker
     from jobs.agentsimp_config import worker_kwargs
 
-    document = read_document(path)
-    kwargs = {**worker_kwargs(cfg, cache_dir), "configs": [configuration]}
+    document = read_document(path, line_paragraphs=cfg.inputs.line_paragraphs)
+    kwargs = {**worker_kwargs(cfg, cache_dir), "configs": [configuration], "baselines": []}
     out = AgentSimpWorker(**kwargs)(pd.DataFrame([document_row(document)]))
     return {"document": document, "row": out.iloc[0].to_dict(), "record": json.loads(out.iloc[0]["record_json"])}
 

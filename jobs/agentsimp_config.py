@@ -14,16 +14,20 @@ from actors.engine import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import LIGHT_CPU, PoolConfig, SamplingConfig, engine_secrets
 from core.config import ConfigError, Section, dotted, fail, one_of, require_file
+from core.errors import CorpusError
 from core.jobrun import JobSections
-from eval.agentsimp_docs import FORMATS
+from eval.agentsimp_baselines import BASELINES, read_example
+from eval.agentsimp_docs import FORMATS, LINE_PARAGRAPHS
 from eval.agentsimp_grammar import role_grammar
 from eval.agentsimp_plan import CONFIGURATIONS, PlanConfig
 from eval.agentsimp_roles import ROLE_IDS, load_role_book
 from eval.agentsimp_run import PAPER_TEMPERATURE
+from eval.dsari import TOKENIZATIONS
 
 ASPECTS = ("coherence", "simplicity", "faithfulness")
-# document-level roles write a whole article (or its guideline / proofread copy): more tokens
-DOCUMENT_ROLES = ("project_director", "article_architect_direct", "proofreader")
+# document-level roles write a whole article (or its guideline / proofread copy, or a baseline's simplification)
+DOCUMENT_ROLES = ("project_director", "article_architect_direct", "proofreader", "baseline_template_1",
+                  "baseline_template_2", "baseline_template_3")
 
 
 @dataclass
@@ -34,22 +38,33 @@ class InputsConfig(Section):
     references_path: str = ""
     # first documents in path order (0 = all)
     limit: int = 0
+    # .txt / JSONL text without a blank line: "auto" = one paragraph per line (the authors' GuoFeng loader),
+    # "never" = the whole text one paragraph, "always" = every line a paragraph (eval.agentsimp_docs)
+    line_paragraphs: str = "auto"
 
     def check(self, where: str = "") -> None:
         if not self.paths:
             fail(dotted(where, "paths"), "at least one file or directory is required")
+        one_of(self.line_paragraphs, LINE_PARAGRAPHS, dotted(where, "line_paragraphs"))
         for i, path in enumerate(self.paths):
             if not Path(path).exists():
                 fail(dotted(where, f"paths.{i}"), f"no such file or directory: {path}")
+            if Path(path).is_dir() and not self.files_in(Path(path)):
+                fail(dotted(where, f"paths.{i}"), f"directory {path} holds no {', '.join(sorted(FORMATS))} file"
+                     + (" besides inputs.references_path" if self.references_path else ""))
+
+    def files_in(self, directory: Path) -> list[Path]:
+        """The supported files of a directory, sorted, less the references file (the demo's corpus.jsonl holds
+        the same documents as the other files)."""
+        skip = Path(self.references_path).resolve() if self.references_path else None
+        return sorted(p for p in directory.iterdir()
+                      if p.is_file() and p.suffix.lower() in FORMATS and p.resolve() != skip)
 
     def files(self) -> list[Path]:
-        """The input files: each path, or the supported files of a directory (sorted; corpus.jsonl excluded)."""
+        """The input files: each file path, or the supported files of a directory (`files_in`)."""
         out = []
         for path in map(Path, self.paths):
-            if path.is_dir():
-                out += sorted(p for p in path.iterdir() if p.suffix.lower() in FORMATS and p.suffix != ".jsonl")
-            else:
-                out.append(path)
+            out += self.files_in(path) if path.is_dir() else [path]
         return out
 
 
@@ -96,8 +111,24 @@ class AgentsConfig(Section):
     plan: PlanConfig = field(default_factory=PlanConfig)
     # role id -> another prompt template (same variables)
     templates: dict[str, str] = field(default_factory=dict)
+    # Table 2's single-prompt LLM baselines on the same backbone (Appendix B, templates 1-3; [] = none)
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    # template 3's in-context pair, JSON {"complex": str, "simple": str} (the paper does not print its pair)
+    baseline_example_path: str = "configs/data/agentsimp_baseline_example.json"
+
+    def example(self) -> str:
+        """Template 3's rendered pair ("" when llm_t3 is not run)."""
+        return read_example(self.baseline_example_path) if "llm_t3" in self.baselines else ""
 
     def check(self, where: str = "") -> None:
+        for i, name in enumerate(self.baselines):
+            one_of(name, tuple(BASELINES), dotted(where, f"baselines.{i}"))
+        if len(set(self.baselines)) != len(self.baselines):
+            fail(dotted(where, "baselines"), f"repeated: {self.baselines}")
+        try:
+            self.example()
+        except CorpusError as exc:
+            fail(dotted(where, "baseline_example_path"), str(exc))
         if not self.configurations:
             fail(dotted(where, "configurations"), "at least one configuration is required")
         for i, name in enumerate(self.configurations):
@@ -120,6 +151,11 @@ class EvaluationConfig(Section):
     # BERTScore F1 against each reference (mean over references); "" = the bundled MiniLM encoder
     bertscore: bool = True
     bertscore_model_dir: str = ""
+    # "document": every wordpiece, encoded in overlapping windows (eval.bertscore.document_bertscore);
+    # "truncate": bert-score's behaviour, the first ~510 wordpieces of each text only
+    bertscore_mode: str = "document"
+    # D-SARI tokenisation: "script" (the reference D_SARI.py: raw text, lower().split(" ")) or "13a" (sacrebleu)
+    dsari_tokenizer: str = "script"
     # the document-level LLM jury on each configuration's output (one judge per aspect)
     jury_enabled: bool = True
     jury: JuryConfig = field(default_factory=default_jury)
@@ -130,6 +166,10 @@ class EvaluationConfig(Section):
     # bootstrap resamples of documents per CI (0 = none)
     n_boot: int = 1000
     seed: int = 0
+
+    def check(self, where: str = "") -> None:
+        one_of(self.bertscore_mode, ("document", "truncate"), dotted(where, "bertscore_mode"))
+        one_of(self.dsari_tokenizer, TOKENIZATIONS, dotted(where, "dsari_tokenizer"))
 
 
 @dataclass
@@ -160,4 +200,5 @@ def worker_kwargs(cfg: Config, cache_dir: str) -> dict:
             "configs": list(cfg.agentsimp.configurations), "max_tokens": b.tokens(), "temperature": b.temperature,
             "seed": b.seed, "constrained": b.constrained, "max_retries": b.max_retries,
             "templates": dict(cfg.agentsimp.templates), "cache_dir": cache_dir,
-            "secrets": engine_secrets(b.engine)}
+            "secrets": engine_secrets(b.engine), "baselines": list(cfg.agentsimp.baselines),
+            "example": cfg.agentsimp.example()}

@@ -1,22 +1,27 @@
 """The `quorum` command.
 
     quorum run CONFIG.yaml [key=value ...] [--no-resume]    run the job named by the config's `job:` key
+    quorum submit CONFIG.yaml [key=value ...] [--address URL] [--follow]   run it on a Ray cluster (jobs/submit.py)
     quorum eval --metrics sari,bleu --orig O --sys S --refs R1 R2 ...   corpus metrics (see eval/cli.py)
     quorum serve CONFIG.yaml [key=value ...]                 start / update the reward-model Serve app
     quorum human export RUN_DIR --out DIR | import DIR A.csv ...   blind human-rating sheet out, ratings in
     quorum curve RUN_DIR ... --out DIR                        SARI vs training rows over runs (paper 000 Fig. 3)
     quorum simplify-doc FILE [--configuration C] [--html OUT] [key=value ...]   one document through AgentSimp
+    quorum stage-models CONFIG.yaml [key=value ...] [--list]  download the config's hf: models into ray.models.hf_home
 
 Exit codes: 0 success, 2 bad config or bad input (the message names the key, file or line), 1 anything else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 
+from core import console
 from core.config import ConfigError, load_config, read_yaml
 from core.errors import CorpusError
+from core.model_store import check_models_staged
 from core.paths import path_overrides
 from eval.menlo_data import MenloDataError
 from eval.prompts import PromptError
@@ -59,18 +64,27 @@ def run_job(module, argv: list[str]) -> int:
     config_path, rest = argv[0], argv[1:]
     overrides = [a for a in rest if not a.startswith("--")]
     flags = [a for a in rest if a.startswith("--")]
+    verbose = False
     for flag in flags:
         if flag == "--no-resume":
             overrides.append("run.resume=false")
+        elif flag == "--verbose":
+            verbose = True  # everything on the terminal too (e.g. `ray job logs` of a submitted job)
         elif flag != "--resume":
-            raise ConfigError(f"unknown flag {flag!r} (known: --resume, --no-resume)")
+            raise ConfigError(f"unknown flag {flag!r} (known: --resume, --no-resume, --verbose)")
     overrides += path_overrides(module.Config, config_path, overrides)
     cfg = load_config(module.Config, config_path, overrides)
+    # offline hub models must be staged before any work (core.model_store)
+    check_models_staged(dataclasses.asdict(cfg), cfg.ray.models, config_path)
+    if not verbose:
+        console.enable()  # the run's log takes Ray's and the workers' output; the terminal keeps the stage lines
     try:
         module.main(cfg, config_path)
     except BaseException:
+        console.release()
         print_run_locations(failed=True)
         raise
+    console.release()
     print_run_locations(failed=False)
     return 0
 
@@ -124,7 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.serve_grm import main as serve_main
 
             return serve_main(rest)
-        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve, simplify-doc or serve")
+        if command == "submit":
+            from jobs.submit import main as submit_main
+
+            return submit_main(rest, job_module)
+        if command == "stage-models":
+            from jobs.stage_models import main as stage_models_main
+
+            return stage_models_main(rest, job_module)
+        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve, simplify-doc, serve, submit or stage-models")
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2

@@ -18,8 +18,12 @@ failed (counted in the cost table's `failed` column and scored 0 on every constr
 Stages (Parquet under <run.root>/craft/<run-id>/, reused when complete and unchanged): data (CORD rows) -> runs
 (CraftWorker actor pool: one output row per instance x system with revision, errors, guard flags, LLM calls,
 tokens, seconds) -> accuracy (per level C1-C4 and per constraint type, bootstrap 95% CIs over instances; gold
-constraints) -> quality, cost. Then summary.md, report.html and W&B tables (offline by default) with sample
+constraints; every table has the `copy` row, the input returned unchanged) -> quality, cost, one-tailed sign tests
+of TG-MCTS against each other system. Then summary.md, report.html and W&B tables (offline by default) with sample
 revisions.
+
+CORD itself: the authors' release (github.com/nusnlp/CRAFT, `data/test_input/test.agent.constraint_{0..4}.jsonl`);
+`data.path` takes that directory as it is, or files renamed `cord.constraint_<n>.jsonl`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from core.ray_env import init_ray
 from core.runstore import RunStore
 from eval import craft_results as cr
 from eval import report_html as rh
-from eval.cord import CordRow, read_cord
+from eval.cord import FILE_PATTERN, CordRow, read_cord
 from eval.craft_agent import AgentConfig
 from eval.craft_mcts import MCTSConfig
 from jobs.cli import entry
@@ -55,7 +59,8 @@ SYSTEMS = ("direct", "iter", "agent", "mcts")
 
 @dataclass
 class DataConfig(Section):
-    # a directory holding cord.constraint_<n>.jsonl, or one such file
+    # a directory holding CORD's *constraint_<n>.jsonl files (cord.constraint_1.jsonl or the authors'
+    # test.agent.constraint_1.jsonl), or one such file
     path: str = "../shared/data/cord"
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     # first N rows of each level in file order (0 = all)
@@ -101,10 +106,42 @@ class Config(JobSections):
         bad = sorted(set(self.systems) - set(SYSTEMS))
         if bad or not self.systems or len(set(self.systems)) != len(self.systems):
             raise ConfigError(f"systems: a non-empty list of distinct names from {list(SYSTEMS)}, got {self.systems}")
+        check_two_engines(self.planner, self.reviser, "planner", "reviser")
+        if self.agent.guard != self.mcts.guard:
+            raise ConfigError("agent.guard, mcts.guard: one degenerate-revision rule judges every system; set both "
+                              f"alike (agent.guard {dataclasses.asdict(self.agent.guard)} != mcts.guard "
+                              f"{dataclasses.asdict(self.mcts.guard)})")
+        if self.agent.planner_grammar and not _takes_grammar(self.planner):
+            raise ConfigError(f"agent.planner_grammar: planner kind {self.planner.kind!r} decodes no grammar "
+                              "(hf and vllm do, openai only with planner.structured_outputs=true)")
         if not self.ray.address and self.ray.num_cpus and \
                 self.pool.concurrency * self.pool.num_cpus + LIGHT_CPU > self.ray.num_cpus:
             raise ConfigError(f"pool: {self.pool.concurrency} x {self.pool.num_cpus} CPUs plus {LIGHT_CPU} for Ray "
                               f"Data's tasks exceed ray.num_cpus {self.ray.num_cpus}")
+
+
+# vLLM's worker refuses to start when the GPU's free memory is below gpu_memory_utilization x its total
+# (vllm/v1/worker/gpu_worker.py: "Free memory on device ... is less than desired GPU memory utilization"), so two
+# engines in one actor must split the GPU; the margin is for the CUDA context and activations outside the pool
+TWO_ENGINE_BUDGET = 0.95
+
+
+def check_two_engines(planner: EngineSpec, reviser: EngineSpec, planner_key: str, reviser_key: str) -> None:
+    """Refuse two vLLM engines in one actor whose memory fractions cannot both be reserved on its GPU(s)."""
+    if planner == reviser or planner.kind != "vllm" or reviser.kind != "vllm":
+        return  # one shared engine, or at most one vLLM engine
+    total = planner.gpu_memory_utilization + reviser.gpu_memory_utilization
+    if total > TWO_ENGINE_BUDGET:
+        raise ConfigError(
+            f"{planner_key}.gpu_memory_utilization, {reviser_key}.gpu_memory_utilization: the planner and the reviser "
+            f"are two vLLM engines in one actor and reserve {planner.gpu_memory_utilization} + "
+            f"{reviser.gpu_memory_utilization} = {total:.2f} of its GPU; vLLM refuses to start the second one. Give "
+            f"them at most {TWO_ENGINE_BUDGET} together (0.42 each fits two 8B bf16 models on an 80 GB GPU)")
+
+
+def _takes_grammar(spec: EngineSpec) -> bool:
+    """Whether the engine decodes under `SamplingParams.grammar` (hosted OpenAI-style APIs do not)."""
+    return spec.kind in ("hf", "vllm") or (spec.kind == "openai" and spec.structured_outputs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,14 +205,14 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         boot = dataclasses.asdict(cfg.report)
 
         def checks() -> pd.DataFrame:
-            return cr.constraint_checks(store.read_stage("runs").to_pandas())
+            return cr.constraint_checks(cr.with_copy_floor(store.read_stage("runs").to_pandas()))
 
         results.append(stage_frame(cfg, store, "accuracy", boot, lambda: cr.accuracy_by_level(
             checks(), cfg.report.n_boot, cfg.report.seed)))
         results.append(stage_frame(cfg, store, "accuracy_by_type", boot, lambda: cr.accuracy_by_type(
             checks(), cfg.report.n_boot, cfg.report.seed)))
         results.append(stage_frame(cfg, store, "quality", boot, lambda: cr.quality_table(
-            store.read_stage("runs").to_pandas(), cfg.report.n_boot, cfg.report.seed)))
+            cr.with_copy_floor(store.read_stage("runs").to_pandas()), cfg.report.n_boot, cfg.report.seed)))
         record_stages(results, tracker)
         table = write_report(cfg, store, tracker)
         store.finish({"accuracy_rows": len(table)})
@@ -187,7 +224,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 def _digest(path: str) -> str:
     """Content hash of the CORD file(s), so editing the data re-runs the stages that read it."""
     p = Path(path)
-    files = sorted(p.glob("cord.constraint_*.jsonl")) if p.is_dir() else [p]
+    files = sorted(p.glob(FILE_PATTERN)) if p.is_dir() else [p]
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + f.read_bytes())
@@ -206,18 +243,23 @@ def _with_ci(frame: pd.DataFrame, value: str) -> pd.DataFrame:
 
 def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
     """summary.md and report.html in the run directory; tables and sample revisions to W&B."""
-    runs = store.read_stage("runs").to_pandas()
+    runs = cr.with_copy_floor(store.read_stage("runs").to_pandas())
     level = store.read_stage("accuracy").to_pandas()
     by_type = store.read_stage("accuracy_by_type").to_pandas()
     quality = store.read_stage("quality").to_pandas()
     cost = cr.cost_table(runs)
+    order = [cr.COPY, *cfg.systems]
     wide = level.pivot(index="system", columns="level", values="accuracy").reindex(
-        [s for s in cfg.systems if s in set(level["system"])])
+        [s for s in order if s in set(level["system"])])
     checks = cr.constraint_checks(runs)
     solved = {s: cr.calls_per_solved(runs, checks, s) for s in cfg.systems}
+    target = "mcts" if "mcts" in cfg.systems else cfg.systems[-1]
+    signs = pd.DataFrame([cr.sign_test(checks, target, other, cfg.report.n_boot, cfg.report.seed)
+                          for other in order if other != target])
     notes = [
         (f"Data: {runs['id'].nunique()} CORD instances from {cfg.data.path} (levels {cfg.data.levels}, "
         f"{cfg.data.per_level or 'all'} per level); systems {', '.join(cfg.systems)}."),
+        "The copy row returns the input unchanged (no model call): the floor every system must beat.",
         (f"Planner {cfg.planner.model} ({cfg.planner.kind}), reviser {cfg.reviser.model} ({cfg.reviser.kind}); agent "
         f"max_steps {cfg.agent.max_steps}, Iter rounds {cfg.agent.iter_rounds}; TG-MCTS width {cfg.mcts.width}, "
         f"{cfg.mcts.max_iterations} iterations, depth {cfg.mcts.max_depth}."),
@@ -231,6 +273,8 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
         rh.Section("Constraint accuracy per level (mean over instances)", wide.reset_index()),
         rh.Section("Constraint accuracy per level, 95% CIs", _with_ci(level, "accuracy")),
         rh.Section("Constraint accuracy per constraint type, 95% CIs", _with_ci(by_type, "accuracy")),
+        rh.Section(f"One-tailed sign test: {target} against each system (per-instance accuracy, ties dropped; "
+                   "win share with 95% bootstrap CI)", _with_ci(signs, "win_share")),
         rh.Section("Text quality (word-level similarity to the original, 0-100), 95% CIs", _with_ci(quality, "quality")),
         rh.Section("Cost per system (LLM calls sent to a model, tokens, seconds)", cost),
         rh.Section("Sample revisions", cr.sample_revisions(runs, cfg.report.samples)),
@@ -244,6 +288,7 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
     tracker.table("report/accuracy_by_type", by_type)
     tracker.table("report/quality", quality)
     tracker.table("report/cost", cost)
+    tracker.table("report/sign_test", signs)
     tracker.table("report/sample_revisions", cr.sample_revisions(runs, cfg.report.samples), max_rows=100)
     overall = level[level["level"] == "all"]
     tracker.summary("accuracy", {r.system: r.accuracy for r in overall.itertuples()})

@@ -32,10 +32,12 @@ from actors.stage_config import PoolConfig
 from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive, require_file
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
+from core.tracking import trainer_tracking
 from eval.craft_agent import AgentConfig
 from eval.craft_selftrain import ScoreWeights, stop_decision
 from eval.prompts import load_template, prompt_path
 from jobs.cli import entry
+from jobs.craft import check_two_engines
 from jobs.craft_selftrain_stages import (
     adapter_of,
     stage_candidates,
@@ -54,10 +56,16 @@ JOB = "craft_selftrain"
 
 @dataclass
 class DataConfig(Section):
-    # D_r: raw texts to constrain. The paper draws 2k CNN/DailyMail texts of 350-1,000 words per round; we have
-    # CORD's unconstrained C0 texts (README deviations): level 0 only, so the C1-C4 test rows stay unseen
+    # D_r: raw texts to constrain. The paper draws 2k CNN/DailyMail texts of 350-1,000 words per round.
+    # format "cord": CORD files (level 0 only by default, so the C1-C4 test rows stay unseen; C0 is itself the
+    # paper's Table 4 test domain: docs/papers/002-craft.md, Deviations); format "text": plain .txt files or
+    # {text|article} JSONL (eval.craft_instances.read_raw_texts), e.g. CNN/DailyMail stories
     path: str = "../shared/data/cord"
+    format: str = "cord"
     levels: list[int] = field(default_factory=lambda: [0])
+    # the paper's length filter (whitespace words; 0 = no bound); texts outside it are skipped and counted
+    min_words: int = 350
+    max_words: int = 1000
     # keep the first N sentences of each text (0 = all): a CPU demo cannot revise 600-word texts
     max_sentences: int = 0
     # texts sampled from the pool per round (paper 2,000) and held out as the fixed dev set
@@ -73,6 +81,9 @@ class DataConfig(Section):
     def check(self, where: str = "") -> None:
         if not Path(self.path).exists():
             fail(dotted(where, "path"), f"{self.path!r} does not exist")
+        one_of(self.format, ("cord", "text"), dotted(where, "format"))
+        if self.max_words and self.max_words < self.min_words:
+            fail(dotted(where, "max_words"), f"{self.max_words} is below min_words {self.min_words}")
         if not self.levels or any(lv not in range(5) for lv in self.levels):
             fail(dotted(where, "levels"), f"expected CORD levels among 0-4, got {self.levels}")
         for name in ("train_texts", "dev_texts", "round_to"):
@@ -94,9 +105,9 @@ class SftConfig(Section):
 
     def check(self, where: str = "") -> None:
         one_of(self.source, ("oracle", "jsonl"), dotted(where, "source"))
-        if self.source == "jsonl":
-            if not self.path:
-                fail(dotted(where, "path"), "source 'jsonl' needs a file of {prompt_messages, target} rows")
+        # an empty path with source jsonl loads (the cluster config ships without one) and is refused when the job
+        # starts, before any work (`require_sft_path`)
+        if self.source == "jsonl" and self.path:
             require_file(self.path, dotted(where, "path"))
         if self.trainer.loss != "sft":
             fail(dotted(where, "trainer.loss"), f"SFT trains with 'sft', got {self.trainer.loss!r}")
@@ -163,6 +174,9 @@ class Config(JobSections):
 
     def validate(self) -> None:
         self.run.require_local("(each round's adapter is the next round's planner)")
+        # the planner always carries an adapter (SFT, then each round's), so it never shares the reviser's engine
+        check_two_engines(dataclasses.replace(self.planner.engine, adapter="(each round's)"), self.reviser, "planner.engine",
+                          "reviser")
         for key, trainer in (("sft.trainer", self.sft.trainer), ("rounds.trainer", self.rounds.trainer)):
             if trainer.model != self.planner.engine.model:
                 raise ConfigError(f"{key}.model: {trainer.model!r} differs from planner.engine.model "
@@ -177,12 +191,20 @@ def planner_messages(cfg: Config):
     return lambda instruction, text: template.render(examples="", instruction=instruction, text=text)
 
 
-def _trainer(trainer: TrainConfig, cfg: Config, run_name: str, init_adapter: str = "") -> TrainConfig:
-    return dataclasses.replace(trainer, run_name=run_name, init_adapter=init_adapter, wandb=cfg.wandb.on,
-                               wandb_project=cfg.wandb.project)
+def _trainer(trainer: TrainConfig, cfg: Config, run_name: str, run_id: str, init_adapter: str = "") -> TrainConfig:
+    return dataclasses.replace(trainer, run_name=run_name, init_adapter=init_adapter,
+                               **trainer_tracking(cfg.wandb, JOB, run_id))
+
+
+def require_sft_path(sft: SftConfig) -> None:
+    """SFT on trajectories needs their file: refused before any work (exit 2), naming ``sft.path``."""
+    if sft.enabled and sft.source == "jsonl" and not sft.path:
+        raise ConfigError("sft.path: source 'jsonl' needs a file of {prompt_messages, target} rows (the GPT-4o "
+                          "trajectories D_s); pass sft.path=...")
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
+    require_sft_path(cfg.sft)
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     results = [stage_instances(store, cfg.data)]
@@ -191,7 +213,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     if cfg.sft.enabled:
         results.append(stage_sft_data(store, cfg, planner_messages(cfg)))
         rows = store.read_stage("sft_data").to_pylist()
-        results.append(stage_train(store, "sft", _trainer(cfg.sft.trainer, cfg, "craft-sft"), rows,
+        results.append(stage_train(store, "sft", _trainer(cfg.sft.trainer, cfg, "craft-sft", store.run_id), rows,
                                    {"where": "sft.trainer"}, store.path))
         adapter = adapter_of(store, "sft")
     dev = stage_dev(store, cfg, 0, adapter, run.cache_dir)
@@ -203,7 +225,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         results.append(stage_pairs(store, cfg, r))
         pairs = [{k: row[k] for k in ("prompt_messages", "chosen", "rejected")}
                  for row in store.read_stage(f"r{r}_pairs").to_pylist()]
-        trainer = _trainer(cfg.rounds.trainer, cfg, f"craft-r{r}", init_adapter=adapter)
+        trainer = _trainer(cfg.rounds.trainer, cfg, f"craft-r{r}", store.run_id, init_adapter=adapter)
         if len(pairs) < trainer.global_batch_size:
             # no honest way to train on fewer pairs than one batch: the round ends the run, said so in the manifest
             stop_reason = f"round {r}: {len(pairs)} pairs, fewer than one global batch ({trainer.global_batch_size})"

@@ -17,10 +17,17 @@ import pyarrow as pa
 
 from actors.craft_selftrain_worker import PlannerActionWorker, greedy
 from core.errors import ConfigError, CorpusError
-from core.files import json_object
+from core.files import json_object, read_utf8
 from core.runstore import RunStore, StageResult, write_table
 from eval.cord import read_cord
-from eval.craft_instances import constraint_mix, first_sentences, make_instance
+from eval.craft_instances import (
+    RawText,
+    constraint_mix,
+    contradictions,
+    first_sentences,
+    make_instance,
+    read_raw_texts,
+)
 from eval.craft_react import parse_planner_output
 from eval.craft_selftrain import ActionScore, dev_summary, oracle_step, pick_pair, sft_rows
 from train.trainer import train_stage
@@ -46,11 +53,28 @@ def build_instances(data, round_no: int, texts: pd.DataFrame) -> list:
             for i in chosen]
 
 
+def _raw_texts(data) -> tuple[list, dict]:
+    """D_r's texts (CORD rows of ``data.levels`` or plain texts) within the paper's 350-1,000-word filter, and the
+    counts of what was read, kept and skipped (logged in the stage summary)."""
+    if data.format == "text":
+        return read_raw_texts(data.path, data.min_words, data.max_words)
+    rows = [RawText(r.id, r.text, r.source) for r in read_cord(data.path, levels=data.levels)]
+    counts = {"read": len(rows), "kept": 0, "too_short": 0, "too_long": 0, "empty": 0}
+    kept = []
+    for row in rows:
+        n = len(row.text.split())
+        reason = "empty" if n == 0 else "too_short" if data.min_words and n < data.min_words else \
+            "too_long" if data.max_words and n > data.max_words else ""
+        counts[reason or "kept"] += 1
+        kept += [] if reason else [row]
+    return kept, counts
+
+
 def stage_instances(store: RunStore, data) -> StageResult:
     """The raw texts D_r (CORD rows of ``data.levels``, cut to ``max_sentences``), split into a fixed dev set with
     sampled constraints and a training pool of bare texts."""
     def produce(out_dir: str) -> dict:
-        rows = [r for r in read_cord(data.path, levels=data.levels) if r.text.strip()]
+        rows, read = _raw_texts(data)
         rng = random.Random(data.seed)
         rng.shuffle(rows)
         if len(rows) < data.dev_texts + 1:
@@ -65,7 +89,8 @@ def stage_instances(store: RunStore, data) -> StageResult:
                  "gold_calls_json": "[]", "keep_ids": [], "n_constraints": 0, "constraint_types": []}
                 for r in rows[data.dev_texts:]]
         write_table(pa.Table.from_pylist(out), out_dir)
-        return {"dev": len(dev), "pool": len(rows) - len(dev), "dev_constraints": constraint_mix(dev)}
+        return {"dev": len(dev), "pool": len(rows) - len(dev), "dev_constraints": constraint_mix(dev),
+                "texts": read, "dev_contradictory": sum(bool(contradictions(i)) for i in dev)}
 
     return store.run_stage("instances", dataclasses.asdict(data), produce)
 
@@ -98,14 +123,13 @@ def stage_sft_data(store: RunStore, cfg, planner_initial) -> StageResult:
 def _read_sft_jsonl(path: str) -> list[dict]:
     """Trajectory steps as trainer rows; a bad line raises CorpusError naming the file and line."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            record = json_object(line, f"{path}: line {lineno}", CorpusError)
-            if not isinstance(record.get("prompt_messages"), list) or not isinstance(record.get("target"), str):
-                raise CorpusError(f"{path}: line {lineno}: needs 'prompt_messages' (a list) and 'target' (a string)")
-            rows.append({"prompt_messages": record["prompt_messages"], "target": record["target"]})
+    for lineno, line in enumerate(read_utf8(path, CorpusError).split("\n"), start=1):
+        if not line.strip():
+            continue
+        record = json_object(line, f"{path}: line {lineno}", CorpusError)
+        if not isinstance(record.get("prompt_messages"), list) or not isinstance(record.get("target"), str):
+            raise CorpusError(f"{path}: line {lineno}: needs 'prompt_messages' (a list) and 'target' (a string)")
+        rows.append({"prompt_messages": record["prompt_messages"], "target": record["target"]})
     return rows
 
 
@@ -114,7 +138,10 @@ def stage_train(store: RunStore, name: str, trainer, rows: list[dict], key: dict
     def produce(out_dir: str) -> dict:
         return train_stage(trainer, rows, None, out_dir=out_dir, wandb_dir=wandb_dir, where=key["where"])
 
-    return store.run_stage(name, {**key, "trainer": dataclasses.asdict(trainer)}, produce)
+    # W&B's mode, group, entity and tags say where the run logs, not what it trains: a resume online still matches
+    logging_only = ("wandb_entity", "wandb_mode", "wandb_group", "wandb_tags")
+    trained = {k: v for k, v in dataclasses.asdict(trainer).items() if k not in logging_only}
+    return store.run_stage(name, {**key, "trainer": trained}, produce)
 
 
 def adapter_of(store: RunStore, train_stage_name: str) -> str:
@@ -149,7 +176,8 @@ def stage_candidates(store: RunStore, cfg, round_no: int, adapter: str, cache_di
         scored = score_states(cfg, frame, adapter, k=cfg.rounds.k, agent=agent, cache_dir=cache_dir)
         write_table(_table(scored), out_dir)
         return {"states": len(scored), "candidates": int(scored["n_candidates"].sum()),
-                "model_calls": int(scored["model_calls"].sum()), "constraints": constraint_mix(instances)}
+                "model_calls": int(scored["model_calls"].sum()), "constraints": constraint_mix(instances),
+                "contradictory": sum(bool(contradictions(i)) for i in instances)}
 
     return store.run_stage(f"r{round_no}_candidates", candidates_key(cfg, round_no, adapter), produce)
 

@@ -26,9 +26,10 @@ import pyarrow.parquet as pq
 from core.config import ConfigError, fail, require_file
 from core.jobrun import record_stages
 from core.runstore import RunStore, StageResult, write_table
-from core.tracking import Tracker, WandbConfig
+from core.tracking import Tracker, WandbConfig, trainer_tracking
 from eval.menlo_data import SPLITS
 from train.config import GRPOConfig
+from train.grpo_monitoring import read_alerts
 
 log = logging.getLogger("quorum.grpo")
 
@@ -129,10 +130,14 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
         rows = store.read_stage("rows").to_pylist()
         train_rows = [r for r in rows if r["role"] == "train"]
         val_rows = [r for r in rows if r["role"] == "val"]
-        trainer = dataclasses.replace(grpo, run_name=f"grpo-{store.job}", wandb_project=wandb_cfg.project,
-                                      wandb=wandb_cfg.on)
+        # the job run's W&B project, entity, tags, group and (resolved) mode; the key reaches the workers by name
+        trainer = dataclasses.replace(grpo, run_name=f"grpo-{store.job}",
+                                      **trainer_tracking(wandb_cfg, store.job, store.run_id))
         started = time.time()
+        alerts_path = f"{out_dir}/run/monitor_alerts.jsonl"
         with reward() as (spec, secret_env):
+            if spec.get("monitor") and "://" not in out_dir:  # rank 0 appends each crossed threshold there
+                spec = {**spec, "monitor": {**spec["monitor"], "alerts_path": alerts_path}}
             # W&B writes where the run ends up: the stage's own folder is renamed when it completes
             result = run_grpo(trainer, train_rows, spec, run_dir=f"{out_dir}/run", secret_env=secret_env,
                               val_rows=val_rows, wandb_dir=store.path)
@@ -147,7 +152,10 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
                 "prompt_rows_truncated": metrics.get("prompt/rows_truncated"),
                 "best_step": result.best.get("step"), "best_score_key": result.best.get("score_key"),
                 "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir,
-                "worker_nodes": result.metrics.get("worker_nodes", [])}
+                "worker_nodes": result.metrics.get("worker_nodes", []),
+                # the reward-hacking monitors' last values and every alert they raised (train.grpo_monitoring)
+                **({"monitor": {k: v for k, v in metrics.items() if k.startswith("monitor/")},
+                    "monitor_alerts": read_alerts(alerts_path)} if spec.get("monitor") else {})}
 
     return store.run_stage("train", key, produce)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from core.config import ConfigError
+from core.files import json_object, read_utf8
 from eval import human_eval as he
 
 
@@ -57,8 +58,8 @@ def grpo_answers(train_run: Path) -> pd.DataFrame:
         folder = train_run / "val_answers" / f"step_{json.loads(best.read_text())['step']:06d}"
         if not folder.is_dir():
             raise ConfigError(f"{folder}: the best adapter's validation answers are missing")
-    records = [json.loads(line) for path in sorted(folder.glob("rank*.jsonl"))
-               for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = [json_object(line, f"{path}: line {number}", ConfigError) for path in sorted(folder.glob("rank*.jsonl"))
+               for number, line in enumerate(read_utf8(path, ConfigError).split("\n"), 1) if line.strip()]
     rows = []
     for r in records:
         source = "\n\n".join(m["content"] for m in json.loads(r["prompt_messages"]) if m["role"] == "user")

@@ -34,6 +34,7 @@ from core.config import ConfigError
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, StageResult
+from core.tracking import trainer_tracking
 from eval.menlo_data import gold_class
 from eval.menlo_parse import MENLO_LABELS
 from jobs.cli import entry
@@ -93,7 +94,7 @@ def sft_rows(cfg: Config) -> pd.DataFrame:
 
 
 def stage_train(store: RunStore, cfg: Config) -> StageResult:
-    trainer = dataclasses.replace(cfg.train, run_name="judge-sft", wandb=cfg.wandb.on, wandb_project=cfg.wandb.project)
+    trainer = dataclasses.replace(cfg.train, run_name="judge-sft", **trainer_tracking(cfg.wandb, JOB, store.run_id))
 
     def produce(out_dir: str) -> dict:
         from train.trainer import train_stage

@@ -23,13 +23,17 @@ shared with other jobs at load average ~30, ~40 s per step, the rest start-up):
 
 On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 1024-token answers, Dr. GRPO):
 
+    quorum submit configs/policy_grpo_cluster.yaml --address http://HEAD:8265 --home /mnt/shared/quorum
     ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \\
         quorum run configs/policy_grpo_cluster.yaml run.root=/shared/runs reward.url=http://grm.internal:8000
 
 Stages (under <run.root>/policy_grpo/<run-id>/, skipped when already complete): rows (the unique prompts of the
 MENLO-format pairs of `data.dimensions`, a seeded random sample of `data.limit`, each with what the GRM reads)
 -> train (GRPO on Ray Train + DeepSpeed + LoRA) -> summary.md. The GRM app is started only when `train` runs, and
-deleted when it ends. Its URL for the workers is 127.0.0.1 on their own node: Serve runs an HTTP proxy per node.
+deleted when it ends. The training workers call that app through a Ray Serve DeploymentHandle
+(`reward.app`, set by the job), which reaches a replica on any node: Ray 2.60 runs HTTP proxies only on the head
+and on nodes holding a replica, so `http://127.0.0.1` on a GPU node without one reaches nothing. Its HTTP address
+(logged) stays for clients outside the cluster; an external service (`reward.url`) is called over HTTP.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ import pandas as pd
 from core.config import ConfigError, load_config, require_file
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
-from eval.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl
+from eval.listwise import MAX_LISTWISE
+from eval.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl, render_criteria
+from eval.prompts import load_template, prompt_path
 from jobs.cli import entry
 from jobs.grpo_stages import (
     SAMPLES,
@@ -63,7 +69,10 @@ from jobs.grpo_stages import (
 )
 from serve.config import ServeConfig
 from train.config import GRPOConfig
+from train.grpo_monitoring import record_alert
+from train.judge_family import model_identity, same_family
 from train.reward_client import RewardServiceConfig
+from train.reward_monitors import JudgeMarkers, MonitorConfig, judge_markers
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
@@ -103,6 +112,8 @@ class Config(JobSections):
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(loss_agg="seq_mean_token_sum_norm",
                                                                 normalize_std=False, max_completion_length=1024,
                                                                 thinking=False, val_metric="vs_baseline"))
+    # reward-hacking monitors (train.reward_monitors, docs/monitors.md): on by default
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
         self.data.validate_data()
@@ -112,8 +123,17 @@ class Config(JobSections):
         if not self.data.dimensions or any(d not in DIMENSIONS for d in self.data.dimensions):
             raise ConfigError(f"data.dimensions: need a non-empty subset of {list(DIMENSIONS)}, "
                               f"got {self.data.dimensions}")
+        if self.reward.app and not self.reward.url:
+            raise ConfigError("reward.app: names a GRM app already running in this job's Ray cluster; give its HTTP "
+                              "address too (reward.url), or leave both empty and the job deploys the GRM itself")
+        if self.reward.scheme == "listwise" and not 2 <= self.grpo.group_size <= MAX_LISTWISE:
+            raise ConfigError(f"reward.scheme: listwise ranks 2..{MAX_LISTWISE} responses in one call; "
+                              f"grpo.group_size is {self.grpo.group_size}")
         if not self.reward.url:
-            self.serve_config()  # a bad GRM config stops the run here, before any work
+            serve_cfg = self.serve_config()  # a bad GRM config stops the run here, before any work
+            if self.reward.scheme == "listwise" and not serve_cfg.prompts.listwise:
+                raise ConfigError("reward.scheme: listwise needs a listwise template in the GRM config "
+                                  "(grm.overrides: prompts.listwise=menlo_listwise)")
         self.run.require_local()
 
     def serve_config(self) -> ServeConfig:
@@ -160,19 +180,22 @@ def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
 
 @contextlib.contextmanager
 def served_reward(cfg: Config):
-    """Yield (reward spec, secret worker env): the configured service, or a GRM app deployed here and deleted after."""
+    """Yield (reward spec, secret worker env): the configured service, or a GRM app deployed here and deleted after.
+
+    The deployed app is called through a DeploymentHandle (`reward.app`): no HTTP proxy on the workers' nodes and
+    no bearer token needed, so no secret goes to the workers; an external `reward.url` gets its token."""
     reward, app = cfg.reward, None
     if not reward.url:
         serve_cfg = cfg.serve_config()
         app = serve_cfg.serve.app_name
         url = start_grm(serve_cfg, cfg.grm.start_timeout_s)
-        # the app reads its token from serve.auth_token_env; without that variable set it runs without auth
-        token_env = serve_cfg.serve.auth_token_env
-        reward = dataclasses.replace(reward, url=url,
-                                     token_env=reward.token_env or (token_env if os.environ.get(token_env) else ""))
-    secret = {reward.token_env: os.environ[reward.token_env]} if reward.token_env else {}
+        reward = dataclasses.replace(reward, url=url, app=app, token_env="")
+    secret = {reward.token_env: os.environ[reward.token_env]} if reward.token_env and not reward.app else {}
+    spec = {"kind": "grm", "config": dataclasses.asdict(reward)}
+    if cfg.monitor.enabled:  # the workers run the monitors (train.grpo_monitoring) on what the judge returns
+        spec["monitor"] = {"config": dataclasses.asdict(cfg.monitor), "markers": judge_markers_of(cfg).to_dict()}
     try:
-        yield {"kind": "grm", "config": dataclasses.asdict(reward)}, secret
+        yield spec, secret
     finally:
         if app is not None:
             from ray import serve
@@ -180,25 +203,69 @@ def served_reward(cfg: Config):
             serve.delete(app)
 
 
+def judge_markers_of(cfg: Config) -> JudgeMarkers:
+    """What a rollout quoting the judge would contain: the GRM config's pairwise template (its output tags and
+    keywords, its instructions) and its rubrics' definitions, questions and criteria. With an external
+    `reward.url` these are grm.config's, the template that service is expected to run."""
+    prompts = cfg.serve_config().prompts
+    template = load_template(prompt_path(prompts.pairwise))
+    rubric_texts = []
+    for rubric in (load_rubrics(prompts.rubrics).values() if prompts.rubrics else ()):
+        rubric_texts += [rubric.get("definition", ""), rubric.get("question", ""), render_criteria(rubric, True)]
+    return judge_markers("\n".join(m["content"] for m in template.messages), rubric_texts, cfg.monitor.format_ngram)
+
+
+def same_family_check(cfg: Config, tracker) -> list[dict]:
+    """The start-of-run warning when the policy and the judge share a family, base model or tokenizer (the judge
+    may prefer its own family's style); [] when they do not, or the judge behind an external reward.url is not
+    known here."""
+    if not (cfg.monitor.enabled and cfg.monitor.same_family):
+        return []
+    if cfg.reward.url:
+        log.info("monitor.same_family: the judge behind reward.url %s is not known to this job; not checked",
+                 cfg.reward.url)
+        return []
+    judge = cfg.serve_config().judge.engine.model
+    alert = same_family(*(model_identity(name, name if os.path.isdir(name) else "") for name in (cfg.grpo.model,
+                                                                                                 judge)))
+    if alert is None:
+        return []
+    record_alert(alert, getattr(tracker, "run", None))
+    return [alert.as_dict()]
+
+
 def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
     """Deploy the GRM app in the connected Ray cluster (as `quorum serve --detach` would); return its base URL."""
     from ray import serve
 
     from jobs.serve_grm import wait_until_running
-    from serve.app import make_app
+    from serve.app import check_replicas_fit, make_app
 
     http = serve_cfg.serve
     serve.start(http_options={"host": http.host, "port": http.port})
+    check_replicas_fit(serve_cfg)
     serve.run(make_app(serve_cfg), name=http.app_name, route_prefix=http.route_prefix, blocking=False)
     wait_until_running(http.app_name, timeout_s)
-    url = f"http://127.0.0.1:{http.port}{http.route_prefix.rstrip('/')}"
-    log.info("GRM app %r running at %s", http.app_name, url)
+    url = f"http://{proxy_host(http.host)}:{http.port}{http.route_prefix.rstrip('/')}"
+    log.info("GRM app %r running; training workers call it through a Serve handle, HTTP clients at %s",
+             http.app_name, url)
     return url
+
+
+def proxy_host(host: str) -> str:
+    """Where HTTP clients find the app: Serve always runs a proxy on the head node (the controller's), bound to
+    `serve.host`; a wildcard bind is reached at the head's address."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    import ray
+
+    heads = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+    return heads[0] if heads else "127.0.0.1"
 
 
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     # checked here, not in validate(): the config is fine, the shell it runs in lacks the secret
-    if cfg.reward.token_env and not os.environ.get(cfg.reward.token_env):
+    if cfg.reward.token_env and not cfg.reward.app and not os.environ.get(cfg.reward.token_env):
         raise ConfigError(f"reward.token_env: environment variable {cfg.reward.token_env} is not set")
     # bad data fails before the run directory (and its manifest) exists
     validate_grpo(cfg.grpo, int((policy_rows(cfg)["role"] == "train").sum()))
@@ -206,16 +273,20 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path),
                 "send_context": cfg.reward.send_context}
+    family = same_family_check(cfg, tracker)
     results = [stage_rows(store, rows_key, lambda: policy_rows(cfg))]
     validate_grpo(cfg.grpo, results[0].summary["train_rows"])
     init_ray(cfg.ray)
     # the judge (config + overrides) or the external URL decides the rewards, so both are part of the stage hash
-    key = {"grpo": dataclasses.asdict(cfg.grpo), "reward": dataclasses.asdict(cfg.reward),
+    # (reward.app and reward.overlap are not: they pick how and when the workers ask, not what the service answers)
+    reward_key = {k: v for k, v in dataclasses.asdict(cfg.reward).items() if k not in ("app", "overlap")}
+    key = {"grpo": dataclasses.asdict(cfg.grpo), "reward": reward_key,
            "grm": dataclasses.asdict(cfg.serve_config()) if not cfg.reward.url else None}
     results.append(stage_train(store, cfg.grpo, cfg.wandb, key, lambda: served_reward(cfg)))
     table = report(store, tracker, results, "Policy GRPO against the served GRM")
     best = results[-1].summary.get("best_adapter")
-    store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {})})
+    store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {}),
+                  **({"monitor_start_alerts": family} if family else {})})
     tracker.finish()
     return table
 

@@ -20,6 +20,7 @@ import json
 import pandas as pd
 import pyarrow as pa
 
+from core.errors import CorpusError
 from core.runstore import RunStore, StageResult, write_table
 from jobs.policy_stages import demo_eval_set
 
@@ -46,8 +47,8 @@ def references_json(data, policies: list[str], kept: pd.DataFrame) -> list[str]:
     for sid in kept["id"]:
         missing = [p for p in policies if sid not in by_policy[p]]
         if missing:
-            raise ValueError(f"data.references_path: {data.references_path}: source {sid!r} has no reference for "
-                             f"policies {missing}")
+            raise CorpusError(f"data.references_path: {data.references_path}: source {sid!r} of {data.path} has no "
+                              f"reference for policies {missing}")
         out.append(json.dumps({p: by_policy[p][sid] for p in policies}, ensure_ascii=False))
     return out
 

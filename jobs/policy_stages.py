@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -23,7 +22,10 @@ from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive
 from core.errors import CorpusError
+from core.files import json_object, read_utf8
 from core.runstore import RunStore, StageResult, write_table
+from core.text import is_blank
+from core.tracking import WandbConfig, trainer_tracking
 from train.config import TrainConfig
 from train.pairs import build_pairs, judge_disagreement, preference_distribution, subsample
 
@@ -184,7 +186,7 @@ def training_rows(rows: pd.DataFrame, policy: str, split: str) -> list[dict]:
             for p, c, r in zip(mine["prompt"], mine["chosen"], mine["rejected"])]
 
 
-def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wandb_on: bool) -> StageResult:
+def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_cfg: WandbConfig) -> StageResult:
     """LoRA training on the pairs, or on the `sft_data` stage's rows when the loss is SFT."""
     data_stage = "sft_data" if cfg.trainer.loss == "sft" else "pairs"
 
@@ -198,14 +200,15 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_project: str, wand
             train_rows = subsample(train_rows, cfg.max_rows, cfg.subsample_seed)
         except ValueError as exc:
             raise ConfigError(f"train.max_rows: {exc} for policy {cfg.policy!r}") from None
-        trainer = dataclasses.replace(cfg.trainer, run_name=f"train-{cfg.policy}", wandb=wandb_on,
-                                      wandb_project=wandb_project)
+        # the job run's W&B project, entity, tags, group and (resolved) mode; the key reaches the workers by name
+        trainer = dataclasses.replace(cfg.trainer, run_name=f"train-{cfg.policy}",
+                                      **trainer_tracking(wandb_cfg, store.job, store.run_id))
         summary = train_stage(trainer, train_rows, dev_rows, out_dir=out_dir, wandb_dir=store.path,
                               where="train.trainer", extra={"policy": cfg.policy})
         return {"data": data_stage, "train_pairs": summary.pop("train_rows"), "train_pairs_available": available,
                 "dev_pairs": summary.pop("eval_rows"), **summary}
 
-    key = {**dataclasses.asdict(cfg), "wandb": wandb_on}
+    key = {**dataclasses.asdict(cfg), "wandb": wandb_cfg.on}
     return store.run_stage("train", key, produce)
 
 
@@ -237,18 +240,18 @@ def demo_eval_set(refs_path: str, sources_path: str, policy: str) -> pd.DataFram
     text = dict(zip(sources["id"], sources["source"]))
     wanted = REFERENCE_POLICY.get(policy, policy)
     rows = []
-    for lineno, line in enumerate(Path(refs_path).read_text(encoding="utf-8").splitlines(), start=1):
+    # "\n" only: str.splitlines would also split a JSON string at a raw U+2028 (valid JSON); "\r" is whitespace
+    for lineno, line in enumerate(read_utf8(Path(refs_path), CorpusError).split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"{refs_path}: line {lineno}: not valid JSON ({exc.msg})") from None
+        record = json_object(line, f"{refs_path}: line {lineno}", CorpusError)
         refs, tags = record.get("references"), record.get("policies", [])
         if record.get("id") not in text:
             raise CorpusError(f"{refs_path}: line {lineno}: id {record.get('id')!r} is not in {sources_path}")
-        if not isinstance(refs, list) or not refs or len(tags) != len(refs):
+        if not isinstance(refs, list) or not refs or not isinstance(tags, list) or len(tags) != len(refs):
             raise CorpusError(f"{refs_path}: line {lineno}: needs 'references' and 'policies' lists of equal length")
+        if not all(isinstance(r, str) and not is_blank(r) for r in refs):
+            raise CorpusError(f"{refs_path}: line {lineno}: every reference must be a non-empty string, got {refs!r}")
         kept = [r for r, tag in zip(refs, tags) if tag == wanted]
         if not kept:
             raise CorpusError(f"{refs_path}: line {lineno}: no reference tagged {wanted!r}")

@@ -31,7 +31,8 @@ from pathlib import Path
 import yaml
 
 from core.config import ConfigError, load_config
-from core.ray_env import WORKER_ENV_DEFAULTS, RayConfig, init_ray
+from core.model_store import check_models_staged
+from core.ray_env import RayConfig, init_ray, worker_env
 from core.tracking import install_redaction, secret_env_names
 from serve.config import ServeConfig
 
@@ -72,15 +73,17 @@ def main(argv: list[str] | ServeConfig, config_path: str | None = None) -> int:
 def run(cfg: ServeConfig, detach: bool) -> int:
     from ray import serve
 
-    from serve.app import make_app
+    from serve.app import check_replicas_fit, make_app
 
     log.info("resolved config: %s", json.dumps(dataclasses.asdict(cfg), sort_keys=True))
+    check_models_staged(dataclasses.asdict(cfg), cfg.ray.models)
     token_env = cfg.serve.auth_token_env
     if token_env and not os.environ.get(token_env):
         log.warning("serve.auth_token_env=%s is not set here; replicas without it serve WITHOUT auth", token_env)
     started_local = connect_ray(cfg.ray, detach)
     try:
         serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+        check_replicas_fit(cfg)
         serve.run(make_app(cfg), name=cfg.serve.app_name, route_prefix=cfg.serve.route_prefix,
                   blocking=False)
         wait_until_running(cfg.serve.app_name, _READY_TIMEOUT_S)
@@ -156,8 +159,7 @@ def serve_config(cfg: ServeConfig) -> dict:
     """A Serve config file (`serve run` / `serve deploy`) equivalent to `quorum serve` with this config."""
     from serve.app import DEPLOYMENT_NAME, deployment_options
 
-    env_vars = {k: v for k, v in WORKER_ENV_DEFAULTS.items() if v}
-    env_vars.update(cfg.ray.env_vars)
+    env_vars = worker_env(cfg.ray, environ={})  # the config's own worker env, not this shell's
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": cfg.serve.host, "port": cfg.serve.port},

@@ -4,8 +4,9 @@
     quorum serve configs/grm.yaml --print-config=grm_serve.yaml     # then: serve deploy grm_serve.yaml
 
 Endpoints: POST /v1/chat/completions (OpenAI-compatible), GET /v1/models, POST /score (pointwise grade),
-POST /compare (pairwise grades + preference), POST /reward/group (a reward per response, all_pairs or
-vs_reference), GET /health (liveness), GET /ready (model loaded, its identity), GET /stats (batch sizes, cache).
+POST /compare (pairwise grades + preference), POST /reward/group (a reward per response, all_pairs,
+vs_reference or listwise: one call ranks the group), GET /health (liveness), GET /ready (model loaded, its
+identity), GET /stats (batch sizes, cache).
 Request formats, parsing and reward maths live in the pure `serve.protocol`, message rendering in `serve.judge_prompts`.
 
 Every judge generation goes through one `@serve.batch` method in front of the engine's batched `generate`, behind
@@ -26,6 +27,7 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from ray import serve
 from starlette.exceptions import HTTPException
 
@@ -35,13 +37,14 @@ from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
 from core.config import ConfigError, build, with_defaults
 from eval.judge_grammar import judge_grammar
+from eval.listwise import listwise_grammar
 from eval.reward_wire import GroupRewardResponse
 from serve import protocol as P
 from serve import rewards as R
 from serve.adapter import build_judge_engine, judge_identity, served_name
 from serve.cache import LRUCache
 from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
-from serve.errors import install_error_handlers
+from serve.errors import error_body, install_error_handlers, validation_error_body
 from serve.guard import admit
 from serve.judge_prompts import JudgePrompts
 
@@ -308,6 +311,8 @@ class GRMServer:
         P.check_group(body, settings.limits)
         texts = {R.REFERENCE: body.reference}
         texts.update(enumerate(P.clean_response(r, settings.judge.strip_think) for r in body.responses))
+        if body.scheme == "listwise":
+            return await self._reward_listwise(settings, body, [texts[i] for i in range(len(body.responses))])
         pairs = R.plan_pairs(len(body.responses), body.scheme, body.both_orders)
         sampling = self._judge_sampling(settings, body.sampling, "pairwise")
         messages = [self.prompts.compare_messages(body.prompt, texts[a], texts[b], body.dimension, body.locale)
@@ -317,6 +322,31 @@ class GRMServer:
         judgments = [R.read_judgment(a, b, c, cached) for (a, b), (c, cached) in zip(pairs, results)]
         return R.group_response(body.scheme, len(body.responses), judgments, [c for c, _ in results],
                                 self.model_name)
+
+    async def _reward_listwise(self, settings, body: P.GroupRewardRequest, responses: list[str]):
+        """Scheme listwise: one judge call for the whole group, decoded under the permutation (or grades) grammar."""
+        n, mode = len(responses), self.prompts.listwise_mode
+        messages = self.prompts.listwise_messages(body.prompt, responses, body.dimension, body.locale)
+        sampling = P.judge_sampling(self._default_sampling(), settings.limits, body.sampling)
+        if settings.judge.constrained:
+            sampling = dataclasses.replace(sampling, grammar=listwise_grammar(n, mode, sampling.max_tokens))
+        completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
+        return R.listwise_response(n, mode, completion, cached, self.model_name)
+
+    async def reward_group_in_cluster(self, body: dict) -> tuple[int, dict]:
+        """`POST /reward/group` through a DeploymentHandle, for GRPO's training workers: no HTTP proxy needed on
+        their nodes (train.reward_handle). Same validation, limits, deadline and bodies, as (HTTP status, JSON
+        body); no bearer token: only processes of the cluster hold a handle, and Ray's auth guards those."""
+        self.counters["handle_requests"] += 1
+        try:
+            request = P.GroupRewardRequest.model_validate(body)
+            return 200, (await self.reward_group(request)).model_dump(mode="json")
+        except ValidationError as exc:
+            return 422, validation_error_body(exc.errors())
+        except P.RequestError as exc:
+            return 400, error_body(400, str(exc), exc.field)
+        except HTTPException as exc:
+            return exc.status_code, error_body(exc.status_code, str(exc.detail))
 
 
 def generate_alone(engine, request: ChatRequest) -> Completion:
@@ -367,6 +397,18 @@ def make_app(cfg: ServeConfig):
     runtime env would be written to Ray's logs; configs, `--print-config` and logs keep only variable names.
     """
     return make_deployment(cfg).bind(replica_secrets(cfg))
+
+
+def check_replicas_fit(cfg: ServeConfig) -> None:
+    """Serve would wait for replicas the cluster can never place: refuse them first, naming the keys (or wait,
+    bounded, for an autoscaler: `actors.ray_capacity`). Only the replicas it must start (`min_replicas`) count.
+    Called by the drivers that deploy (`quorum serve`, policy_grpo), never inside a Serve build task."""
+    from actors.ray_capacity import ensure_fits
+    from core.resource_fit import Ask
+
+    unit = {"CPU": cfg.resources.num_cpus, "GPU": cfg.resources.num_gpus}
+    ensure_fits(Ask("serve", "replicas", cfg.autoscaling.min_replicas, unit,
+                    ("autoscaling.min_replicas", "resources.num_cpus", "resources.num_gpus")))
 
 
 def replica_secrets(cfg: ServeConfig) -> Secrets:

@@ -76,6 +76,12 @@ class PromptsConfig:
     rubrics: str = ""
     # render the dimension's graded criteria (true) or only the five labels (false), as judge_eval's `rubric`
     with_rubric: bool = True
+    # listwise template for /reward/group's scheme "listwise" (one call ranks the whole group; quorum's extension,
+    # the paper judges pairs): e.g. menlo_listwise; "" = the server refuses that scheme
+    listwise: str = ""
+    # rank: the judge orders the group (reward = normalised rank); grade: it grades each response 1..5 in one call
+    # (reward = (grade - 1) / 4)
+    listwise_mode: str = "rank"
 
 
 @dataclass
@@ -215,7 +221,7 @@ class ServeConfig:
         data = dataclasses.asdict(settings)
         data["judge"]["adapter"] = absolute(settings.judge.adapter)
         data["judge"]["engine"]["model"] = absolute_if_path(settings.judge.engine.model)
-        for key in ("pointwise", "pairwise"):
+        for key in ("pointwise", "pairwise", "listwise"):
             data["prompts"][key] = absolute_if_path(getattr(settings.prompts, key))
         data["prompts"]["rubrics"] = absolute(settings.prompts.rubrics)
         return data
@@ -241,7 +247,7 @@ def validate_replica_settings(settings: ReplicaSettings) -> None:
 def load_prompts(prompts: PromptsConfig) -> judge_prompts.JudgePrompts:
     return judge_prompts.load_judge_prompts(prompts.pointwise, prompts.pointwise_vars, prompts.pairwise,
                                        prompts.pairwise_vars, prompts.pointwise_format, prompts.rubrics,
-                                       prompts.with_rubric)
+                                       prompts.with_rubric, prompts.listwise, prompts.listwise_mode)
 
 
 def check_adapter_dir(path: str) -> None:

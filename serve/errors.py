@@ -29,22 +29,29 @@ def json_safe(value):
     return value
 
 
-def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+def error_body(status: int, message: str, param: str | None = None) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}, "detail": message}
-    return JSONResponse(json_safe(body), status_code=status, headers=headers)
+    return json_safe({"error": {"message": message, "type": kind, "param": param, "code": status}, "detail": message})
 
 
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def validation_error_body(raw_errors: list) -> dict:
+    """The 422 body of a request that failed validation (pydantic's `errors()`), for HTTP and handle callers."""
     # loc / msg / type only: the offending `input` (NaN, a lone surrogate, a huge body) is not echoed back
     errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-              for e in exc.errors()]
+              for e in raw_errors]
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     field = ".".join(str(part) for part in first["loc"] if part != "body")
     message = f"{field or 'body'}: {first['msg']}"
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": field or None, "code": 422},
-            "detail": errors}
-    return JSONResponse(json_safe(body), status_code=422)
+    return json_safe({"error": {"message": message, "type": "invalid_request_error", "param": field or None,
+                                "code": 422}, "detail": errors})
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse(validation_error_body(exc.errors()), status_code=422)
 
 
 async def _on_request_error(request: Request, exc: RequestError) -> JSONResponse:

@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from actors.engine import SEED_MAX, Completion, SamplingParams, split_thinking
 from core.config import Section, dotted, fail
 from eval.judge_parse import parse_score
+from eval.listwise import MAX_LISTWISE
 from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
 from eval.reward_wire import Usage
 
@@ -117,7 +118,7 @@ class GroupRewardRequest(JudgeRequest):
     prompt: Text = Field(min_length=1)
     responses: list[Text] = Field(min_length=1)
     reference: Text | None = None
-    scheme: Literal["all_pairs", "vs_reference"] = "all_pairs"
+    scheme: Literal["all_pairs", "vs_reference", "listwise"] = "all_pairs"
     both_orders: bool = False
 
 
@@ -157,6 +158,11 @@ def check_group(req: GroupRewardRequest, limits: Limits) -> None:
         raise RequestError("responses", f"{n} responses exceeds the limit of {limits.max_group_size}")
     if req.scheme == "all_pairs" and n < 2:
         raise RequestError("responses", f"scheme all_pairs needs at least 2 responses, got {n}")
+    if req.scheme == "listwise" and not 2 <= n <= MAX_LISTWISE:
+        raise RequestError("responses", f"scheme listwise ranks 2..{MAX_LISTWISE} responses in one call, got {n}")
+    if req.scheme == "listwise" and (req.reference is not None or req.both_orders):
+        raise RequestError("reference" if req.reference is not None else "both_orders",
+                           "scheme listwise ranks the group itself: no reference, one order")
     if req.scheme == "vs_reference" and req.reference is None:
         raise RequestError("reference", "scheme vs_reference needs a reference")
     check_texts([("prompt", req.prompt), ("reference", req.reference)]

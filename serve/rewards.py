@@ -11,6 +11,11 @@ Positions alternate so each response is shown as A about as often as B (round-ro
 puts i first when i + j is odd). A judgment whose grades cannot be parsed is left out of the means and listed in
 the item's `errors`; an item with no parsed judgment gets ``reward = None``, never a silent 0.
 
+- `listwise` (quorum's extension): one judge call ranks the whole group under a grammar that admits only a
+  permutation of 1..n (or grades it, one grade per response); reward = the normalised rank, 1 for the best and 0
+  for the worst (or ``(grade - 1) / 4``), in [0, 1] (`eval.listwise`). An unparsed answer gives every response
+  ``reward = None``, counted.
+
 Pure: no ray, no torch.
 """
 
@@ -19,8 +24,17 @@ from __future__ import annotations
 import itertools
 
 from actors.engine import Completion
+from eval import listwise as L
 from eval.menlo_parse import parse_menlo_grades
-from eval.reward_wire import REWARD_DEFINITIONS, SCHEMES, GroupCounts, GroupRewardResponse, ItemReward, JudgmentOut
+from eval.reward_wire import (
+    REWARD_DEFINITIONS,
+    SCHEMES,
+    GroupCounts,
+    GroupRewardResponse,
+    ItemReward,
+    JudgmentOut,
+    ListwiseOut,
+)
 from serve.protocol import extract_rationale, judge_text, status_of, usage_of
 
 REFERENCE = -1
@@ -86,6 +100,28 @@ def group_response(scheme: str, n: int, judgments: list[JudgmentOut], completion
     return GroupRewardResponse(scheme=scheme, reward_definition=REWARD_DEFINITIONS[scheme],
                                rewards=[item.reward for item in items], items=items, judgments=judgments,
                                counts=counts, model=model, usage=usage_of(completions))
+
+
+def listwise_response(n: int, mode: str, completion: Completion, cached: bool, model: str) -> GroupRewardResponse:
+    """The group's rewards from its one listwise verdict; each item's `mean_grade` is its grade (mode "grade") or
+    None (mode "rank": a ranking has no grade)."""
+    raw = judge_text(completion)
+    verdict = L.parse_ranking(raw, n) if mode == "rank" else L.parse_grades(raw, n)
+    status = status_of(completion, verdict.error)
+    rewards: list[float | None] = [None] * n
+    if status == "ok":
+        rewards = L.rank_rewards(verdict.order, n) if mode == "rank" else L.grade_rewards(verdict.grades)
+    grades = verdict.grades if status == "ok" and verdict.grades else [None] * n
+    failed = status != "ok"
+    items = [ItemReward(index=i, reward=rewards[i], mean_grade=grades[i], n_judgments=1, n_failed=int(failed),
+                        errors=[f"listwise: {status}"] if failed else []) for i in range(n)]
+    counts = GroupCounts(n_responses=n, n_judgments=1, n_failed_judgments=int(failed),
+                         n_null_rewards=n if failed else 0)
+    out = ListwiseOut(mode=mode, order=verdict.order, grades=verdict.grades, parse_status=status,
+                      rationale=extract_rationale(raw), cached=cached)
+    return GroupRewardResponse(scheme="listwise", reward_definition=REWARD_DEFINITIONS["listwise"], rewards=rewards,
+                               items=items, judgments=[], counts=counts, model=model, usage=usage_of([completion]),
+                               listwise=out)
 
 
 def _mean(values: list[int]) -> float | None:

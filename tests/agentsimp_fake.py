@@ -48,6 +48,8 @@ def answer(role: str, inputs: dict, ma_none: bool = False, pf_fix: bool = False)
         if pf_fix:
             return json.dumps({"mistakes": "typo", "corrected article": f"pf({inputs['article']})"})
         return json.dumps({"mistakes": "None", "corrected article": "None"})
+    if role.startswith("baseline_template_"):
+        return f"llm{role[-1]}({inputs['raw_text']})"
     raise AssertionError(f"unexpected role {role}")
 
 

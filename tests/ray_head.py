@@ -1,4 +1,4 @@
-"""Run the README's "Running on a cluster" commands against a real `ray start --head` of the test's own.
+"""Run the cluster guide's local-head commands (docs/cluster.md) against a real `ray start --head` of the test's own.
 
 Other people's Ray clusters share this machine, so the head gets its own `--temp-dir` (Ray then records its address
 there, not in /tmp/ray/ray_current_cluster, which a bare `ray.init()` elsewhere would join) and free ports, its token
@@ -23,25 +23,31 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-README_PORT = "8265"
-# `ray start` flags of the README's head, plus what isolates it; every other port is picked free
+GUIDE_PORT = "8265"
+# `ray start` flags of the guide's head, plus what isolates it; every other port is picked free
 PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
               "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port",
               "--node-manager-port", "--object-manager-port")
+# where the guide's commands live: the first ```sh block (of these pages, in order) that starts a head and submits
+GUIDE_PAGES = ("docs/cluster.md", "docs/submitting.md")
 
 
-def readme_commands() -> list[str]:
-    """The commands of the README's first ```sh block under "## Running on a cluster", continuations joined."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
-    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+def guide_commands() -> list[str]:
+    """The commands of the docs' local-head block (`ray start --head` ... `ray job submit`), continuations joined."""
+    pages = [REPO / p for p in GUIDE_PAGES] + sorted((REPO / "docs").rglob("*.md"))
+    for page in pages:
+        if not page.exists():
+            continue
+        for block in re.findall(r"```(?:sh|bash)\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL):
+            if "ray start --head" in block and "ray job submit" in block:
+                return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    raise AssertionError(f"no ```sh block with `ray start --head` and `ray job submit` in {GUIDE_PAGES} or docs/")
 
 
 def command(prefix: str) -> str:
-    """The one README command starting with `prefix`."""
-    found = [c for c in readme_commands() if c.startswith(prefix)]
-    assert len(found) == 1, f"README cluster block: {len(found)} commands start with {prefix!r}"
+    """The one command of the guide's block starting with `prefix`."""
+    found = [c for c in guide_commands() if c.startswith(prefix)]
+    assert len(found) == 1, f"cluster guide block: {len(found)} commands start with {prefix!r}"
     return found[0]
 
 
@@ -59,7 +65,7 @@ def free_ports(n: int) -> list[int]:
 
 
 class Head:
-    """A Ray head started by the README's commands, with a shell environment that later commands share."""
+    """A Ray head started by the cluster guide's commands, with a shell environment that later commands share."""
 
     def __init__(self):
         # short: Ray's unix socket paths under it must stay below 108 bytes
@@ -77,10 +83,10 @@ class Head:
         self.start_args = [f"--temp-dir={self.temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()),
                            "--min-worker-port=0", "--max-worker-port=0"]
 
-    # -- running README commands ---------------------------------------------------------------------------------
+    # -- running the guide's commands-----------------------------------------------------------------------------
     def sh(self, cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        """Run one README command (its port swapped for the head's) in the shared environment, from the repo root."""
-        cmd = cmd.replace(f":{README_PORT}", f":{self.dashboard_port}")
+        """Run one guide command (its port swapped for the head's) in the shared environment, from the repo root."""
+        cmd = cmd.replace(f":{GUIDE_PORT}", f":{self.dashboard_port}")
         if cmd.startswith("export "):
             name, _ = cmd[len("export "):].split("=", 1)
             out = subprocess.run(["bash", "-c", f'{cmd.split("  #")[0]}\nprintf %s "${name}"'], env=self.env,
@@ -95,7 +101,7 @@ class Head:
         return result
 
     def start(self) -> None:
-        for cmd in readme_commands():
+        for cmd in guide_commands():
             if cmd.startswith("ray job"):
                 break
             if cmd.startswith("ray start --head"):
@@ -105,10 +111,10 @@ class Head:
             self.sh(cmd, timeout=180)
 
     def set_home(self, home: str) -> None:
-        """The README's `export QUORUM_HOME=$PWD`, pointed at a test folder instead of the checkout, and the
+        """The guide's `export QUORUM_HOME=$PWD`, pointed at a test folder instead of the checkout, and the
         exports after it (the runtime env that carries it) re-evaluated."""
         after = False
-        for cmd in readme_commands():
+        for cmd in guide_commands():
             if cmd.startswith("export QUORUM_HOME"):
                 self.env["QUORUM_HOME"], after = home, True
             elif after and cmd.startswith("export "):

@@ -53,7 +53,9 @@ def test_markdown_block_structure():
     assert doc.paragraphs == ("Ibuprofen relieves pain and reduces inflammation.", "stomach ache",
                               "dizziness, rarely", "Ask a pharmacist if unsure.", "A pill box keep it dry.")
     assert doc.article.startswith("# Taking Ibuprofen\n\nIbuprofen relieves pain")
-    assert "## Side effects\n\nstomach ache" in doc.article and "dose = 200 mg" in doc.article
+    assert "## Side effects\n\nstomach ache" in doc.article
+    # code is never sent to a model: not in the planners' article, kept with its place among the paragraphs
+    assert "dose = 200 mg" not in doc.article and doc.verbatim_blocks == ((4, "dose = 200 mg"),)
 
 
 def test_html_blocks_by_parser_not_regex():
@@ -152,3 +154,41 @@ def test_demo_documents():
     by_id = {d.id: d for d in docs}
     for d in corpus:  # the corpus variant holds the same paragraphs as the formatted files
         assert d.paragraphs == by_id[d.id].paragraphs
+
+
+def test_txt_heading_lines_are_headings_and_single_newline_text_has_a_paragraph_per_line(tmp_path):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("## Bus fares\n\nFares rise in March.\nThe council\nvoted for it.\n\n# Trains\nTrains stay.\n")
+    assert [(b.kind, b.text, b.level, b.line) for b in read_document(blank).blocks] == [
+        ("heading", "Bus fares", 2, 1), ("paragraph", "Fares rise in March. The council voted for it.", 0, 3),
+        ("heading", "Trains", 1, 7), ("paragraph", "Trains stay.", 0, 8)]
+    lines = tmp_path / "chapter.txt"  # a novel chapter, one paragraph per line (the authors' GuoFeng files)
+    lines.write_text("He opened the door.\nThe room was dark.\nShe waited.\n")
+    assert read_document(lines).paragraphs == ("He opened the door.", "The room was dark.", "She waited.")
+    assert read_document(lines, line_paragraphs="never").paragraphs == (
+        "He opened the door. The room was dark. She waited.",)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "# Fares\n\nFares rise.\n\nTrains stay."}) + "\n"
+                      + json.dumps({"id": "b", "paragraphs": ["## Part", "Text here."]}) + "\n")
+    a, b = read_corpus(corpus)
+    assert a.paragraphs == ("Fares rise.", "Trains stay.") and a.article.startswith("# Fares\n\nFares rise.")
+    assert b.paragraphs == ("Text here.",) and b.blocks[0] == Block("heading", "Part", 2)
+
+
+def test_a_jsonl_only_directory_is_read_and_an_empty_one_is_refused(tmp_path):
+    from core.config import ConfigError
+    from jobs.agentsimp_config import InputsConfig
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "a", "text": "Fares rise."}) + "\n")
+    inputs = InputsConfig(paths=[str(tmp_path)])
+    inputs.validate("inputs")
+    assert [d.id for d in read_documents(inputs.files())] == ["a"]
+    # the references file is not read twice as input
+    assert InputsConfig(paths=[str(tmp_path)], references_path=str(tmp_path / "c.jsonl")).files() == []
+    with pytest.raises(ConfigError, match=r"inputs.paths.0: directory .* holds no .* file besides"):
+        InputsConfig(paths=[str(tmp_path)], references_path=str(tmp_path / "c.jsonl")).validate("inputs")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"inputs.paths.0: directory .*empty holds no \.htm, \.html"):
+        InputsConfig(paths=[str(tmp_path / "empty")]).validate("inputs")
+    with pytest.raises(CorpusError, match="no document in"):
+        read_documents([])

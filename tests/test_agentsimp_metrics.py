@@ -125,7 +125,7 @@ def test_cost_counts_each_configuration_alone_and_shared_calls_once(four_runs):
     # 3 paragraphs: pl_direct = PD + ALA + 3 x (CS, SS, CS', MA, TI) + AA + PF = 19 calls; TI on p2 failed 3 times
     total = rows[("pl_direct", "total")]
     assert (total.calls, total.attempts, total.fallbacks) == (19, 21, 1)
-    assert (total.prompt_tokens, total.completion_tokens, total.seconds) == (2100, 210, 10.5)
+    assert (total.prompt_tokens, total.completion_tokens, total.alloc_seconds) == (2100, 210, 10.5)
     assert (rows[("pl_direct", "plan")].calls, rows[("pl_direct", "initial")].calls,
             rows[("pl_direct", "refined")].calls, rows[("pl_direct", "reconstruct")].calls,
             rows[("pl_direct", "revise")].calls) == (2, 9, 6, 1, 1)
@@ -135,6 +135,6 @@ def test_cost_counts_each_configuration_alone_and_shared_calls_once(four_runs):
     # fake fails TI on p2 in both strategies (pipeline and sync TI calls differ): 2 x 2 retries, 2 fallbacks
     everything = rows[("all", "total")]
     assert (everything.calls, everything.attempts, everything.fallbacks) == (36, 40, 2)
-    assert everything.seconds == 40 * 0.5
+    assert everything.alloc_seconds == 40 * 0.5
     assert list(dict.fromkeys(c for c, _ in rows)) == ["pl_direct", "pl_iterative", "sync_direct",
                                                        "sync_iterative", "all"]

@@ -263,3 +263,18 @@ def test_attempt_sampling_and_json_record():
     assert (first_cs["unit"], first_cs["attempts"], first_cs["errors"], first_cs["step"]) == (
         "p0", 2, ["no_json"], "initial")
     assert len(record["calls"]) == 35
+
+
+def test_iterative_carry_is_one_paragraph_when_the_architect_uses_single_newlines():
+    class SingleNewlines(FakeTeam):
+        def reply(self, attempt):
+            reply = super().reply(attempt)
+            if attempt.call.role.startswith("article_architect_iterative"):
+                return type(reply)(reply.text.replace("\n\n", "\n"))
+            return reply
+
+    doc, _ = run(PlanConfig(reconstruction="iterative", supervisor="off", proofreader=False), SingleNewlines())
+    # each window carries only its last paragraph on: the windows do not grow with the document
+    assert [len(w.paragraphs) + (w.carried is not None) for w in doc.windows] == [2, 3, 2]
+    assert [w.carry for w in doc.windows] == ["A(ti(ma(cs(P2))))", "A(ti(ma(cs(P4))))", None]
+    assert doc.final.count("\n\n") == 4

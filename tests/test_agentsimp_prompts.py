@@ -32,6 +32,9 @@ VARIABLES = {
     "article_architect_iterative": ("paragraphs",),
     "article_architect_iterative_guided": ("guidelines", "paragraphs"),
     "proofreader": ("article",),
+    "baseline_template_1": ("raw_text",),
+    "baseline_template_2": ("raw_text",),
+    "baseline_template_3": ("example", "raw_text"),
 }
 # role -> (first words of the figure, its caption, the paper's placeholder for each of our variables)
 FIGURES = {
@@ -49,6 +52,10 @@ FIGURES = {
                                     {"paragraphs": "[*paragraphs*]"}),
     "terminology_interpreter": ("Please act as a 'Terminology Interpreter'", "Figure 16:",
                                 {"guidelines": "[*guidelines*]", "paragraph": "[*paragraph*]"}),
+    "baseline_template_1": ("You are a professional simplified text writer", "Figure 6:", {"raw_text": "[Raw text]"}),
+    "baseline_template_2": ("As a text simplification writer", "Figure 7:", {"raw_text": "[Raw text]"}),
+    "baseline_template_3": ("(A complex document - simple document example)", "Figure 8:",
+                            {"example": "(A complex document - simple document example)", "raw_text": "[Raw text]"}),
 }
 TI_PAPER_SPEC = ('"terminology": [{"terminology1", "terminology2", "terminology3"...}, "parsed result": ')
 TI_OUR_SPEC = '{"terminology": ["terminology1", "terminology2", "terminology3", ...], "parsed result": '
@@ -115,6 +122,26 @@ def test_derived_prompts_keep_the_papers_text():
            "content cannot be changed." in direct
     proofreader = load_template(prompt_path("agentsimp_proofreader")).messages[0]["content"]
     assert re.search(r'\{"mistakes": .*"corrected article": .*\}\.', proofreader)
+
+
+def test_direct_architect_and_proofreader_are_the_authors_prompts():
+    # the authors' code (FDzhaozi/AgentSimp, Agents/Article_architect.py gen_aa_response, Agents/Proofreader.py
+    # gen_pf_response); the paper prints neither
+    direct = load_template(prompt_path("agentsimp_article_architect_direct")).messages[0]["content"]
+    assert direct.startswith("Please act as an ‘Article Architect’ for the task of simplifying articles. You are given "
+                             "the simplified versions of each paragraph of the original article, including a "
+                             "guidelines document used for simplification, and an article structure.")
+    assert "3. Ensure that the requirements in the guideline are met and that all titles in the article structure " \
+           "are inserted." in direct
+    # repaired: the paragraphs fill the authors' empty "[]" slot, the answer starts after the last line
+    assert "The paragraphs has been simplified:\n[{paragraphs}]\n\n" in direct
+    assert direct.endswith("The combined well-structured article:")
+    proofreader = load_template(prompt_path("agentsimp_proofreader")).messages[0]["content"]
+    assert proofreader.startswith("Please act as a proofreader for the task of simplifying articles. Your role is to "
+                                  "check an article for logical errors, content mistakes, grammatical errors, etc.")
+    assert ('"corrected article": "if \'mistakes\' is \'None\', here is \'None\', Otherwise, the corrected complete '
+            'article needs to be provided here"}.') in proofreader
+    assert "The simplified article:\n[{article}]\n\n" in proofreader
 
 
 def test_role_book_renders_and_takes_overrides(tmp_path):

@@ -59,7 +59,7 @@ def test_cost_table_counts_each_configuration_alone_and_distinct_calls_once():
     table = {(r["config"], r["step"]): r for r in records.cost_table(calls)}
     # the fake: 100 prompt tokens, 10 completion tokens and 0.5 s per attempt; CS on p0 answered badly once
     pl = table[("pl_direct", "total")]
-    assert (pl["calls"], pl["attempts"], pl["prompt_tokens"], pl["seconds"]) == (19, 20, 2000, 10.0)
+    assert (pl["calls"], pl["attempts"], pl["prompt_tokens"], pl["alloc_seconds"]) == (19, 20, 2000, 10.0)
     assert table[("pl_direct", "initial")]["calls"] == 9 and table[("pl_direct", "plan")]["calls"] == 2
     everything = table[("all", "total")]
     assert (everything["calls"], everything["attempts"], everything["completion_tokens"]) == (36, 37, 370)

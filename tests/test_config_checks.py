@@ -123,7 +123,7 @@ def test_run_id_is_one_directory_name(run_id, capsys):
 
 
 def test_config_sections_share_one_validation_style():
-    """README "Config validation": a section's own rules live in `check(where)` on a `core.config.Section`, so
+    """The one validation style (docs/configuration.md): a section's own rules live in `check(where)` on a `core.config.Section`, so
     `check_tree` reaches them under their dotted key; `validate()` is left to the job configs (rules across sections)
     and ServeConfig, which `load_config` calls once everything below has checked itself."""
     import dataclasses

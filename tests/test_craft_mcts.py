@@ -164,6 +164,20 @@ def test_no_early_stop_without_constraint_checks():
     assert result.stop_reason == "max_iterations" and result.counts.iterations == 4
 
 
+def test_a_misreading_planner_does_not_end_the_search_after_one_expansion():
+    # wrong result 2: every child satisfies the planner's own (misread) check, accuracy 1 over 1 check. The search
+    # used to stop `all_constraints_met` after 1 of 30 expansions; by default it now stops as the paper's does:
+    # when the best reward stalls. Rewards fall with the node id, so the first expansion's best (49 + 100) is never
+    # beaten: 1 improving iteration + 5 stalled ones (patience 5)
+    misread = {i: [(f"n{i}k{k}", 50 - i - k, 1.0, 1) for k in range(3)] for i in range(40)}
+    script = Script(misread)
+    result = run_search(ORIGINAL, INITIAL, script.expand, script.score, MCTSConfig())
+    assert result.stop_reason == "patience" and result.counts.iterations == 6
+    assert result.node_id == 1 and result.node["reward"] == 150.0
+    _, result = search(misread, 30, stop_when_all_met=True)  # the early stop is a declared knob
+    assert result.stop_reason == "all_constraints_met" and result.counts.iterations == 1
+
+
 def test_patience_stops_when_the_best_reward_stalls():
     stall = {**SCENARIO_A, 2: [("c4", 10, 0.5, 2), ("c5", 30, 0.5, 2), ("c6", 5, 0.5, 2)]}  # best stays 110
     _, result = search(stall, 30, patience=1)
@@ -288,6 +302,8 @@ def test_paper_defaults():
     cfg = MCTSConfig()
     assert (cfg.exploration, cfg.width, cfg.max_depth, cfg.max_iterations) == (0.2, 3, 5, 30)
     assert (cfg.quality_weight, cfg.constraint_weight, cfg.constraint_scale, cfg.reward_scale) == (1, 1, 100, 1)
+    # D.5: R_c with the planner's tools, one frozen list for the search (the authors' code); no early stop
+    assert (cfg.rc_tools, cfg.stop_when_all_met) == ("first", False)
 
 
 @pytest.mark.parametrize("knobs, match", [

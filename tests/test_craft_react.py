@@ -215,7 +215,8 @@ def test_build_observation_layout():
     with_usage = build_observation("T.", tool_usage_feedback=["You have missed this tool call: text_eval()"])
     assert "Tool usage feedback:\n- You have missed this tool call: text_eval()" in with_usage
     bare = build_observation(" T. ", ["c"], {"Fluency": ["f"]}, quality_score=1.0, include_feedback=False)
-    assert bare == ("###OBSERVATION: The revised text:\nT.\n\nUse this feedback to write new tool calls and a new "
+    # w/o Feedback: no feedback, and the closing request does not mention any
+    assert bare == ("###OBSERVATION: The revised text:\nT.\n\nWrite new tool calls and a new "
                     "revision plan for the revised text, following the response format.")
 
 
@@ -331,3 +332,19 @@ def test_planner_prompt_sentences_are_the_papers():
 
 def test_no_stray_craft_files():
     assert {p.stem for p in PROMPTS_DIR.glob("craft_*.yaml")} == set(CRAFT_TEMPLATES)
+
+
+def test_splice_keeps_the_sentences_the_plan_does_not_quote():
+    from eval.craft_react import PlanLine, splice_revision
+
+    text = "One is here. Two is there. Three is far. Four ends."
+    plan = [PlanLine("Two is there.", "p"), PlanLine("Four ends.", "q")]
+    # one line per plan line: each replaces its sentence in place
+    assert splice_revision(text, plan, "Two is near.\nFour closes.") == "One is here. Two is near. Three is far. Four closes."
+    # another line count: the whole answer takes the first quoted sentence's place, the other quoted one goes
+    assert splice_revision(text, plan, "Two and four merge.") == "One is here. Two and four merge. Three is far."
+    # a sentence quoted twice is found once; a sentence not in the text is not spliced
+    assert splice_revision(text, [PlanLine("Two is there.", "p"), PlanLine("Two is there.", "p")],
+                           "A.\nB.") == "One is here. A. B. Three is far. Four ends."
+    assert splice_revision(text, [PlanLine("Not in the text.", "p")], "Rewritten.") == "Rewritten."  # the paper's
+    assert splice_revision(text, plan, "") == ""  # no answer is a failed revision (the guard's "empty"), not a cut

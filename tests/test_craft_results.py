@@ -12,6 +12,8 @@ from eval.craft_results import (
     constraint_checks,
     cost_table,
     quality_table,
+    sign_test,
+    with_copy_floor,
 )
 
 A = ("1:1", 1, "The cat sat. It was happy.", [("sentence_count", 'sentence_count_check(1, "equal")')])
@@ -64,6 +66,9 @@ def test_cost_quality_and_calls_per_solved():
     cost = cost_table(frame).set_index("system")
     assert cost.loc["mcts", "llm_calls"] == 11 and cost.loc["mcts", "llm_calls_per_instance"] == 5.5
     assert cost.loc["agent", "failed"] == 1 and cost.loc["direct", "seconds"] == 1.0
+    assert math.isnan(cost.loc["mcts", "llm_calls_vs_iter"])  # no Iter in this table
+    # Table 11's "x Iter" form against another system: mcts 5.5 calls / direct 1.5 per instance
+    assert math.isclose(cost_table(frame, "direct").set_index("system").loc["mcts", "llm_calls_vs_direct"], 5.5 / 1.5)
     assert calls_per_solved(frame, checks, "mcts") == 5.5  # 11 calls / 2 solved
     assert calls_per_solved(frame, checks, "direct") == math.inf
     q = quality_table(frame, n_boot=100).set_index("system")
@@ -73,6 +78,32 @@ def test_cost_quality_and_calls_per_solved():
     # mcts: "The happy cat sat." vs "The cat sat. It was happy." = 2 * 3 / 10 = 60 ("The", "cat sat.");
     # "A b. D d." vs "A b. C d." = 2 * 3 / 8 = 75; mean 67.5
     assert math.isclose(q.loc["mcts", "quality"], 67.5)
+
+
+def test_every_table_has_the_copy_the_input_row():
+    # wrong result 3's second half: the floor a system must beat is in every table, computed without a model
+    frame = with_copy_floor(results())
+    copy = frame[frame["system"] == "copy"]
+    assert len(copy) == 2 and (copy["revision"] == copy["text"]).all() and (copy["llm_calls"] == 0).all()
+    assert with_copy_floor(frame).equals(frame)  # added once
+    checks = constraint_checks(frame)
+    level = accuracy_by_level(checks, n_boot=100).set_index(["system", "level"])
+    # copy = direct here (direct returned both inputs unchanged): A 0/1, B 2/3
+    assert math.isclose(level.loc[("copy", "all"), "accuracy"], 1 / 3)
+    assert level.reset_index()["system"].iloc[0] == "copy"
+    assert quality_table(frame, n_boot=50).set_index("system").loc["copy", "quality"] == 100.0
+    assert cost_table(frame).set_index("system").loc["copy", "llm_calls"] == 0
+
+
+def test_one_tailed_sign_test_hand_worked():
+    checks = constraint_checks(with_copy_floor(results()))
+    # mcts vs copy: A 1 vs 0 (win), B 1 vs 2/3 (win): P(X >= 2 | n 2) = 1/4
+    r = sign_test(checks, "mcts", "copy", n_boot=100)
+    assert (r["wins"], r["losses"], r["ties"], r["p"], r["win_share"]) == (2, 0, 0, 0.25, 1.0)
+    # agent vs copy: A failed 0 vs 0 (tie), B "A." 2/3 vs 2/3 (tie): nothing to test
+    r = sign_test(checks, "agent", "copy", n_boot=100)
+    assert (r["wins"], r["losses"], r["ties"]) == (0, 0, 2) and math.isnan(r["p"])
+    assert math.isnan(sign_test(checks, "mcts", "iter")["p"])  # a system that did not run
 
 
 def test_bench_reads_calls_per_solved_from_a_run(tmp_path):

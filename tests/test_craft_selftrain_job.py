@@ -88,13 +88,27 @@ def test_config_errors_exit_2_naming_the_key(override, named, capsys):
     assert named in capsys.readouterr().err
 
 
-def test_cluster_config_loads_with_the_papers_settings():
-    from core.config import check_tree, load_config
+def test_cluster_config_loads_with_the_papers_settings(tmp_path):
+    from core.config import ConfigError, check_tree, load_config
     from jobs.craft_selftrain import Config
 
-    cfg = load_config(Config, REPO / "configs" / "craft_selftrain_cluster.yaml")
+    cluster = REPO / "configs" / "craft_selftrain_cluster.yaml"
+    steps = tmp_path / "trajectories.jsonl"
+    steps.write_text('{"prompt_messages": [{"role": "user", "content": "u"}], "target": "t"}\n')
+    cfg = load_config(Config, cluster, [f"sft.path={steps}"])
     check_tree(cfg)
     cfg.validate()
+    # SFT is on the trajectories D_s, not the demo's oracle step: without a file the job refuses to start
+    assert cfg.sft.source == "jsonl"
+    from jobs.craft_selftrain import require_sft_path
+
+    with pytest.raises(ConfigError, match="sft.path"):
+        require_sft_path(load_config(Config, cluster).sft)
+    # two vLLM engines share each 1-GPU actor: 0.42 each; two at 0.85 could never both start
+    assert cfg.planner.engine.gpu_memory_utilization + cfg.reviser.gpu_memory_utilization <= 0.95
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        load_config(Config, cluster, [f"sft.path={steps}", "reviser.gpu_memory_utilization=0.85",
+                                      "planner.engine.gpu_memory_utilization=0.85"])
     loss = cfg.rounds.trainer.loss_config
     assert (cfg.rounds.trainer.loss, loss.beta, loss.simpo_gamma, loss.cpo_alpha) == ("cpo_simpo", 2.5, 1.375, 1.0)
     assert (cfg.rounds.weights.tool, cfg.rounds.weights.quality, cfg.rounds.weights.constraints) == (0.5, 0.25, 0.25)

@@ -275,8 +275,9 @@ def test_constraint_accuracy_hand_worked():
 
 
 def test_constraint_accuracy_edges():
-    assert constraint_accuracy(["text_eval()"], "x", "y") == (1.0, [check("text_eval()", "x", "y")])
-    assert constraint_accuracy([], "x", "y") == (1.0, [])
+    # nothing to check scores 0, never 1 (the reference's 1 paid a search for calling no tool)
+    assert constraint_accuracy(["text_eval()"], "x", "y") == (0.0, [check("text_eval()", "x", "y")])
+    assert constraint_accuracy([], "x", "y") == (0.0, [])
     # a word-count range is two calls: 8 tokens is inside (7, 9) but not (8, 9)
     text = "The cat sat. A dog ran."
     assert constraint_accuracy(['word_count_check(9, "less than")', 'word_count_check(7, "more than")'],

@@ -82,7 +82,7 @@ def test_train_config_defaults_are_paper_000():
     assert (cfg.loss, cfg.lr, cfg.global_batch_size) == ("arpo", 1e-4, 128)
     assert (cfg.loss_config.beta, cfg.loss_config.simpo_gamma, cfg.loss_config.cpo_alpha) == (0.1, 1.5, 1.0)
     assert (cfg.loss_config.arpo_c1, cfg.loss_config.arpo_c2) == (0.9, 0.4)
-    # dropout 0: the paper does not state it; the authors' code disables it (README "Deviations from the papers")
+    # dropout 0: the paper does not state it; the authors' code disables it (docs/papers/000-policy-simplification.md, Deviations)
     assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (16, 32, 0.0)
     assert cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert TrainConfig.from_dict(dataclasses.asdict(cfg)) == cfg

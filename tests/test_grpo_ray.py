@@ -140,6 +140,22 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
             assert math.isfinite(row[key]), (key, row)
         assert row["reward_service/latency_s_mean"] > 0 and row["tokens_per_s"] > 0
         assert 1 <= row["reward/grm_mean_grade"] <= 5 and row["updates_skipped"] == 0
+        # what OpenRLHF / verl users read: score range, advantage and length statistics, both clip sides, phases,
+        # throughput per GPU and per rank (no peak GPU memory off-GPU)
+        for key in ("score/max", "score/min", "advantage/mean", "advantage/std", "advantage/max", "advantage/min",
+                    "prompt_length/mean", "prompt_length/max", "prompt_length/min", "response_length/min",
+                    "clip_fraction_low", "clip_fraction_high", "time/generate_s", "time/weight_sync_s",
+                    "time/reward_s", "time/reference_s", "time/old_logprob_s", "time/update_s",
+                    "tokens_per_s_per_gpu", "perf/rank0/tokens_per_s", "perf/rank1/tokens_per_s"):
+            assert math.isfinite(row[key]), (key, row)
+        assert row["score/min"] <= row["reward/mean"] <= row["score/max"] and row["time/update_s"] > 0
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(row["tokens_per_s"] / 2)
+        assert "gpu/peak_memory_gib" not in row
+    # the trainer's run sits in the job run's group, with the job's tags (offline: the job's run is)
+    runs = {read_run(f)["run"]["job_type"]: read_run(f)["run"] for f in find_run_files(run)}
+    assert runs["train"]["group"] == runs["policy_grpo"]["group"] == "policy_grpo/served"
+    assert runs["train"]["tags"] == list(cfg.wandb.tags) and runs["train"]["project"] == cfg.wandb.project
+    assert runs["train"]["name"] == "policy_grpo/served/grpo-policy_grpo"
     # the rollouts were sent with the bearer token; the app would have answered 401 otherwise
     trained = load_file(str(run / "train" / "run" / "adapter" / "adapter_model.safetensors"))
     initial = initial_lora(tiny_model_dir, cfg)
@@ -148,8 +164,18 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
         assert not torch.equal(trained[name], before), f"{name} did not change"
     summary = (run / "summary.md").read_text()
     assert "reward/groups_failed" in summary and "reward_service/errors/null_rewards" in summary
+    # the reward-hacking monitors (monitor.every 1): every step, from the judge's per-order grades and the rollouts
+    for row in steps:
+        assert row["monitor/position/verdicts_window"] > 0 and 0 <= row["monitor/position/first_share_window"] <= 1
+        assert 0 <= row["monitor/format/quoting_share"] <= 1 and row["monitor/length/rollout_mean"] > 0
+    assert steps[0]["monitor/length/rollout_ratio"] == 1.0 and steps[-1]["monitor/length/val_ratio"] > 0
+    train_summary = json.loads((run / "manifest.json").read_text())["stages"]["train"]["summary"]
+    assert "monitor/position/first_share_window" in train_summary["monitor"]
+    assert isinstance(train_summary["monitor_alerts"], list)
     # the policy's validation: its answers against the base model's, 2 judgments each (both orders)
     final = steps[-1]
+    # the judged answers of the validation, as a W&B table in the final step's row
+    assert final["val/generations/_type"] == "table-file" and final["val/generations/nrows"] == 2
     rates = [final[f"val/vs_baseline/{k}_rate"] for k in ("win", "tie", "loss")]
     assert final["val/vs_baseline/prompts"] == 2 and final["val/vs_baseline/prompts_failed"] == 0
     assert sum(rates) == pytest.approx(1.0) and 0 <= final["val/vs_baseline/score"] <= 1

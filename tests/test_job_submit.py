@@ -1,9 +1,11 @@
-"""The README's `ray job submit` commands against a real Ray head (token auth on), through the real CLI.
+"""The documented `ray job submit` commands (tests/ray_head.py finds them in the docs) and `quorum submit` against a
+real Ray head (token auth on), through the real CLIs.
 
 A small policy_simplify job (configs/demo_scores.yaml, 4 sources, one tiny-model generator and one judge: sources ->
 generate -> jury) is submitted, stopped during the jury stage and submitted again with the documented command: it
 resumes from the run store with exact row counts, its results land under QUORUM_HOME, outside Ray's session folder,
-and the job's last lines say where.
+and the job's last lines say where. `quorum submit` does the same stop / re-submit / resume with none of the documented
+exports: only the token's file in the environment.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -20,11 +23,11 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.ray_head import REPO, Head, command, submission_id
+from tests.ray_head import REPO, VENV_BIN, Head, command, submission_id
 
 pytestmark = pytest.mark.slow
 
-SOURCES, POLICIES = 4, 2  # the README command's data.limit=4; demo_scores' two policies
+SOURCES, POLICIES = 4, 2  # the documented command's data.limit=4; demo_scores' two policies
 
 
 def tiny_overrides(model_dir: str) -> str:
@@ -62,6 +65,30 @@ def printed(output: str, label: str) -> list[str]:
     return re.findall(rf"^quorum: {label}: (\S+)$", output, flags=re.MULTILINE)
 
 
+def stop_during_jury(head: Head, job: str, run_dir: Path, stop) -> dict:
+    """Wait until the job's jury stage runs, `stop()` it, wait until the driver is gone; the manifest then."""
+    client = head.client()
+    deadline = time.time() + 300
+    while _manifest(run_dir / "manifest.json").get("stages", {}).get("jury", {}).get("status") != "running":
+        assert time.time() < deadline, "the jury stage never started"
+        status = str(client.get_job_status(job))
+        assert status.endswith(("PENDING", "RUNNING")), \
+            f"{status}: {client.get_job_info(job).message}\n{client.get_job_logs(job)[-3000:]}"
+        time.sleep(0.1)
+    stop()
+    while not str(status := client.get_job_status(job)).endswith("STOPPED"):
+        assert time.time() < deadline, f"job {job} did not stop: {status}\n{client.get_job_logs(job)[-3000:]}"
+        time.sleep(0.5)
+    stopped = _manifest(run_dir / "manifest.json")
+    assert stopped["stages"]["jury"]["status"] == "running" and not (run_dir / "jury").exists()
+    assert "finished_at" not in stopped
+    driver = int((run_dir / ".lock").read_text())
+    while psutil.pid_exists(driver):  # the stopped driver still holds the run directory's lock until it is gone
+        assert time.time() < deadline, f"the stopped driver {driver} is still alive"
+        time.sleep(0.5)
+    return stopped
+
+
 def _manifest(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -80,26 +107,10 @@ def test_stop_during_jury_then_documented_resubmit_resumes_and_writes_results_ou
     first = head.sh(submit_command(tiny_model_dir, no_wait=True))
     job = submission_id(first.stdout + first.stderr)
 
-    client = head.client()
-    deadline = time.time() + 300
-    while _manifest(run_dir / "manifest.json").get("stages", {}).get("jury", {}).get("status") != "running":
-        assert time.time() < deadline, "the jury stage never started"
-        status = str(client.get_job_status(job))
-        assert status.endswith(("PENDING", "RUNNING")), f"{status}\n{client.get_job_logs(job)[-3000:]}"
-        time.sleep(0.1)
-    head.sh(command("ray job stop").replace("SUBMISSION_ID", job), timeout=60)
-    while not str(status := client.get_job_status(job)).endswith("STOPPED"):
-        assert time.time() < deadline, f"job {job} did not stop: {status}\n{client.get_job_logs(job)[-3000:]}"
-        time.sleep(0.5)
-    stopped = _manifest(run_dir / "manifest.json")
-    assert stopped["stages"]["jury"]["status"] == "running" and not (run_dir / "jury").exists()
-    assert "finished_at" not in stopped
-    driver = int((run_dir / ".lock").read_text())
-    while psutil.pid_exists(driver):  # the stopped driver still holds the run directory's lock until it is gone
-        assert time.time() < deadline, f"the stopped driver {driver} is still alive"
-        time.sleep(0.5)
+    stopped = stop_during_jury(head, job, run_dir, lambda: head.sh(command("ray job stop").replace(
+        "SUBMISSION_ID", job), timeout=60))
 
-    # the README's command, as documented: it finishes the stopped run
+    # the documented command again: it finishes the stopped run
     again = head.sh(submit_command(tiny_model_dir), timeout=420)
     out = again.stdout + again.stderr
     assert "succeeded" in out
@@ -130,7 +141,7 @@ def test_stop_during_jury_then_documented_resubmit_resumes_and_writes_results_ou
     # the finished stages were reused, not redone; the stopped one was redone whole
     for name in ("sources", "generate"):
         assert stages[name]["finished_at"] == stopped["stages"][name]["finished_at"], name
-    assert "stage generate: reusing complete output" in out
+    assert re.search(r"generate: reus(ing|ed) (the|complete)", out)  # the driver's console says so
     assert not list(run_dir.glob(".*.tmp-*")), "an interrupted attempt's output was left behind"
 
     sources = pd.read_parquet(run_dir / "sources")
@@ -143,6 +154,46 @@ def test_stop_during_jury_then_documented_resubmit_resumes_and_writes_results_ou
     assert set(judgments["id"]) == set(sources["id"])
     assert stages["jury"]["rows"] == len(judgments)
     assert os.path.isdir(run_dir / "wandb")
+
+
+def test_quorum_submit_stop_resubmit_resume_without_exports(head, tiny_model_dir, tmp_path):
+    """`quorum submit` in a shell that has only the token's file: no RAY_AUTH_MODE, QUORUM_HOME or runtime env."""
+    token = Path(head.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    env = {k: v for k, v in head.env.items() if k not in ("RAY_AUTH_MODE", "QUORUM_HOME", "RUNTIME_ENV")}
+    home = tmp_path / "home"
+    run_dir = home / "runs" / "policy_simplify" / "short"
+    args = [str(VENV_BIN / "quorum"), "submit", "configs/demo_scores.yaml", "data.limit=2", "run.id=short",
+            *shlex.split(tiny_overrides(tiny_model_dir)), "--address", head.address, "--home", str(home),
+            "--entrypoint-num-cpus", "0.25"]
+
+    def submit(*extra: str, timeout: float = 120) -> str:
+        done = subprocess.run([*args, *extra], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-4000:]
+        assert token not in out
+        return out
+
+    first = submit()
+    job = submission_id(first)
+    assert printed(first, "submission id") == [job] and printed(first, "run directory") == [str(run_dir)]
+    info = head.client().get_job_info(job)
+    assert info.runtime_env["env_vars"] == {"QUORUM_HOME": str(home)}
+    assert {"*.whl", "runs/", ".venv/", ".git/", ".env"} <= set(info.runtime_env["excludes"])
+    assert info.metadata["quorum_run_dir"] == str(run_dir)
+    stopped = stop_during_jury(head, job, run_dir, lambda: head.client().stop_job(job))
+
+    # the same command again, following the logs: it resumes the stopped run and ends with the job's status
+    again = submit("--follow", timeout=420)
+    resumed = submission_id(again)
+    assert resumed != job and f"quorum: job {resumed} SUCCEEDED" in again, again[-6000:]
+    assert re.search(r"generate: reus(ing|ed) (the|complete)", again), again[-6000:]
+    assert printed(again, "run directory") == [str(run_dir)] * 2  # quorum submit's line, then the job's own
+    manifest = _manifest(run_dir / "manifest.json")
+    assert manifest["finished_at"] and all(s["status"] == "complete" for s in manifest["stages"].values())
+    for name in ("sources", "generate"):
+        assert manifest["stages"][name]["finished_at"] == stopped["stages"][name]["finished_at"], name
+    assert len(pd.read_parquet(run_dir / "jury")) == 2 * POLICIES
 
 
 JOIN_CHECK = """

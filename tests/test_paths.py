@@ -89,20 +89,24 @@ def test_cli_resolves_against_home(monkeypatch, tmp_path):
     assert cfg.run.root == f"{tmp_path}/runs" and cfg.data.path == f"{tmp_path}/mine.jsonl"
 
 
-def test_every_readme_submit_uses_the_tested_runtime_env():
-    """The cluster examples the tests cannot run (GPU cluster) carry the same flags and excludes as the one they do."""
+def test_every_documented_submit_uses_the_tested_runtime_env():
+    """The submit examples the tests cannot run (GPU cluster, every job page) carry the same flags and excludes as
+    the one they do (the cluster guide's local-head block, tests/ray_head.py). Paper pages point at these."""
     import json
     import re
 
     from tests.ray_head import command
 
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "jobs").glob("*.md"))]
+    # the commands of the pages' code blocks (prose may name a flag alone: `ray job submit --entrypoint-num-cpus`)
+    blocks = [b for p in pages for b in re.findall(r"```[a-z]*\n(.*?)```", p.read_text(encoding="utf-8"), re.DOTALL)]
+    text = "\n".join(blocks).replace("\\\n", " ")
     tested = command("export RUNTIME_ENV=")
     excludes = json.loads(re.search(r'"excludes": (\[[^]]*\])', tested).group(1))
     assert {"*.whl", "runs/", ".venv/", "wandb/"} <= set(excludes)
     for line in re.findall(r"export RUNTIME_ENV=.*", text):
         assert json.loads(re.search(r'"excludes": (\[[^]]*\])', line).group(1)) == excludes, line
-    submits = re.findall(r"ray job submit [^\n`]*", text)
-    assert len(submits) == 6 and len(re.findall(r"export RUNTIME_ENV=", text)) == 2
+    submits = re.findall(r"^\s*(ray job submit [^\n]*)", text, re.MULTILINE)
+    assert len(submits) >= 10
     for submit in submits:
         assert '--working-dir . --runtime-env-json "$RUNTIME_ENV"' in submit and "--entrypoint-num-cpus" in submit

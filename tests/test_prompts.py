@@ -44,6 +44,8 @@ EXPECTED_TEMPLATES = {
     "agentsimp_content_simplifier_revise", "agentsimp_simplify_supervisor", "agentsimp_metaphorical_analyst",
     "agentsimp_terminology_interpreter", "agentsimp_content_integrator", "agentsimp_article_architect_direct",
     "agentsimp_article_architect_iterative", "agentsimp_article_architect_iterative_guided", "agentsimp_proofreader",
+    # and Table 2's single-prompt LLM baselines (Appendix B, templates 1-3)
+    "agentsimp_baseline_template_1", "agentsimp_baseline_template_2", "agentsimp_baseline_template_3",
     # its document-level jury (issue 12; actors.jury score format)
     "agentsimp_jury_coherence", "agentsimp_jury_simplicity", "agentsimp_jury_faithfulness",
 }

@@ -16,7 +16,10 @@ from train.trainer import build_trainer, worker_resources
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_pool_resources_reach_map_batches():
+def test_pool_resources_reach_map_batches(monkeypatch):
+    # the arguments only: whether a cluster can hold the pool (this session's Ray has no gpu_slot) is checked in
+    # tests/test_bad_input.py
+    monkeypatch.setattr("actors.ray_capacity.ensure_fits", lambda ask: None)
     kwargs = PoolConfig(num_cpus=0.5, resources={"gpu_slot": 1}).map_batches_kwargs()
     assert kwargs["resources"] == {"gpu_slot": 1.0} and kwargs["num_cpus"] == 0.5
     assert "resources" not in PoolConfig().map_batches_kwargs()  # none asked: Ray's default placement

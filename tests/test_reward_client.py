@@ -8,6 +8,7 @@ end in tests/test_grpo_ray.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -206,3 +207,79 @@ def test_backoff_is_exponential_and_capped():
     delays = [backoff_delay(k, 1.0, 5.0, rng) for k in range(1, 6)]
     for delay, base in zip(delays, (1, 2, 4, 5, 5)):
         assert base <= delay <= base * 1.1
+
+
+# -- the Serve-handle transport (train.reward_handle): the same retries and error kinds, without HTTP ------------
+
+HANDLE_APP = "reward-handle-test"
+
+
+@pytest.fixture
+def scripted_app(ray_local):
+    """A Serve app whose `reward_group_in_cluster` answers by the request's prompt: `status N` (then 200 once the
+    scripted statuses are used up), `raise`, `sleep`, else a real group body. No HTTP proxy runs."""
+    import asyncio
+
+    from ray import serve
+
+    bodies = {n: group_body(n) for n in (2, 3)}  # captured by value: the replica cannot import this module
+
+    @serve.deployment(max_ongoing_requests=8, ray_actor_options={"num_cpus": 0})
+    class Scripted:
+        def __init__(self):
+            self.statuses = {}
+
+        async def reward_group_in_cluster(self, body: dict) -> tuple[int, dict]:
+            prompt, n = body["prompt"], len(body["responses"])
+            if prompt == "raise":
+                raise RuntimeError("boom in the replica")
+            if prompt == "sleep":
+                await asyncio.sleep(30)
+            if prompt.startswith("status"):
+                left = self.statuses.setdefault(prompt, [int(s) for s in prompt.split()[1:]])
+                if left:
+                    return left.pop(0), {"error": {"message": "scripted"}}
+            return 200, bodies[n]
+
+    serve.start(proxy_location="Disabled")
+    serve.run(Scripted.bind(), name=HANDLE_APP, route_prefix=None)
+    yield
+    serve.delete(HANDLE_APP)
+
+
+@pytest.mark.slow
+def test_handle_transport_keeps_the_http_clients_retries_and_error_kinds(scripted_app, sleeps):
+    from train.reward_handle import reward_transport
+
+    cfg = RewardServiceConfig(url="http://unused.invalid:1", app=HANDLE_APP, retries=2, backoff_s=0.5,
+                              backoff_max_s=1.5, timeout_s=1.0)
+    client = GroupRewardClient(cfg, sleep=sleeps.append, transport=reward_transport(cfg))
+    try:
+        ok = client.score("fine", ["a", "b", "c"])
+        recovered = client.score("status 503 500", ["a", "b"])
+        refused = client.score("status 400", ["a", "b"])
+        exhausted = client.score("status 503 503 503 503", ["a", "b"])
+        crashed = client.score("raise", ["a", "b"])
+        slow = client.score("sleep", ["a", "b"])
+        with pytest.raises(RewardServiceAuthError):
+            client.score("status 401", ["a", "b"])
+    finally:
+        client.close()
+    assert ok.ok and ok.rewards == pytest.approx([3.0, 3.0, 3.0]) and ok.attempts == 1
+    assert recovered.ok and recovered.attempts == 3
+    assert refused.error.startswith("http_400") and refused.attempts == 1
+    assert exhausted.error == "http_503" and exhausted.attempts == 3
+    assert crashed.error == "http_500" and crashed.attempts == 3
+    assert slow.error == "timeout" and slow.attempts == 3 and slow.latency_s >= 3.0
+    # back-off between attempts as over HTTP: 0.5, 1.0 per retried group (each with at most 10% jitter)
+    assert len(sleeps) == 2 * 4 and all(0.5 <= s <= 1.1 for s in sleeps)
+    with pytest.raises(ValueError, match="reward.app: no Serve application 'no-such-app'"):
+        reward_transport(dataclasses.replace(cfg, app="no-such-app"))
+
+
+def test_an_app_name_needs_the_handle_transport():
+    from train.reward_handle import reward_transport
+
+    with pytest.raises(ValueError, match="reward.app"):
+        GroupRewardClient(RewardServiceConfig(url="http://h:1", app="grm"))
+    assert reward_transport(RewardServiceConfig(url="http://h:1")) is None  # no app: HTTP to the url

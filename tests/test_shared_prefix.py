@@ -153,7 +153,7 @@ def test_short_prefix_shared_by_many_rows_is_prefilled_once_and_few_rows_recompu
 
 
 def test_cuda_engines_copy_every_shared_prefix_and_cpu_engines_hold_long_ones():
-    """Held prefixes halved an H100's decode rate (kernel launches; README "On a GPU again"); on CPU a judge rubric
+    """Held prefixes halved an H100's decode rate (kernel launches; docs/engine.md); on CPU a judge rubric
     of 640 tokens shared by 64 rows is held, a 44-token prefix over 16 rows is copied."""
     cpu, cuda = min_held_prefix_columns(torch.device("cpu")), min_held_prefix_columns(torch.device("cuda"))
     assert hold_prefix(640, 64, cpu) and not hold_prefix(44, 16, cpu)

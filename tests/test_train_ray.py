@@ -174,3 +174,13 @@ def test_sft_overfits_one_batch_and_the_merged_adapter_writes_the_target_under_t
     before = vanilla.generate([ChatRequest(messages=messages, sampling=sampling)])[0].text
     after = trained.generate([ChatRequest(messages=messages, sampling=sampling)])[0].text
     assert before != target and after.strip() == target
+
+
+def test_zero3_with_gradient_checkpointing_trains(ray_local, tiny_model_dir, tmp_path):
+    """The cluster configs' combination: ZeRO-3 partitions each layer's weights again after its forward, so the
+    layer recomputed in backward must not be held to the forward's parameter shapes (train.loop.build_lora_model)."""
+    cfg = tiny_config(tiny_model_dir, run_name="zero3-ckpt", deepspeed=DeepSpeedSection(zero_stage=3), max_steps=2,
+                      checkpoint_every=2, gradient_checkpointing=True)
+    result = run_training(cfg, make_rows(), run_dir=str(tmp_path))
+    assert result.metrics["step"] == 2
+    assert_trained_lora(result, tiny_model_dir, cfg)

@@ -41,7 +41,8 @@ def iter_payloads(data: bytes):
 
 
 def read_run(run_file: Path) -> dict:
-    """{'config': {...}, 'history': [{...}, ...], 'summary': {...}} from one offline run file."""
+    """{'config': {...}, 'history': [{...}, ...], 'summary': {...}, 'run': {group, entity, tags, name, ...}} from
+    one offline run file."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     out = {"config": {}, "history": [], "summary": {}}
@@ -49,6 +50,10 @@ def read_run(run_file: Path) -> dict:
         record = pb.Record()
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            out["run"] = {"group": run.run_group, "entity": run.entity, "tags": list(run.tags),
+                          "name": run.display_name, "job_type": run.job_type, "project": run.project}
         if kind in ("config", "run"):
             updates = record.config.update if kind == "config" else record.run.config.update
             for item in updates:

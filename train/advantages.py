@@ -159,7 +159,8 @@ def grpo_policy_loss(
         kl_kind: KL estimator, see `kl_penalty`.
 
     Returns:
-        The scalar loss and detached metrics: ``clip_fraction`` (share of tokens where the clip binds),
+        The scalar loss and detached metrics: ``clip_fraction`` (share of tokens where the clip binds; split into
+        ``clip_fraction_high``, ρ > 1 + ε_high with A > 0, and ``clip_fraction_low``, ρ < 1 − ε_low with A < 0),
         ``ratio_mean``, ``approx_kl`` (k3 estimate of KL(π_old‖π), tokens sampled from π_old) and, with a KL term,
         ``kl`` (masked mean of the chosen estimator).
     """
@@ -178,8 +179,11 @@ def grpo_policy_loss(
         metrics["kl"] = _masked_mean(kl.detach(), mask)
     loss = aggregate_token_losses(per_token, mask, loss_agg, max_len)
     with torch.no_grad():
-        binds = ((ratio > 1 + clip_eps_high) & (advantages > 0)) | ((ratio < 1 - clip_eps_low) & (advantages < 0))
-        metrics["clip_fraction"] = _masked_mean(binds.float(), mask)
+        high = (ratio > 1 + clip_eps_high) & (advantages > 0)
+        low = (ratio < 1 - clip_eps_low) & (advantages < 0)
+        metrics["clip_fraction"] = _masked_mean((high | low).float(), mask)
+        metrics["clip_fraction_high"] = _masked_mean(high.float(), mask)
+        metrics["clip_fraction_low"] = _masked_mean(low.float(), mask)
         metrics["ratio_mean"] = _masked_mean(ratio, mask)
         metrics["approx_kl"] = _masked_mean(kl_penalty(old_logps, logps, "k3"), mask)
     return loss, metrics

@@ -22,6 +22,7 @@ from typing import Any
 
 from core.config import Section, check_custom_resources, dotted, fail, in_range, one_of, positive
 from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
+from train.memory_budget import GPU_MEMORY_MIB, WorkerPlan, grpo_plan, problems
 from train.preference_loss import PreferenceLossConfig
 
 LOSSES = ("dpo", "cpo", "simpo", "cpo_simpo", "arpo", "sft")
@@ -84,6 +85,10 @@ class RolloutSection(Section):
     top_k: int = 0
     # vllm: share of the worker's GPU memory for the rollout engine (weights + KV cache); DeepSpeed gets the rest
     gpu_memory_utilization: float = 0.3
+    # prompts per generate call (0 = all of a worker's prompts in one call); each call's groups go to a served
+    # reward as soon as it returns (reward.overlap), so smaller calls hide more judge time behind generation, at
+    # the cost of smaller generation batches (train.grpo_overlap, docs/throughput.md)
+    prompts_per_generate: int = 0
 
     def check(self, where: str = "") -> None:
         one_of(self.kind, ROLLOUT_KINDS, dotted(where, "kind"))
@@ -93,6 +98,8 @@ class RolloutSection(Section):
         in_range(self.top_p, 0, 1, dotted(where, "top_p"), low_open=True)
         if self.top_k < 0:  # 0 = no cut here (check_tree lets every top_k be -1, the engines' "off")
             fail(dotted(where, "top_k"), f"must be >= 0, got {self.top_k}")
+        if isinstance(self.prompts_per_generate, bool) or not isinstance(self.prompts_per_generate, int):
+            fail(dotted(where, "prompts_per_generate"), f"expected a whole number >= 0, got {self.prompts_per_generate!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -108,6 +115,10 @@ class ModelFields(Section):
     system_instruction: str = ""
     max_prompt_length: int = 256
     max_completion_length: int = 128
+    # per-token log-probs from the final hidden states one chunk of this many tokens at a time, each chunk's logits
+    # recomputed in backward (train.logprobs.chunked_token_logps), instead of the full (b, T, V) logits (GRPO: of the
+    # completion window); 0 = full logits. Values and gradients are the same either way
+    logprob_chunk_tokens: int = 1024
     # a peft LoRA adapter directory training starts from instead of a fresh LoRA (paper 003's SFT -> RL: a judge_sft
     # run's train/run/adapter); its r, alpha and target modules must equal `lora`'s. "" = a fresh adapter
     init_adapter: str = ""
@@ -178,6 +189,10 @@ class WorkerFields:
     # (fp32 weights and optimizer, bf16 matrix products: train.ds_config.PRECISIONS)
     precision: str = "auto"
     gradient_checkpointing: bool = False
+    # the GPU model of the workers' nodes ("" = not named): A10G | L4 | A100-40G | A100-80G | H100 | H200
+    # (train.memory_budget.GPU_MEMORY_MIB). GRPO refuses a config whose memory budget does not fit it, and with
+    # use_gpu the workers are placed only on nodes of that type (ScalingConfig.accelerator_type)
+    gpu_type: str = ""
     # extra environment variables for the workers (never secrets: core.config refuses secret-looking names)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -186,6 +201,8 @@ class WorkerFields:
             positive(getattr(self, name), dotted(where, name))
         check_custom_resources(self.resources_per_worker, dotted(where, "resources_per_worker"))
         one_of(self.precision, PRECISIONS, dotted(where, "precision"))
+        if self.gpu_type:
+            one_of(self.gpu_type, tuple(GPU_MEMORY_MIB), dotted(where, "gpu_type"))
 
 
 @dataclasses.dataclass
@@ -210,10 +227,20 @@ class CheckpointFields:
 
 @dataclasses.dataclass
 class TrackingFields:
-    """W&B on rank 0 (offline unless WANDB_API_KEY is set)."""
+    """W&B on rank 0 (`core.tracking.worker_wandb_init`). A job sets all of these from its `wandb` section
+    (`core.tracking.trainer_tracking`): the trainer's run joins the job run's group, online when the job's is."""
 
     wandb: bool = False
     wandb_project: str = "quorum"
+    wandb_entity: str = ""
+    # auto (online when the worker has WANDB_API_KEY) | online | offline | disabled; a job passes its resolved mode
+    wandb_mode: str = "auto"
+    # "" = no group; a job passes its run's name (<job>/<run id>)
+    wandb_group: str = ""
+    wandb_tags: list[str] = dataclasses.field(default_factory=list)
+
+    def _check_tracking(self, where: str) -> None:
+        one_of(self.wandb_mode, ("auto", "online", "offline", "disabled"), dotted(where, "wandb_mode"))
 
 
 @dataclasses.dataclass
@@ -226,10 +253,21 @@ class TrainerBase(TrackingFields, CheckpointFields, WorkerFields, OptimiserField
         self._check_optimiser(where)
         self._check_workers(where)
         self._check_checkpoints(where)
+        self._check_tracking(where)
         self._check_own(where)
 
     def _check_own(self, where: str) -> None:
         """The trainer's own fields; the shared ones are checked already."""
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        """DeepSpeed optimizer steps (and LR-scheduler steps) per training step of the run plan."""
+        return 1
+
+    def schedule_steps(self, total_steps: int) -> int:
+        """Length of the learning-rate schedule in scheduler steps: DeepSpeed steps the scheduler once per
+        optimizer step, so a run of `total_steps` training steps is `total_steps x optimizer_steps_per_step` long."""
+        return total_steps * self.optimizer_steps_per_step
 
     @classmethod
     def from_dict(cls, data: dict) -> Any:
@@ -325,6 +363,11 @@ class GRPOConfig(TrainerBase):
         return self.prompts_per_step // self.num_workers
 
     @property
+    def optimizer_steps_per_step(self) -> int:
+        """`num_iterations` optimizer steps on each GRPO step's rollouts (`train.grpo_loop.policy_update`)."""
+        return self.num_iterations
+
+    @property
     def grad_accum(self) -> int:
         """Micro-batches per optimizer step and worker (read by `train.loop.build_engine`)."""
         return self.prompts_per_worker * self.group_size // self.micro_batch_size
@@ -346,3 +389,16 @@ class GRPOConfig(TrainerBase):
         one_of(self.val_metric, VAL_METRICS, dotted(where, "val_metric"))
         if self.rollout.kind == "vllm" and not self.use_gpu:
             fail(dotted(where, "rollout.kind"), "vllm rollouts run on each worker's GPU; set use_gpu: true (or kind: hf)")
+        self._check_memory(where)
+
+    def memory_plan(self) -> WorkerPlan | None:
+        """The GPU memory budget's inputs (`train.memory_budget.grpo_plan`); None where it cannot be checked."""
+        return grpo_plan(self)
+
+    def _check_memory(self, where: str) -> None:
+        """Refuse a GPU config whose worker cannot fit the card it names (rollout engine + training)."""
+        plan = self.memory_plan()
+        found = problems(plan) if plan is not None else []
+        if found:
+            (key, message), *more = found
+            fail(dotted(where, key), message + "".join(f"; and {dotted(where, k)}: {m}" for k, m in more))

@@ -15,7 +15,7 @@ import math
 ZERO_STAGES = (0, 2, 3)
 # bf16-autocast: fp32 weights, gradients and optimizer (DeepSpeed's fp32 path), the forward's matrix products in
 # bfloat16 under `torch.autocast` (its backward follows): "auto" on CPUs with native bf16 dot products (AVX512-BF16,
-# AMX), 1.45x per training step of SmolLM2 + LoRA on this machine (README "Deviations from the papers").
+# AMX), 1.45x per training step of SmolLM2 + LoRA on this machine (docs/papers/000-policy-simplification.md, Deviations).
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-autocast")
 SCHEDULERS = ("constant", "linear", "cosine")
 

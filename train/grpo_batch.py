@@ -39,6 +39,8 @@ class GroupOutcome:
         attempts: Calls made to the reward service (1 + retries used); 0 for local rewards.
         latency_s: Wall time spent obtaining the rewards, retries and back-off included.
         failed_judgments: Judge generations of this group whose grades could not be parsed (GRM only).
+        verdicts: (grade of the slot shown first, grade of the second) of every parsed pairwise judgment (GRM only;
+            the position-preference monitor, `train.reward_monitors`).
     """
 
     rewards: list[float] | None
@@ -47,6 +49,7 @@ class GroupOutcome:
     attempts: int = 0
     latency_s: float = 0.0
     failed_judgments: int = 0
+    verdicts: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -8,16 +8,20 @@ optimizer step, rank r:
 1. takes its `prompts_per_worker` prompts of the step (`pairs_data.step_row_indices`: a function of the step
    number, so a resumed run reads the same prompts);
 2. samples `group_size` completions per prompt from its *current* policy (`HFRollout` on the model itself, or
-   `train.vllm_rollout.VLLMRollout` with the adapter synced after every step; seeded by step and rank);
-3. asks the reward callable for one `GroupOutcome` per prompt; failed groups (reward service down, timed out,
-   no reward for a rollout) are counted and masked out of the loss, never scored 0;
+   `train.vllm_rollout.VLLMRollout` with the adapter synced after every step; seeded by step and rank), in calls of
+   `rollout.prompts_per_generate` prompts;
+3. asks the reward callable for one `GroupOutcome` per prompt, each call's groups sent as soon as that call
+   returns (`reward.overlap`, `train.grpo_overlap`: the judge works while the next call generates); failed groups
+   (reward service down, timed out, no reward for a rollout) are counted and masked out of the loss, never scored 0;
 4. runs `grad_accum` micro-batches of rollouts through `advantages.grpo_policy_loss` (group advantages, clip,
    optional KL to the reference = the same model with the LoRA adapter disabled), `num_iterations` times; the
    loss is aggregated per micro-batch and DeepSpeed averages micro-batches and workers (so "token_mean" is a
    mean of micro-batch token means, as in TRL's per-device normalisation);
 5. reports the step's metrics reduced over workers (every reward component, failures by kind, service latency,
    response length, KL, clip fraction, entropy, tokens/s) and, every `checkpoint_every` steps, a checkpoint in
-   the layout of `train/loop.py`, whose engine, checkpoint and W&B helpers are reused here.
+   the layout of `train/loop.py`, whose engine, checkpoint and W&B helpers are reused here;
+6. every `monitor.every` steps, when the reward spec carries a ``monitor`` section (a judge reward), the
+   reward-hacking monitors (`train.grpo_monitoring`): ``monitor/*`` metrics and alerts.
 
 Every rank runs the same number of forwards and backwards whatever its groups' fate (a failed group's rollouts
 still go through the model with no loss), so DeepSpeed's gradient reduction and ZeRO-3's parameter gathers stay
@@ -27,7 +31,6 @@ in step across workers. A step in which no group was scored on any worker makes 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import tempfile
 import time
@@ -38,24 +41,24 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
-from train.advantages import aggregate_token_losses, grpo_policy_loss
 from train.config import GRPOConfig
 from train.grpo_batch import (
     GroupOutcome,
-    completion_logps,
-    completion_window,
     finish_outcome_metrics,
     micro_batch_slices,
     outcome_advantages,
     outcome_sums,
 )
+from train.grpo_micro import micro_loss, policy_logps
+from train.grpo_monitoring import LoopMonitors
+from train.grpo_overlap import reward_overlaps, rollout_and_reward
 from train.grpo_rewards import build_reward
+from train.grpo_stats import finish_stats, rank_metrics, step_stat_sums
 from train.grpo_validate import BaselineAnswers, BestAdapter, validate, write_answers
 from train.hf_rollout import HFRollout
-from train.logprobs import token_entropy
-from train.loop import _init_wandb, _report, build_engine, build_lora_model, restore_checkpoint
+from train.loop import _init_wandb, _report, build_engine, build_lora_model, output_head, restore_checkpoint
 from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
-from train.precision import autocast, worker_precision
+from train.precision import worker_precision
 
 Metrics = dict[str, float]
 
@@ -73,6 +76,8 @@ def grpo_loop_per_worker(config: dict) -> None:
     engine = build_engine(build_lora_model(config["model_dir"], cfg), cfg, world, total)
     start = restore_checkpoint(engine, rank)
     tracker = _init_wandb(cfg, config, rank)
+    # reward-hacking monitors (train.grpo_monitoring): on when the reward spec carries a monitor section
+    monitors = LoopMonitors.build(config["reward"], rank, tracker)
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
     val_rows = config.get("val_rows") or []
@@ -87,12 +92,21 @@ def grpo_loop_per_worker(config: dict) -> None:
             metrics, samples = grpo_step(engine, tokenizer, cfg, rows, reward_fn, rollout, step, rank, world)
             done = step + 1
             metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated}
+            if monitors is not None:  # a collective at monitored steps: every rank calls it
+                metrics |= monitors.step(done, samples, metrics, reduce_sums)
             if best is not None and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
                 answers: list[dict] = []
                 metrics |= validate(engine, tokenizer, cfg, val_rows, reward_fn, rollout, rank, world, reduce_sums,
                                     baselines, answers)
+                if monitors is not None:
+                    metrics |= monitors.validation(done, answers, lambda text: len(tokenizer(text)["input_ids"]),
+                                                   metrics, reduce_sums)
                 if cfg.val_metric == "vs_baseline":  # the judged answers of this check, for human raters
                     write_answers(Path(config["best_dir"]).parent / "val_answers", done, rank, answers)
+                if cfg.wandb:  # every rank's generations, as one W&B table (a collective: every rank calls it)
+                    generations = _gather_records(answers)
+                    if tracker is not None:
+                        _log_records(tracker, "val/generations", generations, done)
                 metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done))
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
@@ -135,12 +149,21 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
     prompts = [ids for ids, _ in encoded]
     seed = cfg.seed * 1_000_003 + step * 1_009 + rank  # resumable, distinct per rank
     torch.manual_seed(seed)
+    cuda = engine.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    clock = time.perf_counter()
     rollout.sync(engine)
-    completions, finished = rollout.generate(engine.module, prompts, cfg.group_size, seed)
-    generate_s = time.perf_counter() - began
-    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    groups = [texts[g * cfg.group_size:(g + 1) * cfg.group_size] for g in range(len(batch_rows))]
-    outcomes: list[GroupOutcome] = reward_fn(batch_rows, groups)
+    sync_s, clock = time.perf_counter() - clock, time.perf_counter()
+    # rollouts call by call (rollout.prompts_per_generate), each call's groups sent to the reward as it returns
+    # (reward.overlap): the same rollouts and outcomes as generate-then-reward, with the judge's time overlapped
+    got = rollout_and_reward(
+        lambda part, first: rollout.generate(engine.module, part, cfg.group_size, seed, first=first),
+        lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), reward_fn, batch_rows, prompts,
+        cfg.group_size, cfg.rollout.prompts_per_generate, reward_overlaps(reward_fn))
+    completions, finished, texts = got.completions, got.finished, got.texts
+    outcomes: list[GroupOutcome] = got.outcomes
+    generate_s, reward_s = got.generate_s, got.reward_wait_s
     advantages, valid = outcome_advantages(outcomes, cfg.group_size, cfg.normalize_std)
     if _any_worker(bool(valid.any())):
         repeated = [p for p in prompts for _ in range(cfg.group_size)]
@@ -150,14 +173,28 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
     else:
         # no group scored anywhere: no optimizer step at all (weight decay and Adam state would still move)
         sums = {"lr": engine.get_lr()[0], "grad_norm_max": math.nan, "train_tokens": 0.0, "updates_skipped": 1.0}
-    sums |= outcome_sums(outcomes) | _length_sums(completions, finished)
+    sums |= outcome_sums(outcomes) | _length_sums(completions, finished) | step_stat_sums(
+        [o.rewards for o in outcomes if o.ok], advantages, valid, [len(p) for p in prompts],
+        [len(c) for c in completions])
     sums["generated_tokens"] = float(sum(len(c) for c in completions))
     sums["prompts_truncated"] = float(sum(truncated for _, truncated in encoded))
-    sums["generate_s_max"], sums["step_s_max"] = generate_s, time.perf_counter() - began
+    step_s = time.perf_counter() - began
+    sums |= {"generate_s_max": generate_s, "step_s_max": step_s, "weight_sync_s_max": sync_s, "reward_s_max": reward_s,
+             "reward_span_s_max": got.reward_span_s, "reward_hidden_s_max": got.reward_hidden_s}
+    mine = {"tokens_per_s": sums["train_tokens"] / max(step_s, 1e-9),
+            "generate_tokens_per_s": sums["generated_tokens"] / max(generate_s, 1e-9)}
+    if cuda:  # this process's torch allocator (DeepSpeed and HF; vLLM's engine process is not counted)
+        mine["peak_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
+        sums["peak_memory_gib_max"] = mine["peak_memory_gib"]
+    sums |= rank_metrics(rank, mine)
     metrics = _finish(reduce_sums(sums))
     samples = [{"prompt_id": str(batch_rows[i // cfg.group_size].get("id", "")), "completion": text,
                 "reward": (outcomes[i // cfg.group_size].rewards or [math.nan] * cfg.group_size)[i % cfg.group_size],
                 "error": outcomes[i // cfg.group_size].error} for i, text in enumerate(texts)]
+    for i, sample in enumerate(samples):  # what the reward-hacking monitors read (train.grpo_monitoring)
+        sample |= {"group": i // cfg.group_size, "tokens": len(completions[i])}
+    for g, outcome in enumerate(outcomes):
+        samples[g * cfg.group_size]["verdicts"] = outcome.verdicts
     return metrics, samples
 
 
@@ -167,70 +204,29 @@ def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advan
     engine.train()  # rollouts ran in eval mode; gradient checkpointing only acts in train mode
     batch = {k: v.to(engine.device) for k, v in batch.items()}
     slices = micro_batch_slices(batch["input_ids"].shape[0], cfg.micro_batch_size)
-    old = [_logps(engine, batch, s, cfg.precision, no_grad=True)[0] for s in slices] if cfg.num_iterations > 1 else None
-    ref = ([_logps(engine, batch, s, cfg.precision, no_grad=True, reference=True)[0] for s in slices]
-           if cfg.kl_coef else None)
-    sums: Metrics = {"lr": engine.get_lr()[0]}
+    clock = time.perf_counter()
+    old = ([policy_logps(engine, batch, s, cfg, no_grad=True, head=output_head(engine, cfg))[0] for s in slices]
+           if cfg.num_iterations > 1 else None)
+    old_s, clock = time.perf_counter() - clock, time.perf_counter()
+    ref = ([policy_logps(engine, batch, s, cfg, no_grad=True, reference=True, head=output_head(engine, cfg))[0]
+            for s in slices] if cfg.kl_coef else None)
+    sums: Metrics = {"lr": engine.get_lr()[0], "old_logprob_s_max": old_s,
+                     "reference_s_max": time.perf_counter() - clock}
+    clock = time.perf_counter()
     for _ in range(cfg.num_iterations):
         for j, part in enumerate(slices):
             loss, metrics = micro_loss(engine, cfg, batch, part, advantages[part].to(engine.device),
                                        valid[part].to(engine.device), old[j] if old else None,
-                                       ref[j] if ref else None)
+                                       ref[j] if ref else None, head=output_head(engine, cfg))
             engine.backward(loss)
             engine.step()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
+    sums["update_s_max"] = time.perf_counter() - clock
     norm = engine.get_global_grad_norm()
     sums["grad_norm_max"] = float(norm) if norm is not None else math.nan
     sums["train_tokens"] = float(batch["attention_mask"].sum()) * cfg.num_iterations
     return sums
-
-
-def _logps(engine, batch: dict, part: slice, precision: str, no_grad: bool = False, reference: bool = False):
-    """(per-token completion log-probs, mask, logits) of one micro-batch of the left-padded batch, over its
-    trailing completion window; `reference` disables the LoRA adapter."""
-    keep = completion_window(batch["loss_mask"])  # the whole batch's window: every micro-batch aligns with `old`
-    context = engine.module.disable_adapter() if reference else contextlib.nullcontext()
-    with torch.set_grad_enabled(not no_grad), context, autocast(precision, engine.device):
-        logits = engine(input_ids=batch["input_ids"][part], attention_mask=batch["attention_mask"][part],
-                        position_ids=batch["position_ids"][part], use_cache=False, logits_to_keep=keep).logits
-        logps, mask = completion_logps(logits, batch["input_ids"][part, -keep:], batch["loss_mask"][part, -keep:])
-    return logps, mask, logits
-
-
-def micro_loss(engine, cfg: GRPOConfig, batch: dict, part: slice, advantages: torch.Tensor, valid: torch.Tensor,
-               old: torch.Tensor | None, ref: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
-    """The clipped-surrogate loss over the micro-batch's rollouts of successful groups.
-
-    Every row is forwarded (collectives stay aligned); only valid rows enter the loss, so a failed group neither
-    adds gradient nor dilutes the average. A micro-batch without valid rows gives a zero loss with a graph.
-
-    Returns:
-        The loss and token-weighted metric sums (``*_wsum`` over ``loss_tokens``).
-    """
-    logps, mask, logits = _logps(engine, batch, part, cfg.precision)
-    keep = valid.nonzero().squeeze(-1)
-    if keep.numel() == 0:
-        return logps.sum() * 0.0, {"loss_tokens": 0.0}
-    kept_mask = mask[keep]
-    loss, metrics = grpo_policy_loss(
-        logps[keep], (old if old is not None else logps.detach())[keep], advantages[keep], kept_mask,
-        clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
-        max_len=cfg.max_completion_length, ref_logps=ref[keep] if ref is not None else None, kl_coef=cfg.kl_coef,
-        kl_kind=cfg.kl_kind)
-    # entropy keeps its graph only when it is part of the loss
-    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef > 0):
-        entropy = token_entropy(logits[keep][:, :-1])
-    if cfg.entropy_coef > 0:
-        bonus = aggregate_token_losses(entropy, kept_mask, cfg.loss_agg, cfg.max_completion_length)
-        loss = loss - cfg.entropy_coef * bonus
-    entropy = entropy.detach()
-    with torch.no_grad():
-        tokens = float(kept_mask.sum())
-        out = {f"{k}_wsum": float(v) * tokens for k, v in metrics.items()}
-        out["entropy_wsum"] = float((entropy * kept_mask).sum())
-        out["loss_wsum"] = float(loss.detach()) * tokens
-    return loss, out | {"loss_tokens": tokens}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,9 +234,7 @@ def micro_loss(engine, cfg: GRPOConfig, batch: dict, part: slice, advantages: to
 
 
 def _length_sums(completions: list[list[int]], finished: list[bool]) -> Metrics:
-    lengths = [len(c) for c in completions]
-    return {"rollouts": float(len(lengths)), "length_sum": float(sum(lengths)),
-            "length_max": float(max(lengths, default=0)), "truncated": float(sum(not f for f in finished))}
+    return {"rollouts": float(len(completions)), "truncated": float(sum(not f for f in finished))}
 
 
 def _any_worker(flag: bool) -> bool:
@@ -251,16 +245,19 @@ def _any_worker(flag: bool) -> bool:
 
 
 def reduce_sums(sums: Metrics) -> Metrics:
-    """All-reduce a metric dict over workers: ``*_max`` keys with max, the rest summed. Ranks may hold different
-    keys (failure kinds, reward components), so the union of keys is agreed on first."""
+    """All-reduce a metric dict over workers: ``*_max`` keys with max, ``*_min`` with min, the rest summed. Ranks
+    may hold different keys (failure kinds, reward components, per-rank figures), so the union of keys is agreed on
+    first; a rank without a key adds nothing to it (0, or -inf / inf for an extremum)."""
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sorted(sums))
     keys = sorted(set().union(*gathered))
     out = {}
-    for op, selected in ((dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")]),
-                         (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")])):
+    for op, selected, missing in (
+            (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")], -math.inf),
+            (dist.ReduceOp.MIN, [k for k in keys if k.endswith("_min")], math.inf),
+            (dist.ReduceOp.SUM, [k for k in keys if not k.endswith(("_max", "_min"))], 0.0)):
         if selected:
-            tensor = torch.tensor([sums.get(k, 0.0) for k in selected], dtype=torch.float64)
+            tensor = torch.tensor([sums.get(k, missing) for k in selected], dtype=torch.float64)
             dist.all_reduce(tensor, op=op)
             out |= dict(zip(selected, tensor.tolist()))
     return out
@@ -275,22 +272,47 @@ def _finish(totals: Metrics) -> Metrics:
         if key.endswith("_wsum"):
             metrics[key[:-len("_wsum")]] = value / tokens if tokens else math.nan
     step_s = max(totals["step_s_max"], 1e-9)
-    metrics |= {
+    metrics |= finish_stats(totals) | {
         "lr": totals["lr"] / world, "grad_norm": totals["grad_norm_max"],
         "updates_skipped": totals.get("updates_skipped", 0.0) / world,
-        "response_length/mean": totals["length_sum"] / rollouts if rollouts else 0.0,
-        "response_length/max": totals["length_max"],
         "response_length/truncated_fraction": totals["truncated"] / rollouts if rollouts else 0.0,
         "prompt/truncated": totals.get("prompts_truncated", 0.0),
         "tokens": totals["train_tokens"], "tokens_per_s": totals["train_tokens"] / step_s,
+        "tokens_per_s_per_gpu": totals["train_tokens"] / step_s / world,
         "generate_tokens_per_s": totals["generated_tokens"] / max(totals["generate_s_max"], 1e-9),
-        "time/step_s": step_s, "time/generate_s": totals["generate_s_max"],
+        "time/step_s": step_s,
     }
+    # the slowest worker's seconds in each phase (the step waits for it)
+    for phase in ("generate", "weight_sync", "reward", "old_logprob", "reference", "update"):
+        if f"{phase}_s_max" in totals:
+            metrics[f"time/{phase}_s"] = max(totals[f"{phase}_s_max"], 0.0)
+    # time/reward_s is the step's wait for rewards after its last rollout; the judge's whole span and the part of
+    # it hidden behind generation (reward.overlap) are logged apart, so the time/* phases still add up to the step
+    for key in ("reward_span_s", "reward_hidden_s"):
+        if f"{key}_max" in totals:
+            metrics[f"perf/{key}"] = max(totals[f"{key}_max"], 0.0)
+    if "peak_memory_gib_max" in totals:
+        metrics["gpu/peak_memory_gib"] = totals["peak_memory_gib_max"]
+    metrics |= {k: v for k, v in totals.items() if k.startswith("perf/rank")}
     return metrics
 
 
 def _error_kinds(metrics: Metrics) -> dict[str, float]:
     return {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("reward_service/errors/")}
+
+
+def _gather_records(records: list[dict], limit: int = 512) -> list[dict]:
+    """Every rank's records, in rank order, at most `limit` (a collective)."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, records[:limit])
+    return [r for part in gathered for r in part][:limit]
+
+
+def _log_records(tracker, name: str, records: list[dict], step: int) -> None:
+    import wandb
+
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    tracker.log({name: wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in records])}, step=step)
 
 
 def _log_samples(tracker, samples: list[dict], step: int) -> None:

@@ -20,11 +20,12 @@ A spec is data, not a function, so it survives the trip to the Ray Train workers
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from train.grpo_batch import GroupOutcome
 from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward, pointwise_reward
 from train.reward_client import GroupRewardClient, RewardServiceConfig
+from train.reward_handle import reward_transport
 
 REWARD_KINDS = ("judge", "grm")
 ROW_KEYS = {"judge": ("gold_a", "gold_b"), "grm": ("judge_prompt",)}
@@ -58,14 +59,19 @@ class GRMGroupReward:
 
     def __init__(self, cfg: RewardServiceConfig, seed: int = 0):
         self.cfg = cfg
-        self.client = GroupRewardClient(cfg, seed=seed)
+        # a Serve handle when cfg.app names the job's own GRM app (no HTTP proxy needed on this node), else HTTP
+        self.client = GroupRewardClient(cfg, seed=seed, transport=reward_transport(cfg))
         self._pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="grm-reward")
 
     def __call__(self, rows: list[dict], completions: list[list[str]]) -> list[GroupOutcome]:
-        calls = [self._pool.submit(self.client.score, row["judge_prompt"], texts, row.get("reference"),
-                                   **self._context(row))
-                 for row, texts in zip(rows, completions)]
-        return [call.result() for call in calls]
+        return [call.result() for call in self.submit(rows, completions)]
+
+    def submit(self, rows: list[dict], completions: list[list[str]]) -> list[Future]:
+        """One request per group queued now, without waiting (`train.grpo_overlap` sends each group the moment
+        its rollouts exist); each future holds the group's outcome, retries and failures as in `__call__`."""
+        return [self._pool.submit(self.client.score, row["judge_prompt"], texts, row.get("reference"),
+                                  **self._context(row))
+                for row, texts in zip(rows, completions)]
 
     def versus(self, rows: list[dict], answers: list[str], baselines: list[str]) -> list[GroupOutcome]:
         """Each row's answer judged against its baseline answer, in both orders (the outcome's components hold

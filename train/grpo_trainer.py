@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from train.config import GRPOConfig
-from train.trainer import TrainResult, _collect, build_trainer
+from train.trainer import TrainResult, _collect, build_trainer, check_workers_fit, worker_secrets
 
 
 def plan_steps(cfg: GRPOConfig, n_rows: int) -> int:
@@ -48,7 +48,7 @@ def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str) ->
 
 def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
              secret_env: dict[str, str] | None = None, val_rows: list[dict] | None = None,
-             wandb_dir: str = "") -> TrainResult:
+             wandb_dir: str = "", where: str = "grpo") -> TrainResult:
     """Train a LoRA adapter with GRPO on Ray Train workers; the final adapter lands in ``<run_dir>/adapter``.
 
     Args:
@@ -61,6 +61,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
         wandb_dir: Where rank 0 writes its W&B run ("" = Ray Train's run folder); jobs pass the run directory so
             the printed `wandb sync` path survives the stage's rename.
+        where: The config key of `cfg` (errors about the worker group name ``<where>.num_workers``, ...).
 
     Returns:
         The `TrainResult` (metrics of the last step: rewards, failures, KL, clip fraction, tokens/s, ...).
@@ -70,10 +71,10 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         ray.train.TrainingFailedError: the workers failed more than ``max_failures`` times.
     """
     from actors.models import resolve_model_dir
-    from actors.secrets import Secrets
     from train.grpo_rewards import check_reward_spec, check_rows
 
     cfg.validate()
+    check_workers_fit(cfg, where)
     check_reward_spec(reward)
     if cfg.val_metric == "vs_baseline" and reward["kind"] != "grm":
         raise ValueError(f"val_metric: vs_baseline needs the served GRM to compare answers, not a {reward['kind']} "
@@ -90,8 +91,8 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         "train": dataclasses.asdict(cfg), "model_dir": resolve_model_dir(cfg.model), "rows": rows,
         "reward": reward, "total_steps": total_steps, "wandb_dir": wandb_dir or str(Path(storage_path) / cfg.run_name),
         "val_rows": list(val_rows or []), "best_dir": str(out / "best_adapter"),
-        # the values of the named variables as set here; each worker installs them (actors.secrets)
-        "secrets": Secrets(secret_env or {}),
+        # the values of the named variables as set here (and the W&B key when online); each worker installs them
+        "secrets": worker_secrets(cfg, secret_env or {}),
     }
     result = build_grpo_trainer(cfg, loop_config, storage_path).fit()
     if result.error is not None:

@@ -61,7 +61,8 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
     """`val/` metrics of the current policy by `cfg.val_metric`, reduced over workers (see module docstring).
 
     `baselines` (vs_baseline) holds the base model's answer per validation row index across calls; `answers`, when
-    given, receives this rank's judged (policy answer, baseline answer) records (`answer_records`)."""
+    given, receives this rank's judged (policy answer, baseline answer) records (`answer_records`), or with
+    val_metric reward every generation with its reward."""
     from train.pairs_data import encode_prompt
 
     shard = validation_shard(len(rows), rank, world)
@@ -96,6 +97,11 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
                 texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
                 groups = [texts[g * cfg.group_size:(g + 1) * cfg.group_size] for g in range(len(picked))]
                 scored = reward_fn(picked, groups)
+                if answers is not None:  # every generation with its reward: the W&B validation table
+                    answers += [{"val_index": i, "id": str(row.get("id", i)), "answer": text,
+                                 "reward": o.rewards[k] if o.ok else None, "error": o.error}
+                                for (i, counted), row, group, o in zip(part, picked, groups, scored) if counted
+                                for k, text in enumerate(group)]
             outcomes += [o for o, (_, counted) in zip(scored, part) if counted]
     if versus:
         return versus_metrics(reduce_sums(versus_sums(outcomes)))

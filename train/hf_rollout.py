@@ -33,9 +33,10 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, model, prompts: list[list[int]], group_size: int,
-                 seed: int = 0) -> tuple[list[list[int]], list[bool]]:
+                 seed: int = 0, first: int = 0) -> tuple[list[list[int]], list[bool]]:
         """G sampled completions per prompt, group-major; each trimmed after its stop token (torch's global RNG,
-        seeded by the caller, drives the sampling; `seed` is for engines with their own generator).
+        seeded by the caller, drives the sampling; `seed` and `first`, the step index of the first prompt when a
+        step generates in several calls, are for engines with their own generator).
 
         Returns:
             ``(completion_ids, finished)``, one entry per rollout.

@@ -14,7 +14,10 @@ loss; position 0 is never scored (nothing predicts it) and the last logit row is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -39,6 +42,69 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         picked = row_logits.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1)
         rows.append(picked - torch.logsumexp(row_logits, dim=-1))
     return torch.stack(rows)
+
+
+def _chunk_logps(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, labels: torch.Tensor,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    logps = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logps, logps.new_zeros(())
+    return logps, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def chunked_token_logps(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    chunk_tokens: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logps` (and `token_entropy`) from final hidden states, never holding more than one chunk of logits.
+
+    The (b, T) positions are flattened and taken `chunk_tokens` at a time: the output head projects the chunk,
+    its log-softmax is gathered at the labels in float32, and the chunk's logits are dropped. With autograd on,
+    each chunk runs under non-reentrant `torch.utils.checkpoint`, so backward recomputes that chunk's logits
+    instead of keeping them: peak extra memory is one (chunk, V) block, not (b, T, V), with the same values and
+    gradients (for the hidden states and the head alike). This is the chunked log-prob of verl's and OpenRLHF's
+    trainers and Liger's fused linear cross-entropy, written here because none of them is a dependency and the
+    GRPO loss needs the per-token values, not a reduced loss. No shift: ``hidden[i, t]`` scores ``labels[i, t]``.
+
+    Args:
+        hidden: Final (post-norm) hidden states. Shape: (b, T, H).
+        head: The output projection, (n, H) -> (n, V) logits: the output embedding module, or under ZeRO-3 a
+            function of its gathered weight (`train.loop.output_head`): a partitioned module would gather at each
+            call, a collective whose count (chunks) differs between ranks.
+        labels: Token ids in ``[0, V)``. Shape: (b, T).
+        chunk_tokens: Positions per chunk (> 0).
+        with_entropy: Also return the next-token entropy (nats) at every position.
+
+    Returns:
+        ``(logps, entropy)``: float32, Shape: (b, T) each; entropy is None unless asked for.
+    """
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree on (b, T)")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens: must be >= 1, got {chunk_tokens}")
+    flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
+        p.requires_grad for p in getattr(head, "parameters", list)()))
+    logps, entropy = [], []
+    for start in range(0, flat_labels.shape[0], chunk_tokens):
+        args = (flat_hidden[start:start + chunk_tokens], flat_labels[start:start + chunk_tokens])
+        if recompute:
+            out = checkpoint(lambda h, y: _chunk_logps(head, h, y, with_entropy), *args, use_reentrant=False,
+                             preserve_rng_state=False)
+        else:
+            out = _chunk_logps(head, *args, with_entropy)
+        logps.append(out[0])
+        entropy.append(out[1])
+    shape = labels.shape
+    if not logps:  # no positions at all
+        empty = hidden.new_zeros(shape, dtype=torch.float32)
+        return empty, empty.clone() if with_entropy else None
+    return torch.cat(logps).reshape(shape), torch.cat(entropy).reshape(shape) if with_entropy else None
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -40,9 +40,11 @@ import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from core.tracking import start_worker_run
 from train.config import TrainConfig
 from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
-from train.logprobs import sequence_logps
+from train.grpo_micro import final_hidden
+from train.logprobs import chunked_token_logps, sequence_logps
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
 from train.precision import autocast, worker_precision
 from train.preference_loss import compute_preference_loss
@@ -56,6 +58,8 @@ def train_loop_per_worker(config: dict) -> None:
     Args:
         config: See the module docstring; nothing else (no module globals) is read.
     """
+    if config.get("secrets") is not None:
+        config["secrets"].install()  # the W&B key when the job's run is online (actors.secrets), before wandb.init
     cfg = TrainConfig.from_dict(config["train"])
     cfg.precision = worker_precision(cfg.precision, cfg.use_gpu)
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
@@ -74,8 +78,8 @@ def train_loop_per_worker(config: dict) -> None:
         save = done % cfg.checkpoint_every == 0 or done == total
         if not (save or done % cfg.log_every == 0):
             continue
-        metrics = _reduce_means(sums) | _throughput(tokens, clock) | _local_phase_means(sums) | {
-            "step": done, "start_step": start}
+        metrics = _reduce_means(sums) | _throughput(tokens, clock, world) | _local_phase_means(sums) | _peak_memory(
+            engine) | {"step": done, "start_step": start}
         if config["eval_rows"] and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
             metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world)
         if done == total:
@@ -135,9 +139,10 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, world: int, total_ste
     """`deepspeed.initialize` with torch AdamW over the LoRA parameters and a LambdaLR over `lr_multiplier`."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warmup = warmup_steps(total_steps, cfg.warmup_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_multiplier(s, total_steps, warmup, cfg.scheduler))
+    # in scheduler steps: DeepSpeed steps the scheduler at every optimizer step (GRPO: num_iterations per step)
+    length = cfg.schedule_steps(total_steps)
+    warmup = warmup_steps(length, cfg.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, length, warmup, cfg.scheduler))
     ds_config = build_ds_config(
         cfg.micro_batch_size, cfg.grad_accum, world, cfg.deepspeed.zero_stage,
         resolve_precision(cfg.precision, cfg.use_gpu), cfg.deepspeed.offload_optimizer,
@@ -181,11 +186,34 @@ def _collate(tokenizer, cfg: TrainConfig, rows: list[dict], device) -> dict[str,
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _logps(engine, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    with autocast(precision, engine.device):
-        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        position_ids=batch["position_ids"], use_cache=False).logits
-    return sequence_logps(logits, batch["input_ids"], batch["loss_mask"])  # in float32 whatever the logits
+def output_head(engine, cfg: TrainConfig):
+    """The output projection for chunked log-probs. Under ZeRO-3 its weight is gathered once, here, and copied:
+    the partitioned module would gather at every chunk, a collective whose count differs between ranks (their
+    batches differ in length), and the copy outlives the gather for the chunks recomputed in backward. LoRA
+    leaves the head frozen, so no gradient is lost; a trainable head is refused."""
+    head = engine.module.get_output_embeddings()
+    if not cfg.logprob_chunk_tokens or cfg.deepspeed.zero_stage != 3:
+        return head
+    params = list(head.parameters())
+    if any(p.requires_grad for p in params):
+        raise ValueError("logprob_chunk_tokens: under ZeRO-3 the output head must be frozen; set it to 0")
+    with deepspeed.zero.GatheredParameters(params):
+        weight = head.weight.detach().clone()
+        bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
+    return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
+
+
+def _logps(engine, batch: dict[str, torch.Tensor], cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed completion log-probs (float32 whatever the logits) and token counts; chunked as `train.grpo_micro`."""
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")} | {"use_cache": False}
+    with autocast(cfg.precision, engine.device):
+        if not cfg.logprob_chunk_tokens:
+            return sequence_logps(engine(**inputs).logits, batch["input_ids"], batch["loss_mask"])
+        hidden = final_hidden(engine, inputs, grad=torch.is_grad_enabled())[:, :-1]
+        mask = batch["loss_mask"][:, 1:].bool()
+        per_token, _ = chunked_token_logps(hidden, output_head(engine, cfg),
+                                           batch["input_ids"][:, 1:].masked_fill(~mask, 0), cfg.logprob_chunk_tokens)
+    return (per_token * mask).sum(-1), mask.sum(-1)
 
 
 def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -194,7 +222,7 @@ def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> t
     Returns:
         The scalar loss and the loss's metric dict plus ``logps/chosen`` and ``logps/rejected`` (summed log-probs).
     """
-    logps, n_tokens = _logps(engine, batch, cfg.precision)
+    logps, n_tokens = _logps(engine, batch, cfg)
     if cfg.loss == "sft":
         return compute_preference_loss("sft", {"chosen_logps": logps, "chosen_n_tokens": n_tokens}, cfg.loss_config)
     b = logps.shape[0] // 2
@@ -202,7 +230,7 @@ def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> t
              "rejected_logps": logps[b:], "rejected_n_tokens": n_tokens[b:]}
     if cfg.loss == "dpo":
         with torch.no_grad(), engine.module.disable_adapter():
-            ref, _ = _logps(engine, batch, cfg.precision)
+            ref, _ = _logps(engine, batch, cfg)
         stats["ref_chosen_logps"], stats["ref_rejected_logps"] = ref[:b], ref[b:]
     loss, metrics = compute_preference_loss(cfg.loss, stats, cfg.loss_config)
     metrics["logps/chosen"], metrics["logps/rejected"] = logps[:b].detach().mean(), logps[b:].detach().mean()
@@ -298,9 +326,22 @@ def _reduce_means(sums: dict[str, float]) -> Metrics:
     return {k: v / totals[-1] for k, v in zip(keys, totals[:-1])}
 
 
-def _throughput(tokens: int, since: float) -> Metrics:
+def _throughput(tokens: int, since: float, world: int) -> Metrics:
     (all_tokens,) = _all_reduce([float(tokens)])
-    return {"tokens": all_tokens, "tokens_per_s": all_tokens / max(time.perf_counter() - since, 1e-9)}
+    per_s = all_tokens / max(time.perf_counter() - since, 1e-9)
+    return {"tokens": all_tokens, "tokens_per_s": per_s, "tokens_per_s_per_gpu": per_s / world}
+
+
+def _peak_memory(engine) -> Metrics:
+    """The largest peak of torch's allocator over the workers since the last report (GiB; a collective), then the
+    peak is reset; nothing off-GPU."""
+    if engine.device.type != "cuda":
+        return {}
+    peak = torch.tensor([torch.cuda.max_memory_allocated(engine.device) / 2**30], dtype=torch.float64,
+                        device=engine.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    torch.cuda.reset_peak_memory_stats(engine.device)
+    return {"gpu/peak_memory_gib": float(peak.item())}
 
 
 def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, world: int) -> Metrics:
@@ -387,13 +428,7 @@ def worker_nodes() -> list[str]:
 
 
 def _init_wandb(cfg: TrainConfig, config: dict, rank: int):
-    """Rank 0's W&B run (offline without WANDB_API_KEY); one id per run folder so restarted workers append."""
-    if not cfg.wandb or rank != 0:
-        return None
-    import wandb
-
-    os.makedirs(config["wandb_dir"], exist_ok=True)
-    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    """Rank 0's W&B run (`core.tracking.start_worker_run`); one id per run folder so restarted workers append. The
+    key, when online, was installed from `config["secrets"]`."""
     run_id = config.get("wandb_id") or hashlib.sha1(config["wandb_dir"].encode()).hexdigest()[:12]
-    return wandb.init(project=cfg.wandb_project, name=cfg.run_name, id=run_id, resume="allow",
-                      dir=config["wandb_dir"], mode=mode, config=config["train"])
+    return start_worker_run(cfg, run_id=run_id, local_dir=config["wandb_dir"], config=config["train"], rank=rank)

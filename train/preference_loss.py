@@ -39,7 +39,7 @@ class PreferenceLossConfig:
         arpo_c2: ARPO relax coefficient 2 (authors' default 0.4).
         reproduce_double_normalisation: ARPO only; the authors' extra division of the already averaged
             log-probs by the token counts in the gap (see `arpo_loss`). True by default: it is what paper 000 ran;
-            False gives the gap between per-token averages (README "Deviations from the papers").
+            False gives the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations).
         nll_reduction: "token_mean" = one mean over all chosen tokens of the batch (TRL/ALMA
             ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
     """

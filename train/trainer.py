@@ -80,6 +80,37 @@ def worker_resources(cfg: TrainerBase) -> dict[str, float]:
     return {"CPU": cfg.cpus_per_worker, **{k: float(v) for k, v in cfg.resources_per_worker.items()}}
 
 
+def worker_secrets(cfg: TrainerBase, names: Any = ()) -> Any:
+    """The secret variables a trainer's workers install (`actors.secrets.Secrets`: values travel in the loop config,
+    pickled, never in a runtime env): `names` plus the W&B key when the trainer's runs are online."""
+    from actors.secrets import Secrets
+    from core.tracking import wandb_secret_names
+
+    return Secrets([*names, *(wandb_secret_names(cfg.wandb_mode) if cfg.wandb else [])])
+
+
+def accelerator_type(cfg: TrainerBase) -> str | None:
+    """The Ray accelerator label the GPU workers must be placed on (`gpu_type`; Ray labels every A100 "A100")."""
+    from train.memory_budget import RAY_ACCELERATOR_TYPE
+
+    return RAY_ACCELERATOR_TYPE.get(cfg.gpu_type, cfg.gpu_type) if cfg.use_gpu and cfg.gpu_type else None
+
+
+def check_workers_fit(cfg: TrainerBase, where: str) -> None:
+    """Refuse (ConfigError naming the `where.*` keys) a worker group the cluster can never place: Ray Train would
+    wait for it for ever. Where an autoscaler can add the nodes, wait for them, bounded (`actors.ray_capacity`)."""
+    from actors.ray_capacity import ensure_fits
+    from core.resource_fit import Ask
+
+    unit = worker_resources(cfg)
+    if cfg.use_gpu:  # ScalingConfig(use_gpu=True) gives each worker one GPU
+        unit.setdefault("GPU", 1.0)
+    keys = (f"{where}.num_workers", f"{where}.cpus_per_worker",
+            *((f"{where}.resources_per_worker",) if cfg.resources_per_worker else ()),
+            *((f"{where}.use_gpu",) if cfg.use_gpu else ()))
+    ensure_fits(Ask("training", "workers", cfg.num_workers, unit, keys))
+
+
 def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: Any = None) -> Any:
     """The `TorchTrainer` for `cfg` (either trainer's config); `loop_config` is the worker function's whole input,
     `loop` the worker function (default: preference training's `train.loop.train_loop_per_worker`)."""
@@ -90,7 +121,7 @@ def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: 
         from train.loop import train_loop_per_worker as loop
 
     scaling = ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                            resources_per_worker=worker_resources(cfg))
+                            resources_per_worker=worker_resources(cfg), accelerator_type=accelerator_type(cfg))
     run = RunConfig(
         storage_path=storage_path,
         name=cfg.run_name,
@@ -108,7 +139,7 @@ def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: 
 
 
 def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, run_dir: str,
-                 wandb_dir: str = "") -> TrainResult:
+                 wandb_dir: str = "", where: str = "trainer") -> TrainResult:
     """Train a LoRA adapter with DeepSpeed on Ray Train workers and copy the final adapter to ``<run_dir>/adapter``.
 
     Args:
@@ -119,6 +150,7 @@ def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, ru
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         wandb_dir: Where rank 0 writes its W&B run ("" = Ray Train's run folder). A caller whose ``run_dir`` is
             renamed afterwards (a run store stage) passes a folder that is not, so `wandb sync` finds the files.
+        where: The config key of `cfg` (errors about the worker group name ``<where>.num_workers``, ...).
 
     Returns:
         The `TrainResult`.
@@ -131,6 +163,7 @@ def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, ru
     from train.pairs_data import plan_total_steps
 
     cfg.validate()
+    check_workers_fit(cfg, where)
     rows, evals = _materialise(train_rows), _materialise(eval_rows)
     total_steps = plan_total_steps(len(rows), cfg.global_batch_size, cfg.epochs, cfg.max_steps)
     out = Path(run_dir).resolve()
@@ -146,6 +179,8 @@ def run_training(cfg: TrainConfig, train_rows: Any, eval_rows: Any = None, *, ru
         "wandb_dir": wandb_dir or str(Path(storage_path) / cfg.run_name),
         # one W&B run per Ray Train run folder: restarted workers append to it, a new attempt starts another
         "wandb_id": hashlib.sha1(str(Path(storage_path) / cfg.run_name).encode()).hexdigest()[:12],
+        # the W&B key by name, when the run is online (never in the workers' runtime env, which Ray logs)
+        "secrets": worker_secrets(cfg),
     }
     result = build_trainer(cfg, loop_config, storage_path).fit()
     if result.error is not None:
@@ -173,7 +208,8 @@ def train_stage(cfg: TrainConfig, train_rows: list, eval_rows: list | None, *, o
                           f"({cfg.global_batch_size}); lower {where}.micro_batch_size / grad_accum")
     started = time.time()
     # W&B writes into `wandb_dir` (the run directory), not the stage's temporary folder, which is renamed when done
-    result = run_training(cfg, train_rows, eval_rows or None, run_dir=f"{out_dir}/run", wandb_dir=wandb_dir)
+    result = run_training(cfg, train_rows, eval_rows or None, run_dir=f"{out_dir}/run", wandb_dir=wandb_dir,
+                          where=where)
     seconds = time.time() - started
     metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
     write_table(pa.Table.from_pylist([{**(extra or {}), **metrics}]), out_dir)

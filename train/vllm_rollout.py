@@ -1,19 +1,41 @@
 """GRPO rollouts from a vLLM engine colocated with each Ray Train worker (GPU only), synced after every step.
 
 Each worker builds its own offline `vllm.LLM` on the GPU it trains on (TRL's "colocate" mode: no extra GPUs, the
-engine takes `rollout.gpu_memory_utilization` of the memory and DeepSpeed the rest). The policy is the base model
-plus a LoRA adapter, and only the adapter trains, so the weight sync is the adapter: after each optimizer step the
-worker writes it (gathered from the ZeRO-3 partitions when needed) to a worker-local directory, and the next
-`generate` passes it as a `LoRARequest` with a new integer id. vLLM keys its adapter cache by that id, so a new id
-per version guarantees the rollouts of step t come from the weights after step t-1 (on-policy, as with
-`HFRollout`), while the base weights stay resident. Everything vLLM-specific is imported inside `VLLMRollout`;
-the mappings below are pure and tested on CPU (tests/test_vllm_rollout.py; the GPU test is marked `gpu`).
+engine takes `rollout.gpu_memory_utilization` of the memory and DeepSpeed the rest).
+
+Which GPU: Ray Train shows every worker of a node all of that node's GPUs (one shared `CUDA_VISIBLE_DEVICES`) and
+DeepSpeed trains on `cuda:<LOCAL_RANK>`. A plain `LLM()` would put every engine of the node on `cuda:0` (vLLM's
+uniprocess executor takes device index 0 when the device is plain "cuda"). So the engine is built with
+`distributed_executor_backend="external_launcher"` in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`):
+vLLM then reads RANK and LOCAL_RANK from the environment, opens `cuda:<LOCAL_RANK>`, the training GPU, and joins the
+process group Ray Train already started, each rank its own tensor-parallel group of one (vLLM's "external data
+parallel", the layout TRL's colocate mode uses). `colocated_engine_args` is that mapping, pure and tested on CPU.
+
+Memory: the engine sleeps between rollouts (vLLM's sleep mode, CUDA only). Level 1 moves the base weights and the
+LoRA slots to host memory and frees the KV cache, so DeepSpeed's forward and backward passes get the GPU; `generate`
+wakes it, samples, and puts it back to sleep. Sleeping also empties the prefix cache, which therefore only shares a
+prompt's blocks among its group's samples within one `generate`.
+
+Weight sync: the policy is the base model plus a LoRA adapter, and only the adapter trains, so the sync is the
+adapter: after each optimizer step the worker writes it (gathered from the ZeRO-3 partitions when needed) to a
+worker-local directory, and the next `generate` passes it as a `LoRARequest` with a new integer id. vLLM keys its
+adapter cache by that id, so a new id per version guarantees the rollouts of step t come from the weights after
+step t-1 (on-policy, as with `HFRollout`), while the base weights stay resident. Everything vLLM-specific is
+imported inside `VLLMRollout`; the mappings below are pure and tested on CPU (tests/test_vllm_rollout.py; the GPU
+test is marked `gpu`; the vLLM-CPU tier, tests/test_vllm_cpu_tier.py, runs two colocated ranks on vLLM itself).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+
+from actors.vllm_engine import lora_rank_slot
+
+# level 1 keeps the base weights (in host memory) across a sleep: only the adapter changes between steps, so there is
+# nothing to reload; level 2 would discard them and need a full weight sync, as TRL does for full fine-tuning
+SLEEP_LEVEL = 1
 
 
 def rollout_sampling_kwargs(temperature: float, top_p: float, top_k: int, max_tokens: int, group_size: int,
@@ -21,13 +43,14 @@ def rollout_sampling_kwargs(temperature: float, top_p: float, top_k: int, max_to
     """Keyword arguments of `vllm.SamplingParams` for one prompt's group: `n = group_size` samples.
 
     Our top_k 0 means no cut, which is vLLM's 0 too. The seed makes each prompt's group reproducible (a resumed
-    run re-samples the same rollouts); special tokens are kept out of the text, the ids are what trains.
+    run re-samples the same rollouts); special tokens are kept out of the text, the ids are what trains. A group of
+    one is validation's (one answer per prompt against the baseline); training groups are >= 2 (GRPOConfig).
 
     >>> rollout_sampling_kwargs(1.0, 1.0, 0, 64, 8, 7)["n"]
     8
     """
-    if group_size < 2 or max_tokens < 1 or temperature <= 0:
-        raise ValueError(f"rollout: need group_size >= 2, max_tokens >= 1, temperature > 0; got {group_size}, "
+    if group_size < 1 or max_tokens < 1 or temperature <= 0:
+        raise ValueError(f"rollout: need group_size >= 1, max_tokens >= 1, temperature > 0; got {group_size}, "
                          f"{max_tokens}, {temperature}")
     return {"n": group_size, "temperature": temperature, "top_p": top_p, "top_k": top_k, "max_tokens": max_tokens,
             "seed": seed, "skip_special_tokens": True}
@@ -51,16 +74,67 @@ def read_group_outputs(outputs: list, group_size: int) -> tuple[list[list[int]],
     return ids, finished
 
 
-def lora_rank_slot(r: int) -> int:
-    """The smallest of vLLM's LoRA rank slots (8, 16, 32, ...) that holds rank `r`.
+def colocated_engine_args(model_dir: str, *, rank: int, local_rank: int, world_size: int, lora_rank: int,
+                          gpu_memory_utilization: float, max_model_len: int, seed: int, sleep_mode: bool = True,
+                          visible_gpus: int | None = None) -> tuple[dict, dict]:
+    """The `vllm.LLM` keyword arguments and the environment one training rank hands vLLM (see module docstring).
 
-    >>> [lora_rank_slot(r) for r in (4, 8, 12, 64)]
-    [8, 8, 16, 64]
+    `visible_gpus` is how many GPUs the worker sees (its `CUDA_VISIBLE_DEVICES`); vLLM opens `cuda:<local_rank>`
+    among them, so a worker that sees fewer than `local_rank + 1` (Ray Train's shared `CUDA_VISIBLE_DEVICES`
+    switched off) is refused here rather than by CUDA. `sleep_mode` is for CUDA; vLLM's other platforms refuse it.
+
+    >>> kwargs, env = colocated_engine_args("/m", rank=5, local_rank=1, world_size=8, lora_rank=64,
+    ...                                     gpu_memory_utilization=0.3, max_model_len=1024, seed=7)
+    >>> kwargs["distributed_executor_backend"], kwargs["max_lora_rank"], env["LOCAL_RANK"], env["RANK"]
+    ('external_launcher', 64, '1', '5')
     """
-    slot = 8
-    while slot < r:
-        slot *= 2
-    return slot
+    if not 0 <= rank < world_size or not 0 <= local_rank <= rank:
+        raise ValueError(f"colocated vLLM engine: need 0 <= local_rank <= rank < world_size, got local_rank "
+                         f"{local_rank}, rank {rank}, world_size {world_size}")
+    if visible_gpus is not None and local_rank >= visible_gpus:
+        raise ValueError(f"colocated vLLM engine: rank {rank} has LOCAL_RANK {local_rank} but sees {visible_gpus} "
+                         "GPU(s); vLLM opens cuda:<LOCAL_RANK>, so every worker of a node must see all of its GPUs "
+                         "(keep Ray Train's share_cuda_visible_devices on)")
+    kwargs = {
+        "model": model_dir,
+        "distributed_executor_backend": "external_launcher",
+        # each rank samples its own prompts: a tensor-parallel group of one inside the trainers' process group
+        "tensor_parallel_size": 1,
+        "enable_lora": True,
+        "max_lora_rank": lora_rank_slot(lora_rank),
+        "max_loras": 1,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "enable_sleep_mode": sleep_mode,
+        "seed": seed + rank,
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": True,
+    }
+    # what vLLM's external launcher reads (vllm/v1/executor/uniproc_executor.py ExecutorWithExternalLauncher); RANK,
+    # LOCAL_RANK and WORLD_SIZE restate Ray Train's, the engine runs in this process (the launcher asserts it)
+    env = {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return kwargs, env
+
+
+def visible_gpu_count(environ) -> int | None:
+    """How many GPUs `CUDA_VISIBLE_DEVICES` shows; None when it is unset (all of the machine's)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return len([d for d in value.split(",") if d.strip()])
+
+
+def worker_ranks(environ) -> tuple[int, int]:
+    """(LOCAL_RANK, WORLD_SIZE) of this Ray Train worker, which Ray Train exports to every worker.
+
+    Raises:
+        RuntimeError: either is missing (not inside a Ray Train worker).
+    """
+    try:
+        return int(environ["LOCAL_RANK"]), int(environ["WORLD_SIZE"])
+    except KeyError as exc:
+        raise RuntimeError(f"rollout.kind vllm runs inside a Ray Train worker, which sets {exc.args[0]}; it is "
+                           "unset here") from exc
 
 
 def adapter_version_dir(root: str | Path, version: int) -> Path:
@@ -69,9 +143,14 @@ def adapter_version_dir(root: str | Path, version: int) -> Path:
 
 
 class VLLMRollout:
-    """A colocated vLLM engine that samples with the policy's latest LoRA adapter (see module docstring)."""
+    """A colocated vLLM engine that samples with the policy's latest LoRA adapter (see module docstring).
 
-    def __init__(self, tokenizer, cfg, model_dir: str, scratch_dir: str, rank: int):
+    `sleep_mode` defaults to on where CUDA is (vLLM's sleep mode is CUDA-only): the engine sleeps from its
+    construction until the first `generate`, and again after every `generate`.
+    """
+
+    def __init__(self, tokenizer, cfg, model_dir: str, scratch_dir: str, rank: int, sleep_mode: bool | None = None):
+        import torch
         from vllm import LLM
 
         self.tokenizer, self.cfg, self.rank = tokenizer, cfg, rank
@@ -79,9 +158,17 @@ class VLLMRollout:
         self.scratch = Path(scratch_dir) / f"vllm-rank{rank}"
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.version = 0
-        self.llm = LLM(model=model_dir, enable_lora=True, max_lora_rank=lora_rank_slot(cfg.lora.r), max_loras=1,
-                       gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.seed + rank,
-                       max_model_len=cfg.max_prompt_length + cfg.max_completion_length, enable_prefix_caching=True)
+        self.sleep_mode = torch.cuda.is_available() if sleep_mode is None else sleep_mode
+        local_rank, world_size = worker_ranks(os.environ)
+        kwargs, env = colocated_engine_args(
+            model_dir, rank=rank, local_rank=local_rank, world_size=world_size, lora_rank=cfg.lora.r,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            max_model_len=cfg.max_prompt_length + cfg.max_completion_length, seed=cfg.seed,
+            sleep_mode=self.sleep_mode, visible_gpus=visible_gpu_count(os.environ))
+        os.environ.update(env)
+        self.llm = LLM(**kwargs)
+        if self.sleep_mode:  # the first sync and the training step before the first rollout need no engine
+            self.llm.sleep(level=SLEEP_LEVEL)
 
     def sync(self, engine) -> None:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
@@ -94,10 +181,13 @@ class VLLMRollout:
         if stale.exists():
             shutil.rmtree(stale, ignore_errors=True)
 
-    def generate(self, model, prompts: list[list[int]], group_size: int, seed: int = 0):
+    def generate(self, model, prompts: list[list[int]], group_size: int, seed: int = 0, first: int = 0):
         """G samples per prompt with the adapter of the last `sync`; same return value as `HFRollout.generate`.
 
-        `seed` is the step's (distinct per rank); prompt i samples with ``seed * 1000 + i``.
+        `seed` is the step's (distinct per rank); prompt i of the step samples with ``seed * 1000 + i``, `first`
+        being the step index of `prompts[0]`, so a step generated in several calls (`rollout.prompts_per_generate`)
+        samples what one call would. A sleeping engine is woken first and put back to sleep after, also when
+        sampling fails.
         """
         from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
@@ -109,8 +199,19 @@ class VLLMRollout:
         rollout = self.cfg.rollout
         max_tokens = self.cfg.max_completion_length
         params = [SamplingParams(**rollout_sampling_kwargs(rollout.temperature, rollout.top_p, rollout.top_k,
-                                                           max_tokens, group_size, seed * 1_000 + i))
+                                                           max_tokens, group_size, seed * 1_000 + first + i))
                   for i in range(len(prompts))]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=request,
-                                    use_tqdm=False)
+        if self.sleep_mode:
+            # the training step's freed activations stay in torch's caching allocator until emptied; vLLM's wake-up
+            # allocates outside it, so without this the memory budget (train.memory_budget) counts them twice
+            import torch
+
+            torch.cuda.empty_cache()
+            self.llm.wake_up()  # every tag: weights, KV cache and scheduling
+        try:
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=request,
+                                        use_tqdm=False)
+        finally:
+            if self.sleep_mode:
+                self.llm.sleep(level=SLEEP_LEVEL)
         return read_group_outputs(outputs, group_size)

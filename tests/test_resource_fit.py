@@ -1,0 +1,119 @@
+"""The arithmetic of "can the cluster ever grant this stage's request?" (core.resource_fit), with hand-worked
+numbers, and the bounded wait around it (actors.ray_capacity.ensure_fits) on a scripted cluster and clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.ray_capacity import ensure_fits
+from core.config import ConfigError
+from core.resource_fit import OK, REFUSE, WAIT, Ask, Capacity, NodeType, units_on, verdict
+
+WORKERS = ("train.trainer.num_workers", "train.trainer.cpus_per_worker")
+
+
+def test_units_per_node_take_the_scarcest_resource():
+    # 8 CPU / 2 = 4, 2 GPU / 1 = 2: two workers of {2 CPU, 1 GPU}
+    assert units_on({"CPU": 8, "GPU": 2}, {"CPU": 2, "GPU": 1}) == 2
+    # 3 × 0.1 CPU in 0.3 CPU: floating point must not lose one
+    assert units_on({"CPU": 0.3}, {"CPU": 0.1}) == 3
+    assert units_on({"CPU": 4}, {"CPU": 1, "gpu_slot": 1}) == 0
+
+
+def test_the_issue_case_two_cpu_head_with_a_quarter_cpu_entrypoint():
+    """2 CPU, 0.25 held by the entrypoint: 2 × 1 CPU needs 2 > 1.75; 1 × 1 CPU fits; 7 × 0.25 = 1.75 fits exactly."""
+    cap = Capacity(nodes=({"CPU": 2.0},), held={"CPU": 0.25})
+    refused = verdict(Ask("training", "workers", 2, {"CPU": 1.0}, WORKERS), cap)
+    assert refused.kind == REFUSE
+    assert refused.message == (
+        "training: 2 workers × 1 CPU = 2 CPU, but the cluster has 2 CPU in all, 0.25 of them held by this job's "
+        "driver (the entrypoint's reservation): 1.75 CPU for the stage, and no autoscaler to add nodes. Change "
+        "train.trainer.num_workers or train.trainer.cpus_per_worker, or give the cluster more")
+    assert verdict(Ask("training", "workers", 1, {"CPU": 1.0}), cap).kind == OK
+    assert verdict(Ask("pool", "actors", 7, {"CPU": 0.25}), cap).kind == OK
+    assert verdict(Ask("pool", "actors", 8, {"CPU": 0.25}), cap).kind == REFUSE
+
+
+def test_units_must_sit_whole_on_one_node():
+    """Two 1.5-CPU nodes: 3 CPU in all, yet three 1-CPU actors do not fit (one per node) nor one 2-CPU worker."""
+    cap = Capacity(nodes=({"CPU": 1.5}, {"CPU": 1.5}))
+    assert verdict(Ask("generate", "actors", 2, {"CPU": 1.5}), cap).kind == OK
+    # 3 × 1 CPU = 3 CPU = the total, but each node holds only one 1-CPU actor: 2 in all
+    packed = verdict(Ask("generate", "actors", 3, {"CPU": 1.0}, ("pool.concurrency",)), cap)
+    assert packed.kind == REFUSE
+    assert "must sit whole on one node and the nodes ({1.5 CPU}, {1.5 CPU}) hold only 2" in packed.message
+    whole = verdict(Ask("training", "workers", 1, {"CPU": 2.0}), cap)
+    assert whole.kind == REFUSE and "no node can hold one of them" in whole.message
+
+
+def test_gpu_and_custom_resources_count_like_cpus():
+    cap = Capacity(nodes=({"CPU": 16, "GPU": 4}, {"CPU": 16, "GPU": 4}))
+    # 8 workers × {4 CPU, 1 GPU}: 32 CPU, 8 GPU = exactly the two nodes (4 workers each)
+    assert verdict(Ask("training", "workers", 8, {"CPU": 4, "GPU": 1}), cap).kind == OK
+    # 9 of them: 9 GPU > 8
+    message = verdict(Ask("training", "workers", 9, {"CPU": 1, "GPU": 1}), cap).message
+    assert "9 workers × {1 CPU, 1 GPU} = 9 CPU, 9 GPU, but the cluster has 8 GPU in all" in message
+
+
+def test_autoscaler_node_types_turn_a_refusal_into_a_wait_up_to_their_limit():
+    """Head of 2 CPU (no GPU); a gpu type of {8 CPU, 1 GPU} up to 2 nodes: 2 GPU workers wait, 3 never fit."""
+    cap = Capacity(nodes=({"CPU": 2.0},), node_types=(NodeType("gpu_worker", {"CPU": 8, "GPU": 1}, 2),))
+    assert verdict(Ask("training", "workers", 2, {"CPU": 1, "GPU": 1}), cap).kind == WAIT
+    never = verdict(Ask("training", "workers", 3, {"CPU": 1, "GPU": 1}, WORKERS), cap)
+    assert never.kind == REFUSE
+    assert "even grown to its autoscaler's limits (gpu_worker: up to 2 × {8 CPU, 1 GPU})" in never.message
+    unlimited = Capacity(nodes=({"CPU": 2.0},), node_types=(NodeType("cpu", {"CPU": 4}, -1),))
+    assert verdict(Ask("generate", "actors", 100, {"CPU": 4}), unlimited).kind == WAIT
+    assert verdict(Ask("generate", "actors", 1, {"CPU": 5}), unlimited).kind == REFUSE  # no node type that big
+
+
+def test_an_autoscaler_without_node_types_means_wait():
+    cap = Capacity(nodes=({"CPU": 1.0},), autoscaler_unknown=True)
+    assert verdict(Ask("training", "workers", 2, {"CPU": 1.0}), cap).kind == WAIT
+
+
+class Script:
+    """A cluster read and a clock for ensure_fits: each read returns the next capacity; sleeping advances time."""
+
+    def __init__(self, *caps: Capacity):
+        self.caps, self.now, self.reads, self.demands = list(caps), 0.0, 0, []
+
+    def read(self) -> Capacity:
+        self.reads += 1
+        return self.caps[min(self.reads, len(self.caps)) - 1]
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def demand(self, bundles: list) -> None:
+        self.demands.append(bundles)
+
+
+def test_ensure_fits_waits_for_the_autoscaler_then_goes_on():
+    small = Capacity(nodes=({"CPU": 1.0},), node_types=(NodeType("cpu", {"CPU": 1}, 3),))
+    grown = Capacity(nodes=({"CPU": 1.0}, {"CPU": 1.0}), node_types=small.node_types)
+    script = Script(small, small, small, grown)
+    result = ensure_fits(Ask("training", "workers", 2, {"CPU": 1.0, "GPU": 0.0}), read=script.read, limit_s=60,
+                         clock=lambda: script.now, sleep=script.sleep, demand=script.demand)
+    assert result.kind == OK and script.reads == 4 and script.now == 6.0  # three 2 s polls
+    # the autoscaler was asked for the room while waiting, and the request withdrawn once there
+    assert script.demands == [[{"CPU": 1.0}, {"CPU": 1.0}], []]
+
+
+def test_ensure_fits_gives_up_after_the_limit_naming_the_keys():
+    small = Capacity(nodes=({"CPU": 1.0},), autoscaler_unknown=True)
+    script = Script(small)
+    with pytest.raises(ConfigError, match=r"training: 2 workers × 1 CPU = 2 CPU: .*after 10 s the cluster still has "
+                                          r"no room \(QUORUM_AUTOSCALE_WAIT_S sets the wait\)\. Change "
+                                          r"train\.trainer\.num_workers"):
+        ensure_fits(Ask("training", "workers", 2, {"CPU": 1.0}, WORKERS), read=script.read, limit_s=10,
+                    clock=lambda: script.now, sleep=script.sleep, demand=script.demand)
+    assert script.now == 10.0 and script.demands[-1] == []
+
+
+def test_ensure_fits_refuses_at_once_without_waiting():
+    script = Script(Capacity(nodes=({"CPU": 2.0},)))
+    with pytest.raises(ConfigError, match="no autoscaler"):
+        ensure_fits(Ask("training", "workers", 3, {"CPU": 1.0}), read=script.read, limit_s=600,
+                    clock=lambda: script.now, sleep=script.sleep, demand=script.demand)
+    assert script.now == 0.0 and script.demands == []

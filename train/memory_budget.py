@@ -1,0 +1,329 @@
+"""Does one GRPO worker fit its GPU? The memory of a colocated worker (rollout engine + DeepSpeed training), from
+the model's shape and the config, before any work (pure: no torch, ray, vllm or deepspeed).
+
+A worker's GPU goes through two phases every step, and both must fit (all figures GiB, worst case: every sequence
+of a micro-batch at `max_prompt_length + max_completion_length`, since one batch can hit it):
+
+- rollout: DeepSpeed's resident state (its shard of the frozen weights, the LoRA weights, gradients and AdamW
+  state, the CUDA context) stays while the vLLM engine holds its `rollout.gpu_memory_utilization` share of the
+  card. vLLM refuses to start when less than that share is free (its startup check), and the share must hold the
+  engine's bf16 weights, one LoRA slot of the adapter's rank, its activation / CUDA-graph reserve and the KV cache
+  of at least one full sequence (vLLM refuses a `max_model_len` its KV cache cannot hold).
+- update: the resident state plus what a training micro-batch adds (ZeRO-3's gathered layers and embedding, the
+  activations - saved layer inputs and one layer's recomputation under gradient checkpointing, every layer's
+  otherwise - the attention mask, and the logits of the completion window, or one chunk of them with
+  `logprob_chunk_tokens`), while the rollout engine holds only what vLLM's sleep mode leaves on the GPU
+  (`train.vllm_rollout` sleeps it between rollouts: weights and KV cache released), or its whole share without
+  sleep mode (`WorkerPlan.sleep_level` 0).
+
+The constants are reserves, not measurements of one machine; `python -m bench.gpu_check` prints the peak memory of
+a real update step next to `update_step_gib` for the same shape.
+
+    shape = model_shape("hf:Qwen/Qwen3-4B")
+    problems(WorkerPlan(shape=shape, gpu_type="A10G", ...))   # [(dotted key, message), ...]; [] = fits
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+GIB = 1024**3
+# total memory as the driver reports it (nvidia-smi MiB); keys are the names Ray gives the accelerators
+GPU_MEMORY_MIB = {"A10G": 23028, "L4": 23034, "A100-40G": 40960, "A100-80G": 81920, "H100": 81559, "H200": 143771}
+# Ray advertises A100s as "A100" only (ray.util.accelerators: the -40G / -80G labels are never auto-detected)
+RAY_ACCELERATOR_TYPE = {"A100-40G": "A100", "A100-80G": "A100"}
+# CUDA context, NCCL buffers and allocator fragmentation of the training process
+TRAIN_RESERVE_GIB = 1.0
+# vLLM besides weights, LoRA slot and KV cache: its profile run's activations, sampler and CUDA graphs
+VLLM_RESERVE_GIB = 2.0
+# what a sleeping vLLM engine keeps on the GPU (its CUDA graphs and context; weights and KV cache are released)
+VLLM_ASLEEP_GIB = 1.0
+# the sleep level of the colocated rollout engine (train.vllm_rollout.SLEEP_LEVEL; a test keeps them equal)
+ROLLOUT_SLEEP_LEVEL = 1
+# ZeRO-3 keeps this many decoder layers gathered at once (the current one and the prefetched next)
+ZERO3_LIVE_LAYERS = 2
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a Llama-style decoder (Llama, Qwen2/3, SmolLM2, Mistral) that memory depends on."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
+                "o_proj": (q, self.hidden), "gate_proj": (self.hidden, self.intermediate),
+                "up_proj": (self.hidden, self.intermediate), "down_proj": (self.intermediate, self.hidden)}
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: its linears, two RMSNorms and Qwen3's q/k norms (counted for every model: tiny)."""
+        return sum(i * o for i, o in self.linear_shapes().values()) + 2 * self.hidden + 2 * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def n_params(self) -> int:
+        """All parameters; a tied output head shares the embedding's."""
+        return self.embedding_params * (1 if self.tied else 2) + self.layers * self.layer_params + self.hidden
+
+    def lora_params(self, r: int, targets: list[str] | str) -> int:
+        """LoRA A and B of rank `r` on the named linears (`"all-linear"`: every linear but the output head, peft's
+        meaning) of every layer: r * (in + out) each."""
+        names = LINEARS if targets == "all-linear" else [t for t in targets if t in LINEARS]
+        shapes = self.linear_shapes()
+        return self.layers * sum(r * sum(shapes[name]) for name in names)
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def layer_activation_elements(self) -> int:
+        """Activations one decoder layer saves for backward per token (fused attention: no T x T scores): the
+        inputs of its two norms and seven linears, q, k, v, the attention output and the MLP's gate, up and act."""
+        kv = self.kv_heads * self.head_dim
+        return 6 * self.hidden + 2 * kv + 4 * self.intermediate
+
+
+# config.json values of the models the cluster configs name by hub id (for a node that has not downloaded them)
+KNOWN_MODELS = {
+    "qwen3-0.6b": ModelShape(1024, 28, 3072, 16, 8, 128, 151936, True),
+    "qwen3-1.7b": ModelShape(2048, 28, 6144, 16, 8, 128, 151936, True),
+    "qwen3-4b": ModelShape(2560, 36, 9728, 32, 8, 128, 151936, True),
+    "qwen3-8b": ModelShape(4096, 36, 12288, 32, 8, 128, 151936, False),
+    "qwen3-14b": ModelShape(5120, 40, 17408, 40, 8, 128, 151936, False),
+    "smollm2-135m": ModelShape(576, 30, 1536, 9, 3, 64, 49152, True),
+    "smollm2-135m-instruct": ModelShape(576, 30, 1536, 9, 3, 64, 49152, True),
+}
+
+
+def shape_from_hf_config(config: dict) -> ModelShape:
+    """A `ModelShape` from an HF `config.json` (Llama-style keys; missing kv heads / head_dim take HF's defaults)."""
+    heads = int(config["num_attention_heads"])
+    return ModelShape(
+        hidden=int(config["hidden_size"]), layers=int(config["num_hidden_layers"]),
+        intermediate=int(config["intermediate_size"]), heads=heads,
+        kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+        vocab=int(config["vocab_size"]), tied=bool(config.get("tie_word_embeddings", False)))
+
+
+def model_shape(model: str) -> ModelShape | None:
+    """The shape of a model spec: a local directory's config.json, else the last part of the path or hub id
+    (``hf:Qwen/Qwen3-4B`` -> qwen3-4b) in `KNOWN_MODELS`; None when neither tells (the budget is then not checked)."""
+    spec = model.removeprefix("hf:")
+    path = os.path.join(os.path.expanduser(spec), "config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        try:
+            return shape_from_hf_config(config)
+        except (KeyError, TypeError, ValueError):
+            return None
+    return KNOWN_MODELS.get(spec.rstrip("/").rsplit("/", 1)[-1].lower())
+
+
+# vLLM's max_lora_rank choices (actors.vllm_engine.VLLM_LORA_RANK_SLOTS, a module that imports vLLM where it runs;
+# a test keeps the two equal)
+VLLM_LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_slot(r: int) -> int:
+    """The LoRA slot the rollout engine asks vLLM for (`actors.vllm_engine.lora_rank_slot`): the smallest slot that
+    holds rank r (the largest slot for a rank vLLM refuses, which the engine reports itself)."""
+    return next((slot for slot in VLLM_LORA_RANK_SLOTS if r <= slot), VLLM_LORA_RANK_SLOTS[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPlan:
+    """Everything the budget depends on; one per GRPO config (`train.config.GRPOConfig.memory_plan`)."""
+
+    shape: ModelShape
+    gpu_type: str
+    num_workers: int
+    # bf16 | fp16 (2-byte weights) or fp32 | bf16-autocast (fp32 weights)
+    precision: str
+    zero_stage: int
+    offload_optimizer: bool
+    offload_params: bool
+    # LoRA rank and target modules; lora_r 0 = full fine-tuning
+    lora_r: int
+    lora_targets: list[str] | str
+    micro_batch_size: int
+    max_prompt_length: int
+    max_completion_length: int
+    gradient_checkpointing: bool
+    # rollouts per worker and step (prompts_per_worker x group_size): HF generate samples them in one batch
+    rollouts_per_worker: int
+    rollout_kind: str
+    gpu_memory_utilization: float
+    sleep_level: int
+    # 0 = the full logits of the completion window
+    logprob_chunk_tokens: int
+
+
+@dataclasses.dataclass
+class Budget:
+    """GiB per part; `rollout_gib` and `update_gib` are the two phases' totals against `gpu_gib`."""
+
+    gpu_gib: float
+    parts: dict[str, float]
+    vllm_need_gib: float
+    rollout_gib: float
+    update_gib: float
+
+
+def _gib(n_bytes: float) -> float:
+    return n_bytes / GIB
+
+
+def logits_gib(tokens_window: int, vocab: int, act_bytes: int, chunk_tokens: int, micro_batch: int) -> float:
+    """Logits memory of one micro-batch's log-probs.
+
+    Full (chunk 0): the (b, W, V) logits and their gradient in the activation dtype, plus the float32 rows that
+    `train.logprobs.token_logps` / `token_entropy` work on one at a time (three (W, V) buffers). Chunked: one chunk
+    of at most `chunk_tokens` tokens at a time, in the activation dtype, its float32 copy, softmax and gradient.
+
+    >>> round(logits_gib(4097, 151936, 2, 0, 8), 2)   # issue 29's "about 10 GB" forward, x2 with the gradient
+    18.57
+    >>> round(logits_gib(4097, 151936, 2, 1024, 8), 2)
+    2.03
+    """
+    if chunk_tokens:
+        return _gib(min(chunk_tokens, micro_batch * tokens_window) * vocab * (act_bytes + 12))
+    return _gib(micro_batch * tokens_window * vocab * 2 * act_bytes + 3 * tokens_window * vocab * 4)
+
+
+def budget(plan: WorkerPlan) -> Budget:
+    """The memory of both phases (see the module docstring)."""
+    shape, world = plan.shape, plan.num_workers
+    gpu = GPU_MEMORY_MIB[plan.gpu_type] / 1024
+    weight_bytes = 2 if plan.precision in ("bf16", "fp16") else 4
+    act_bytes = 2 if plan.precision != "fp32" else 4
+    zero3, sharded = plan.zero_stage == 3, plan.zero_stage >= 2
+    trainable = shape.lora_params(plan.lora_r, plan.lora_targets) if plan.lora_r else shape.n_params
+    frozen = shape.n_params - trainable if not plan.lora_r else shape.n_params
+    # AdamW: m and v in fp32, plus an fp32 master copy when the weights are 2-byte (DeepSpeed's bf16/fp16 paths)
+    optimizer_bytes = 8 + (4 if weight_bytes == 2 else 0)
+    parts = {
+        "frozen_weights": 0.0 if plan.offload_params else _gib(frozen * weight_bytes) / (world if zero3 else 1),
+        "trainable_weights": 0.0 if plan.offload_params else _gib(trainable * weight_bytes) / (world if zero3 else 1),
+        "gradients": _gib(trainable * weight_bytes) / (world if sharded else 1),
+        "optimizer": 0.0 if plan.offload_optimizer else _gib(trainable * optimizer_bytes) / (
+            world if plan.zero_stage else 1),
+        "train_reserve": TRAIN_RESERVE_GIB,
+    }
+    resident = sum(parts.values())
+    seq = plan.max_prompt_length + plan.max_completion_length
+    tokens = plan.micro_batch_size * seq
+    per_layer = shape.layer_activation_elements() * act_bytes
+    if plan.gradient_checkpointing:
+        activations = tokens * (shape.layers * shape.hidden * act_bytes + 2 * per_layer)
+    else:
+        activations = tokens * shape.layers * per_layer
+    update = {
+        "zero3_gathered": _gib((ZERO3_LIVE_LAYERS * shape.layer_params + shape.embedding_params) * weight_bytes)
+        if zero3 else 0.0,
+        "activations": _gib(activations),
+        # HF builds a (b, 1, T, T) mask in the activation dtype for padded batches (SDPA)
+        "attention_mask": _gib(plan.micro_batch_size * seq * seq * act_bytes),
+        "logits": logits_gib(plan.max_completion_length + 1, shape.vocab, act_bytes, plan.logprob_chunk_tokens,
+                             plan.micro_batch_size),
+    }
+    vllm = plan.rollout_kind == "vllm"
+    vllm_parts = {
+        "vllm_weights": _gib(shape.n_params * 2),
+        "vllm_lora_slot": _gib(shape.lora_params(lora_rank_slot(plan.lora_r), plan.lora_targets) * 2)
+        if plan.lora_r else 0.0,
+        "vllm_kv_one_sequence": _gib(seq * shape.kv_bytes_per_token(2)),
+        "vllm_reserve": VLLM_RESERVE_GIB,
+    } if vllm else {}
+    share = plan.gpu_memory_utilization * gpu if vllm else 0.0
+    held = (VLLM_ASLEEP_GIB if plan.sleep_level else share) if vllm else 0.0
+    if vllm:
+        rollout = resident + share
+    else:  # HF generate on the training model: ZeRO-3 gathers, plus the KV cache of every rollout at once
+        rollout = resident + update["zero3_gathered"] + _gib(
+            plan.rollouts_per_worker * seq * shape.kv_bytes_per_token(act_bytes))
+    parts |= update | vllm_parts | ({"vllm_during_update": held} if vllm else {})
+    return Budget(gpu_gib=gpu, parts=parts, vllm_need_gib=sum(vllm_parts.values()), rollout_gib=rollout,
+                  update_gib=resident + sum(update.values()) + held)
+
+
+def _fmt(parts: dict[str, float], names: list[str]) -> str:
+    return ", ".join(f"{n} {parts[n]:.2f}" for n in names if parts.get(n))
+
+
+def problems(plan: WorkerPlan) -> list[tuple[str, str]]:
+    """(dotted key relative to the trainer section, message) for each phase that cannot fit; [] when both fit."""
+    b = budget(plan)
+    gpu, found = b.gpu_gib, []
+    where = f"{plan.gpu_type} ({gpu:.1f} GiB)"
+    if plan.rollout_kind == "vllm":
+        share = plan.gpu_memory_utilization * gpu
+        if share < b.vllm_need_gib:
+            low = math.ceil(b.vllm_need_gib / gpu * 100) / 100
+            found.append(("rollout.gpu_memory_utilization", (
+                f"{plan.gpu_memory_utilization} of {where} is {share:.1f} GiB, less than the rollout engine needs: "
+                f"{b.vllm_need_gib:.1f} GiB ({_fmt(b.parts, ['vllm_weights', 'vllm_lora_slot', 'vllm_kv_one_sequence', 'vllm_reserve'])}); "
+                f"raise it to at least {low:.2f}, name a bigger gpu_type, or train a smaller model")))
+    if b.rollout_gib > gpu:
+        high = math.floor((gpu - (b.rollout_gib - plan.gpu_memory_utilization * gpu)) / gpu * 100) / 100
+        key = "rollout.gpu_memory_utilization" if plan.rollout_kind == "vllm" else "micro_batch_size"
+        found.append((key, (
+            f"the rollout phase needs {b.rollout_gib:.1f} GiB of {where}: DeepSpeed keeps "
+            f"{_fmt(b.parts, ['frozen_weights', 'trainable_weights', 'gradients', 'optimizer', 'train_reserve'])} "
+            "resident while the rollout engine runs; "
+            + (f"lower rollout.gpu_memory_utilization to at most {high:.2f}, " if plan.rollout_kind == "vllm"
+               else "lower prompts_per_step or group_size, ")
+            + "shard with deepspeed.zero_stage 3 or offload, or name a bigger gpu_type")))
+    if b.update_gib > gpu:
+        if not plan.logprob_chunk_tokens and b.parts["logits"] > b.parts["activations"]:
+            key = "logprob_chunk_tokens"
+        else:
+            key = "micro_batch_size"
+        found.append((key, (
+            f"a training micro-batch needs {b.update_gib:.1f} GiB of {where} "
+            f"({_fmt(b.parts, ['frozen_weights', 'trainable_weights', 'gradients', 'optimizer', 'train_reserve', 'zero3_gathered', 'activations', 'attention_mask', 'logits', 'vllm_during_update'])}) "
+            f"at {plan.micro_batch_size} x {plan.max_prompt_length + plan.max_completion_length} tokens; lower "
+            "micro_batch_size, chunk the log-probs (logprob_chunk_tokens), set gradient_checkpointing: true, "
+            "deepspeed.zero_stage: 3 or offload, or name a bigger gpu_type")))
+    return found
+
+
+def update_step_gib(plan: WorkerPlan) -> float:
+    """The update phase's total without the rollout engine (what a training-only step peaks at)."""
+    b = budget(plan)
+    return b.update_gib - b.parts.get("vllm_during_update", 0.0)
+
+
+def grpo_plan(cfg) -> WorkerPlan | None:
+    """The plan of a `train.config.GRPOConfig`; None off-GPU, without a `gpu_type`, or for a model whose shape
+    neither a local config.json nor `KNOWN_MODELS` gives."""
+    shape = model_shape(cfg.model) if cfg.use_gpu and cfg.gpu_type else None
+    if shape is None:
+        return None
+    return WorkerPlan(
+        shape=shape, gpu_type=cfg.gpu_type, num_workers=cfg.num_workers,
+        precision="bf16" if cfg.precision == "auto" else cfg.precision, zero_stage=cfg.deepspeed.zero_stage,
+        offload_optimizer=cfg.deepspeed.offload_optimizer, offload_params=cfg.deepspeed.offload_params,
+        lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules, micro_batch_size=cfg.micro_batch_size,
+        max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
+        gradient_checkpointing=cfg.gradient_checkpointing, rollouts_per_worker=cfg.prompts_per_worker * cfg.group_size,
+        rollout_kind=cfg.rollout.kind, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        sleep_level=ROLLOUT_SLEEP_LEVEL, logprob_chunk_tokens=cfg.logprob_chunk_tokens)
