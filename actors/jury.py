@@ -41,9 +41,12 @@ ASPECTS = ("Lexical", "Structural", "Overall")
 class JudgeConfig(ModelConfig):
     # prompt template name in configs/prompts (or a path)
     template: TemplateName = "jury_score"
+    # score (each candidate alone, 1-5; paper 001) | best_worst (all of a source's candidates; paper 000) |
+    # pairwise (every pair, A / B / tie)
     format: Literal["score", "best_worst", "pairwise"] = "score"
+    # re-ask an unparseable verdict this many times with a new seed; 0 = never (paper 000's choice)
     max_parse_retries: int = 2
-    retry_temperature: float = 0.7
+    retry_temperature: float = 0.7  # lowest temperature of a retry (a greedy retry would repeat itself)
     # decode the verdict under its format's grammar (eval.judge_grammar): every finished answer parses. Off = free
     # text, as the papers ran their judges (the paper pages' Deviations, docs/papers/)
     constrained: bool = True
@@ -51,6 +54,9 @@ class JudgeConfig(ModelConfig):
 
 @dataclass
 class JuryConfig(Section):
+    """A panel of judges rating candidates, and how their verdicts become one score per candidate."""
+
+    # the judges (a model, prompt template, verdict format each); unique names, one shared format, >= 1
     judges: list[JudgeConfig] = field(default_factory=lambda: [JudgeConfig()])
     # how judge scores become one score per candidate: mean (paper 001), median or majority
     aggregate: Literal["mean", "median", "majority"] = "mean"

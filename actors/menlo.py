@@ -26,7 +26,7 @@ from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
 class MenloJudgeConfig(ModelConfig):
     # re-ask a judge whose answer has no extractable grade (new seed, at least retry_temperature); 0 = never
     max_parse_retries: int = 0
-    retry_temperature: float = 0.7
+    retry_temperature: float = 0.7  # lowest temperature of a retry (a greedy retry would repeat itself)
     # decode MENLO's `<think>` + grade blocks under their grammar (eval.judge_grammar): every finished answer has
     # its grades. Off = free text, as paper 003 ran its judges (docs/papers/003-menlo.md, Deviations)
     constrained: bool = True

@@ -19,11 +19,14 @@ LIGHT_CPU = 0.25
 
 @dataclass
 class SamplingConfig(Section):
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 128
-    seed: int = 0
+    """Decoding settings of the model's requests (YAML twin of actors.engine.SamplingParams)."""
+
+    temperature: float = 0.0  # softmax temperature in [0, 2]; 0 = greedy decoding
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = no nucleus filter
+    top_k: int = -1  # sample among the k most likely tokens; -1 = no top-k filter (0 is refused)
+    max_tokens: int = 128  # most new tokens per completion (>= 1); hf caps it at the model's context room
+    seed: int = 0  # per-request sampling seed in [0, 2**63 - 1], passed to every engine (hf, vllm, openai)
+    # strings that end a completion where the earliest one starts (cut from the text); [] = none; no empty string
     stop: list[str] = field(default_factory=list)
 
     def check(self, where: str = "") -> None:
@@ -41,10 +44,10 @@ class SamplingConfig(Section):
 class PoolConfig(Section):
     """How the model's actor pool is placed: actors, resources per actor, rows per batch."""
 
-    concurrency: int = 1
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    batch_size: int = 16
+    concurrency: int = 1  # actors in the pool, each holding one copy of the model (>= 1)
+    num_cpus: float = 1.0  # Ray CPUs reserved per actor (fractions allowed); hf's 0 num_threads uses this
+    num_gpus: float = 0.0  # Ray GPUs reserved per actor (fractions share a GPU); 0 = a CPU-only actor
+    batch_size: int = 16  # rows per Ray Data batch handed to one actor call (>= 1)
     # custom Ray resources per actor, e.g. {gpu_slot: 1}: the pool is placed only on nodes that advertise them
     # (a cluster's node type declares them; the autoscaler starts such a node for the pool's demand)
     resources: dict[str, float] = field(default_factory=dict)

@@ -5,7 +5,7 @@
 
 Groups come from the MENLO fixture (`configs/data/menlo_fixture.jsonl`): for a prompt, its own two responses plus
 the two responses of the next pair with the same dimension and locale (answers to another prompt, which a judge
-should place last). The judge is the GRM service's own code without HTTP: `configs/grm.yaml`'s templates
+should place last), in a seeded random order. The judge is the GRM service's own code without HTTP: `configs/grm.yaml`'s templates
 (`menlo_pairwise`, `menlo_listwise`), `serve.judge_prompts` rendering, the verdict grammars (`eval.judge_grammar`
 pairwise, `eval.listwise` permutation), `serve.rewards` (all_pairs margins; listwise normalised ranks) and the
 served engine (`serve.adapter.build_judge_engine`). Each group's requests go to the engine in one batched call on
@@ -18,6 +18,11 @@ Prints `bench <name> = <value>`:
   a side has no reward (a failed parse) or the pairwise side is all ties are left out and counted
   (`listwise_groups_left_out`);
 - `{pairwise,listwise}_calls_per_group`, `_tokens_per_group` (prompt + completion), `_seconds_per_group`;
+- `{pairwise,listwise}_tau_vs_gold` (+ CI, `_groups`): each side's ranking against the fixture's gold (the own
+  pair's gold grades; the other prompt's answers below both), over the groups where tau is defined;
+- `listwise_tau_vs_reversed_order` (+ CI): the control. Each group is ranked again with its responses shown in
+  reverse order (not counted in the per-group costs); tau between the two rankings, mapped back to the responses,
+  is 1 for a judge that ranks by content and -1 for one that ranks by slot;
 - `listwise_speedup`: pairwise seconds per group / listwise seconds per group, measured in one run.
 """
 
@@ -43,9 +48,9 @@ from serve.config import ServeConfig, load_prompts
 REPO = Path(__file__).resolve().parents[1]
 
 
-def menlo_groups(path: Path, count: int, size: int) -> list[dict]:
-    """Up to `count` groups of `size` responses (see module docstring): own pair first, then other pairs' answers
-    of the same dimension and locale, in file order."""
+def menlo_groups(path: Path, count: int, size: int, seed: int = 0) -> list[dict]:
+    """Up to `count` groups of `size` responses (see module docstring): the own pair and other pairs' answers of
+    the same dimension and locale, shown in a random order seeded by (`seed`, pair id)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     groups = []
     for i, row in enumerate(rows):
@@ -55,8 +60,13 @@ def menlo_groups(path: Path, count: int, size: int) -> list[dict]:
         for peer in peers:
             responses += [peer["response_a"], peer["response_b"]]
         if len(responses) >= size:
+            # gold: the fixture's grades of the own pair; answers to another prompt rank below both (0)
+            gold = [row["gold_a"], row["gold_b"]] + [0] * (size - 2)
+            # shown in a seeded random order: a judge that ranks by slot must not agree with gold by construction
+            order = list(range(size))
+            random.Random(f"{seed}:{row['pair_id']}").shuffle(order)
             groups.append({"prompt": row["prompt"], "dimension": row["dimension"], "locale": row["locale"],
-                           "responses": responses[:size]})
+                           "responses": [responses[k] for k in order], "gold": [gold[k] for k in order]})
         if len(groups) == count:
             break
     return groups
@@ -94,7 +104,8 @@ def main() -> None:
     pair_sampling = dataclasses.replace(sampling, grammar=judge_grammar("pairwise", args.max_tokens))
     list_sampling = dataclasses.replace(sampling, grammar=listwise_grammar(n, "rank", args.max_tokens))
     groups = menlo_groups(REPO / "configs" / "data" / "menlo_fixture.jsonl", args.groups, n)
-    taus, left_out = [], 0
+    taus, order_taus, left_out = [], [], 0
+    gold_taus = {"pairwise": [], "listwise": []}
     sides = {side: {"calls": 0, "tokens": 0, "seconds": 0.0} for side in ("pairwise", "listwise")}
     for group in groups:
         ctx = (group["dimension"], group["locale"])
@@ -116,6 +127,18 @@ def main() -> None:
         sides["listwise"]["tokens"] += listwise.usage.total_tokens
         sides["listwise"]["seconds"] += seconds
 
+        # control: the same group shown in reverse order; a judge that ranks by slot scores -1 here
+        back = ChatRequest(prompts.listwise_messages(group["prompt"], group["responses"][::-1], *ctx), list_sampling)
+        reversed_rewards = R.listwise_response(n, "rank", judge(engine, [back])[0][0], False, "bench").rewards
+        if None not in listwise.rewards and None not in reversed_rewards:
+            order_taus.append(kendall_tau_b(listwise.rewards, reversed_rewards[::-1]))
+
+        for side, rewards in (("pairwise", pairwise.rewards), ("listwise", listwise.rewards)):
+            if None not in rewards:
+                gold_tau = kendall_tau_b(rewards, group["gold"])
+                if not math.isnan(gold_tau):
+                    gold_taus[side].append(gold_tau)
+
         tau = math.nan
         if None not in pairwise.rewards and None not in listwise.rewards:
             tau = kendall_tau_b(listwise.rewards, pairwise.rewards)
@@ -135,6 +158,18 @@ def main() -> None:
         print(f"bench listwise_tau_vs_pairwise = {statistics.fmean(taus):.3f}")
         print(f"bench listwise_tau_vs_pairwise_ci_lo = {lo:.3f}")
         print(f"bench listwise_tau_vs_pairwise_ci_hi = {hi:.3f}")
+    for side, values in gold_taus.items():
+        print(f"bench {side}_tau_vs_gold_groups = {len(values)}")
+        if values:
+            lo, hi = bootstrap_ci(values)
+            print(f"bench {side}_tau_vs_gold = {statistics.fmean(values):.3f}")
+            print(f"bench {side}_tau_vs_gold_ci_lo = {lo:.3f}")
+            print(f"bench {side}_tau_vs_gold_ci_hi = {hi:.3f}")
+    if order_taus:
+        lo, hi = bootstrap_ci(order_taus)
+        print(f"bench listwise_tau_vs_reversed_order = {statistics.fmean(order_taus):.3f}")
+        print(f"bench listwise_tau_vs_reversed_order_ci_lo = {lo:.3f}")
+        print(f"bench listwise_tau_vs_reversed_order_ci_hi = {hi:.3f}")
     for side, totals in sides.items():
         for key, value in totals.items():
             print(f"bench {side}_{key}_per_group = {value / max(len(groups), 1):.2f}")

@@ -24,8 +24,8 @@ class JobSections(Section):
     """The config sections every job has; a job's `Config` subclasses this and adds its own."""
 
     run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster the job joins or starts, and its workers
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # W&B tracking of the job's run (and its trainers)
 
     def check(self, where: str = "") -> None:
         """A cluster config (ray.shared_storage set) keeps its outputs and models on the shared storage."""

@@ -25,9 +25,11 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 @dataclass
 class WandbConfig(Section):
-    enabled: bool = True
-    project: str = "quorum"
-    entity: str = ""
+    """W&B tracking of the job's run; its trainers' runs join the run's group."""
+
+    enabled: bool = True  # log the run to W&B (offline without a key); false = no W&B run at all
+    project: str = "quorum"  # W&B project of the job's run and its trainers' runs
+    entity: str = ""  # W&B team or user; "" = the API key's default entity
     # auto = online when WANDB_API_KEY is set, else offline; or online | offline | disabled
     mode: str = "auto"
     # extra tags on the run
@@ -46,9 +48,9 @@ class WandbConfig(Section):
 # Secrets
 
 
-def secret_env_names(config: Any) -> set[str]:
+def secret_env_names(config: Any, well_known: bool = True) -> set[str]:
     """Every env-var name a config points at through a key ending in `_env`, plus the well-known ones."""
-    names = set(ALWAYS_SECRET)
+    names = set(ALWAYS_SECRET) if well_known else set()
     stack = [config]
     while stack:
         node = stack.pop()

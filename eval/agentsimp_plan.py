@@ -77,16 +77,26 @@ CONFIGURATIONS = {
 class PlanConfig(Section):
     """One AgentSimp configuration; defaults are the paper's where it says (C = 2), else documented choices."""
 
+    # pipeline (PL: CS -> MA -> TI per paragraph) | sync (SYNC: CS, MA, TI in parallel, then CI)
     communication: str = "pipeline"
+    # direct (one architect call over all paragraphs, with the outline) | iterative (windows of chunk_size)
     reconstruction: str = "direct"
-    chunk_size: int = 2
+    chunk_size: int = 2  # C, paragraphs per iterative window (paper 2); later windows add the carried paragraph; >= 1
+    # revise = SS reviews each paragraph and CS revises it with the suggestions (§3.2.2); off = Algorithms 1-2
     supervisor: str = "revise"
-    supervisor_rounds: int = 1
+    supervisor_rounds: int = 1  # supervisor review + revision rounds per paragraph (>= 1)
+    # guideline the paragraph agents get: pd (the project director's G, Algorithms 1-2) | generic (the authors' code)
     paragraph_guideline: str = "pd"
+    # which iterative windows get G in their own prompt block: first (Algorithm 2) | all | none
     window_guideline: str = "first"
+    # true = an iterative answer with another paragraph count is retried, then falls back; false = any count is kept
     window_keep_count: bool = False
+    # run the proofreader (PF, §3.2.4; the authors' prompt) on the final article; false = Algorithms 1-2
     proofreader: bool = True
+    # an architect or proofreader answer with fewer than this x its input's words falls back to the input; 0 = off; [0,
+    # 1)
     collapse_ratio: float = 0.5
+    # the generic guideline: paragraph_guideline generic uses it, and it is the fallback of a failed PD call
     generic_guideline: str = GENERIC_GUIDELINE
 
     @property

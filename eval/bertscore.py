@@ -188,11 +188,7 @@ def sentence_bertscore(
     Returns:
         One BertScore per candidate.
     """
-    if len(cands) != len(refs_per_cand):
-        raise ValueError(f"{len(cands)} candidates but {len(refs_per_cand)} reference lists")
-    for i, refs in enumerate(refs_per_cand):
-        if isinstance(refs, str) or not refs:
-            raise ValueError(f"candidate {i}: references must be a non-empty list of texts, got {refs!r}")
+    _check_references(cands, refs_per_cand)
     tokenizer, model = load_encoder(str(model_path or default_model_path()), device)
     flat_refs = [ref for refs in refs_per_cand for ref in refs]
     cand_vecs = embed_texts(cands, tokenizer, model, num_layers, batch_size)
@@ -202,6 +198,14 @@ def sentence_bertscore(
         matches = [_match(cand, next(ref_vecs)) for _ in refs]
         scores.append(max(matches, key=lambda s: s.f1))
     return scores
+
+
+def _check_references(cands: Sequence[str], refs_per_cand: Sequence[Sequence[str]]) -> None:
+    if len(cands) != len(refs_per_cand):
+        raise ValueError(f"{len(cands)} candidates but {len(refs_per_cand)} reference lists")
+    for i, refs in enumerate(refs_per_cand):
+        if isinstance(refs, str) or not refs:
+            raise ValueError(f"candidate {i}: references must be a non-empty list of texts, got {refs!r}")
 
 
 def document_bertscore(
@@ -222,11 +226,7 @@ def document_bertscore(
     Returns:
         One BertScore per candidate.
     """
-    if len(cands) != len(refs_per_cand):
-        raise ValueError(f"{len(cands)} candidates but {len(refs_per_cand)} reference lists")
-    for i, refs in enumerate(refs_per_cand):
-        if isinstance(refs, str) or not refs:
-            raise ValueError(f"candidate {i}: references must be a non-empty list of texts, got {refs!r}")
+    _check_references(cands, refs_per_cand)
     tokenizer, model = load_encoder(str(model_path or default_model_path()), device)
     flat_refs = [ref for refs in refs_per_cand for ref in refs]
     cand_vecs = embed_documents(cands, tokenizer, model, num_layers, stride, batch_size)

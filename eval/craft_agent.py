@@ -84,23 +84,40 @@ class AgentConfig(Section):
         guard: The degenerate-revision guard, one rule for Direct, Iter and the agent (see the module docstring).
     """
 
-    planner_prompt: TemplateName = "craft_planner"
-    reviser_prompt: TemplateName = "craft_reviser"
-    direct_prompt: TemplateName = "craft_direct"
-    iter_prompt: TemplateName = "craft_iter"
-    max_steps: int = 5
-    iter_rounds: int = 5
-    planner_max_tokens: int = 1024
-    reviser_max_tokens: int = 1024
+    planner_prompt: TemplateName = "craft_planner"  # prompt file of the planner under configs/prompts/ (or a path)
+    reviser_prompt: TemplateName = "craft_reviser"  # prompt file of the reviser under configs/prompts/ (or a path)
+    direct_prompt: TemplateName = "craft_direct"  # prompt file of the Direct system under configs/prompts/ (or a path)
+    iter_prompt: TemplateName = "craft_iter"  # prompt file of the Iter system under configs/prompts/ (or a path)
+    max_steps: int = 5  # agent planner -> reviser steps at most (paper 5)
+    iter_rounds: int = 5  # Iter's revision rounds, the Direct one included (paper 5)
+    planner_max_tokens: int = 1024  # token cap of one planner answer
+    reviser_max_tokens: int = 1024  # token cap of one reviser answer
+    # sampling temperature of the planner (the agent's first sample and MCTS' K samples; D.6 and the authors' code:
+    # 0.7)
     planner_temperature: float = 0.7
+    # sampling temperature of the reviser, the Direct and Iter answers and the E.8 feedback (D.6: GPT-4o at 0.7; 0 =
+    # greedy). Every sampled request carries a seed
     reviser_temperature: float = 0.7
+    # planner steps kept in its chat (None = all, the paper; a small model's context cannot)
     history_window: int | None = None
+    # ask the reviser model for E.8 fluency / grammaticality / coherence feedback each step (3 more calls per step; the
+    # paper does; off keeps a CPU demo affordable)
     quality_feedback: bool = True
+    # show the tools' feedback (constraint checks, the text_eval() score, E.8 suggestions) in the observation; off =
+    # the revised text alone (the paper's "w/o Feedback" ablation, Tables 6-7)
     tool_feedback: bool = True
+    # decode the planner under `eval.craft_grammar.planner_grammar` (Table 17 layout, the E.2 tools with typed
+    # arguments, plan lines that quote the current text's sentences verbatim), so every finished answer parses. Not the
+    # paper's (a trained 8B planner needs none); on in the CPU demo
     planner_grammar: bool = False
+    # `drop` (the paper: the reviser sees only the plan, E.7, and its output is the revision) or `keep` (sentences the
+    # plan does not quote stay in place: `eval.craft_react.splice_revision`; for planners that quote only a few
+    # sentences)
     unplanned_sentences: Literal["drop", "keep"] = "drop"
-    patience: int = 2
+    patience: int = 2  # agent steps without a rise of the step reward before it stops (0 = run `max_steps`)
+    # also stop the agent once every call of its first tool list holds (off: not the paper's)
     stop_when_all_met: bool = False
+    # the degenerate-revision guard, one rule for Direct, Iter and the agent (see the module docstring)
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def check(self, where: str = "") -> None:

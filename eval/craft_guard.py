@@ -72,12 +72,18 @@ class GuardConfig(Section):
             without final punctuation when the original has it).
     """
 
-    enabled: bool = True
+    enabled: bool = True  # flag degenerate revisions; false = none is ever flagged (the paper's behaviour)
+    # a revision with fewer words than this x the reference text's is `collapsed` (0.5 only catches content loss); 0 =
+    # off
     min_len_ratio: float = 0.5
+    # a revision with more words than this x the reference's is `bloated` (rambling, repeated text); 0 = off
     max_len_ratio: float = 2.0
+    # the text the length ratios compare with: `parent` (the text the planner revised) or `original` (the CORD input)
     length_reference: Literal["parent", "original"] = "parent"
-    refusal_regex: str = DEFAULT_REFUSAL_REGEX
-    refusal_window: int = 300
+    refusal_regex: str = DEFAULT_REFUSAL_REGEX  # Python regex for refusals; "" = off
+    refusal_window: int = 300  # characters at the start of the revision the regex is searched in
+    # `off`; `flag` (the caller's truncated flag); `flag_or_unterminated` (also a revision without final punctuation
+    # when the original has it)
     truncation: Literal["off", "flag", "flag_or_unterminated"] = "flag"
 
     def __post_init__(self) -> None:

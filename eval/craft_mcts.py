@@ -111,25 +111,39 @@ class MCTSConfig(Section):
             come from it.
     """
 
-    exploration: float = 0.2
-    width: int = 3
+    exploration: float = 0.2  # alpha of Eq. 3 (paper 0.2)
+    width: int = 3  # K, planner samples per expansion (paper 3)
+    # deepest node depth, root = 0 (paper: "6 layers" = depths 0..5). Nodes at this depth are leaves that are never
+    # expanded (`terminal`)
     max_depth: int = 5
-    max_iterations: int = 30
+    max_iterations: int = 30  # expansions at most (paper 30)
+    # switch R_g on (false = the paper's "w/o R_g" ablation); R_g is still computed and logged
     use_quality: bool = True
+    # switch R_c on (false = the paper's "w/o R_c" ablation); R_c is still computed and logged
     use_constraints: bool = True
-    quality_weight: float = 1.0
-    constraint_weight: float = 1.0
-    constraint_scale: float = 100.0
-    reward_scale: float = 1.0
+    quality_weight: float = 1.0  # weight of R_g in the reward (paper: plain sum, 1)
+    constraint_weight: float = 1.0  # weight of R_c in the reward (paper: plain sum, 1)
+    constraint_scale: float = 100.0  # R_c = constraint_scale * accuracy (100: same 0..100 scale as R_g)
+    reward_scale: float = 1.0  # multiplies the total reward before it enters V and UCT (1 = paper scale)
+    # which tool calls R_c checks: `first` (default: the planner's first prediction, frozen for the whole search, as
+    # the authors' code), `node` (each child's own planner calls), `fixed` (calls given to the search, e.g. CORD's gold
+    # calls: an oracle, for analysis only)
     rc_tools: Literal["node", "first", "fixed"] = "first"
+    # also stop once a usable child satisfies every checked constraint (off: the paper stops on stalled quality or the
+    # iteration limit only)
     stop_when_all_met: bool = False
+    # stop_when_all_met needs at least this many constraint checks (C0 has none: it never stops early)
     stop_min_checks: int = 1
-    patience: int = 5
-    min_improvement: float = 0.0
+    patience: int = 5  # iterations without improvement of the best reward before stopping; 0 = off
+    min_improvement: float = 0.0  # an improvement must exceed this (reward units after `reward_scale`)
+    # how the answer is picked: best_reward | greedy_value_path | best_accuracy (module docstring)
     final_strategy: Literal["best_reward", "greedy_value_path", "best_accuracy"] = "best_reward"
+    # selection ties: `id` (lowest node id wins) or `random` (the injected `random.Random`; the authors' code breaks
+    # ties at random). The final choice always breaks ties by id, so calling `result()` twice gives the same answer
     tie_break: Literal["id", "random"] = "id"
-    degenerate_reward: float = 0.0
-    guard: GuardConfig = field(default_factory=GuardConfig)
+    degenerate_reward: float = 0.0  # reward of a degenerate child (backed up like any other; after `reward_scale`)
+    guard: GuardConfig = field(default_factory=GuardConfig)  # degenerate-revision guard knobs
+    # seeds the search's random.Random when the caller injects none (per-expansion sampling seeds come from it)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -39,8 +39,9 @@ class ScoreWeights(Section):
     """Eq. 1's weights (paper: λ_v = 0.5, λ_r = 0.25, λ_c = 0.25, "to emphasis more accurate tool usage"; the
     authors' script uses 0.4 / 0.3 / 0.3)."""
 
-    tool: float = 0.5
-    quality: float = 0.25
+    tool: float = 0.5  # λ_v, weight of the tool-call F1 (paper 0.5; the authors' script 0.4), in [0, 1]
+    quality: float = 0.25  # λ_r, weight of the text-quality score (paper 0.25; the authors' script 0.3), in [0, 1]
+    # λ_c, weight of the constraint accuracy (paper 0.25; the authors' script 0.3), in [0, 1]
     constraints: float = 0.25
 
     def check(self, where: str = "") -> None:

@@ -67,6 +67,7 @@ class Protocol(Section):
 
     # label in tables and reports, e.g. "pairwise+rubric"; unique
     name: str = "pairwise+rubric"
+    # pointwise (each response graded alone) | pairwise (both responses of a pair in one prompt)
     mode: Literal["pointwise", "pairwise"] = "pairwise"
     # the dimension's rubric (true) or only the five labels (false)
     rubric: bool = True

@@ -72,15 +72,15 @@ class InputsConfig(Section):
 class BackboneConfig(Section):
     """The LLM behind every role (the paper uses one backbone per run), its sampling and its actor pool."""
 
-    name: str = "smollm2"
+    name: str = "smollm2"  # label of the backbone in the report
     engine: EngineSpec = field(default_factory=EngineSpec)
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(batch_size=4))
     # §4.2: "We set the temperature parameter to 0.6 for all models"
     temperature: float = PAPER_TEMPERATURE
-    seed: int = 0
+    seed: int = 0  # sampling seed of every first attempt (retries derive new seeds from it)
     # completion tokens of the paragraph-level roles and of the document-level ones (DOCUMENT_ROLES)
     max_tokens: int = 256
-    document_max_tokens: int = 1024
+    document_max_tokens: int = 1024  # completion tokens of the document-level roles (DOCUMENT_ROLES)
     # role id -> tokens, overriding the two above
     role_max_tokens: dict[str, int] = field(default_factory=dict)
     # decode JSON roles under their grammar where the engine takes one (hf, vllm, openai with structured_outputs)
@@ -150,7 +150,7 @@ def default_jury() -> JuryConfig:
 class EvaluationConfig(Section):
     # BERTScore F1 against each reference (mean over references); "" = the bundled MiniLM encoder
     bertscore: bool = True
-    bertscore_model_dir: str = ""
+    bertscore_model_dir: str = ""  # local encoder directory for BERTScore; "" = the bundled MiniLM encoder
     # "document": every wordpiece, encoded in overlapping windows (eval.bertscore.document_bertscore);
     # "truncate": bert-score's behaviour, the first ~510 wordpieces of each text only
     bertscore_mode: str = "document"
@@ -158,14 +158,16 @@ class EvaluationConfig(Section):
     dsari_tokenizer: str = "script"
     # the document-level LLM jury on each configuration's output (one judge per aspect)
     jury_enabled: bool = True
+    # the judges of the document-level jury (default: one per aspect, agentsimp_jury_<aspect> templates)
     jury: JuryConfig = field(default_factory=default_jury)
     # summary check (eval.agentsimp_metrics.summary_check)
     min_length_ratio: float = 0.5
-    min_coverage: float = 0.5
+    min_coverage: float = 0.5  # flag a summary when fewer than this share of source sentences are covered, in [0, 1]
+    # a source sentence is covered when this share of its content-word types occurs in the output
     min_overlap: float = 0.5
     # bootstrap resamples of documents per CI (0 = none)
     n_boot: int = 1000
-    seed: int = 0
+    seed: int = 0  # seed of the bootstrap resampling of the confidence intervals
 
     def check(self, where: str = "") -> None:
         one_of(self.bertscore_mode, ("document", "truncate"), dotted(where, "bertscore_mode"))
@@ -174,9 +176,12 @@ class EvaluationConfig(Section):
 
 @dataclass
 class Config(JobSections):
+    # the documents to simplify (files or directories) and their references
     inputs: InputsConfig = field(default_factory=InputsConfig)
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    # which configurations and baselines run, the plan knobs and prompt overrides
     agentsimp: AgentsConfig = field(default_factory=AgentsConfig)
+    # metrics of every output: BERTScore, D-SARI, FKGL, the summary check, the LLM jury, bootstrap CIs
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def validate(self) -> None:

@@ -62,6 +62,7 @@ class DataConfig(Section):
     # a directory holding CORD's *constraint_<n>.jsonl files (cord.constraint_1.jsonl or the authors'
     # test.agent.constraint_1.jsonl), or one such file
     path: str = "../shared/data/cord"
+    # CORD constraint levels to run: a non-empty subset of 0-4 (C0 = no constraint ... C4 = four)
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     # first N rows of each level in file order (0 = all)
     per_level: int = 0
@@ -82,14 +83,15 @@ class DataConfig(Section):
 class ReportConfig(Section):
     # bootstrap resamples of instances per CI
     n_boot: int = 1000
-    seed: int = 0
+    seed: int = 0  # seed of the bootstrap resampling (CIs and sign tests)
     # revisions per system in the W&B table and the report
     samples: int = 3
 
 
 @dataclass
 class Config(JobSections):
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the CORD files, levels and rows to run
+    # which systems run: a non-empty list of distinct names from direct, iter, agent, mcts
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
     planner: EngineSpec = field(default_factory=EngineSpec)
     reviser: EngineSpec = field(default_factory=EngineSpec)
@@ -99,7 +101,7 @@ class Config(JobSections):
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
     # base sampling seed of every system (per-step and per-sample seeds are derived from it)
     seed: int = 0
-    report: ReportConfig = field(default_factory=ReportConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)  # bootstrap CIs and the sample revisions of the report
 
     def validate(self) -> None:
         require_file(self.data.path, "data.path")

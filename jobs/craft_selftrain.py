@@ -61,22 +61,23 @@ class DataConfig(Section):
     # paper's Table 4 test domain: docs/papers/002-craft.md, Deviations); format "text": plain .txt files or
     # {text|article} JSONL (eval.craft_instances.read_raw_texts), e.g. CNN/DailyMail stories
     path: str = "../shared/data/cord"
-    format: str = "cord"
+    format: str = "cord"  # cord (CORD constraint files) | text (plain .txt files or {text|article} JSONL)
+    # CORD levels read when format is cord (0-4; default [0], so the C1-C4 test rows stay unseen)
     levels: list[int] = field(default_factory=lambda: [0])
     # the paper's length filter (whitespace words; 0 = no bound); texts outside it are skipped and counted
     min_words: int = 350
-    max_words: int = 1000
+    max_words: int = 1000  # upper bound of the length filter in whitespace words (paper 1,000); 0 = no bound
     # keep the first N sentences of each text (0 = all): a CPU demo cannot revise 600-word texts
     max_sentences: int = 0
     # texts sampled from the pool per round (paper 2,000) and held out as the fixed dev set
     train_texts: int = 2000
-    dev_texts: int = 10
+    dev_texts: int = 10  # texts held out as the fixed dev set (>= 1)
     # M ~ U{0..max_constraints} per instance (paper: C0-C3 in training)
     max_constraints: int = 3
     # count bounds leave slack x the reference count of room, rounded outward to round_to (CORD: multiples of 20)
     slack: float = 0.1
-    round_to: int = 20
-    seed: int = 0
+    round_to: int = 20  # count bounds are rounded outward to a multiple of this (CORD: 20)
+    seed: int = 0  # seeds the dev/pool split, the dev constraints and each round's text sample and constraints
 
     def check(self, where: str = "") -> None:
         if not Path(self.path).exists():
@@ -94,11 +95,12 @@ class DataConfig(Section):
 
 @dataclass
 class SftConfig(Section):
+    # run the SFT stage first and start round 1 from its adapter; false = rounds start from the base model
     enabled: bool = True
     # oracle: one demo step per instance built from its predefined calls (no GPT-4o teacher here);
     # jsonl: {prompt_messages, target} rows from `path` (e.g. steps of agent runs)
     source: str = "oracle"
-    path: str = ""
+    path: str = ""  # JSONL of {prompt_messages, target} rows for source jsonl (required then)
     # the LoRA of App. D.6 / the authors' yaml: r 16, alpha 16, dropout 0.05 on q/k/v/o
     trainer: TrainConfig = field(default_factory=lambda: TrainConfig(
         loss="sft", lr=1e-4, lora=LoraSection(r=16, alpha=16, dropout=0.05), run_name="craft-sft"))
@@ -132,7 +134,7 @@ class RoundsConfig(Section):
     # candidate actions per state (paper: "multiple", number not given; MCTS width 3) and their temperature (the
     # authors' code: 0.7)
     k: int = 4
-    temperature: float = 0.7
+    temperature: float = 0.7  # sampling temperature of the k candidate actions, in (0, 2] (the authors' code: 0.7)
     # H_i: i ~ U{0..max_history_steps} planner steps before the sampled one (paper: at most 5 steps in all)
     max_history_steps: int = 4
     # a state whose best and worst S_a differ by this or less gives no pair (the paper is silent on ties)
@@ -140,7 +142,7 @@ class RoundsConfig(Section):
     # stop after `patience` rounds without a dev-score gain above `min_delta` (paper: "no further measurable
     # improvement", no rule)
     patience: int = 1
-    min_delta: float = 0.0
+    min_delta: float = 0.0  # a dev-score gain must exceed this to count as an improvement
     # what the stop rule and the best round read: mean S_a of greedy dev actions, or its tool-F1 part alone (the
     # quantity of the paper's Fig. 8, right), or its constraint accuracy
     dev_metric: str = "dev_score"
@@ -164,12 +166,15 @@ class RoundsConfig(Section):
 
 @dataclass
 class Config(JobSections):
+    # D_r: the raw texts, their length filter, the dev set and the constraints sampled on them
     data: DataConfig = field(default_factory=DataConfig)
-    sft: SftConfig = field(default_factory=SftConfig)
+    sft: SftConfig = field(default_factory=SftConfig)  # the SFT warm start of the planner before the rounds
+    # the planner being trained: its base engine and actor pool
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     # the vanilla reviser of footnote 2 (no adapter)
     reviser: EngineSpec = field(default_factory=EngineSpec)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # the self-training rounds: candidates, scored pairs, the preference trainer and the stop rule
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
 
     def validate(self) -> None:

@@ -48,7 +48,7 @@ class GRPOData:
 
     # MENLO-format JSONL (fields: eval/menlo_data.py)
     path: str = "configs/data/menlo_grpo_train.jsonl"
-    splits: list[str] = field(default_factory=lambda: ["train"])
+    splits: list[str] = field(default_factory=lambda: ["train"])  # values of the rows' `split` field trained on
     # held-out rows validated every grpo.eval_every steps (best adapter kept); [] = no validation
     val_splits: list[str] = field(default_factory=list)
     # keep the first N validation rows (0 = all)

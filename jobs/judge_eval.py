@@ -59,14 +59,17 @@ JOB = "judge_eval"
 
 @dataclass
 class DataConfig:
-    path: str = "configs/data/menlo_fixture.jsonl"
-    rubrics_path: str = "configs/data/menlo_rubrics.yaml"
+    """The MENLO-format pairs to judge, their rubrics, filters and exemplar pool."""
+
+    path: str = "configs/data/menlo_fixture.jsonl"  # MENLO-format JSONL of graded response pairs (eval/menlo_data.py)
+    rubrics_path: str = "configs/data/menlo_rubrics.yaml"  # MENLO rubrics YAML (dimension -> question, criteria)
     # splits whose pairs are judged, and splits few-shot exemplars are drawn from (never the judged pair's group)
     eval_splits: list[str] = field(default_factory=lambda: ["test"])
+    # splits few-shot exemplars are drawn from (never the judged pair's group)
     exemplar_splits: list[str] = field(default_factory=lambda: ["train"])
     # keep only these dimensions / locales ([] = all)
     dimensions: list[str] = field(default_factory=list)
-    locales: list[str] = field(default_factory=list)
+    locales: list[str] = field(default_factory=list)  # keep only these locales ([] = all)
     # first N judged pairs in file order after the filters (0 = all)
     limit: int = 0
     # exemplar picks and the A/B order of single-order pairwise protocols
@@ -75,9 +78,11 @@ class DataConfig:
 
 @dataclass
 class ReportConfig:
+    """Confidence intervals, failure handling and agreement statistics of the report."""
+
     # bootstrap resamples of pairs per CI (paper: 5000); 0 = no CIs
     n_boot: int = 1000
-    seed: int = 0
+    seed: int = 0  # seed of the bootstrap resampling
     # an unparseable grade: counted as a wrong answer, or left out (always counted in the parse-failure rate)
     failures: Literal["count_wrong", "exclude"] = "count_wrong"
     # Krippendorff's alpha level of measurement (the paper does not say)
@@ -92,6 +97,7 @@ def _default_protocols() -> list[md.Protocol]:
 class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
     protocols: list[md.Protocol] = field(default_factory=_default_protocols)
+    # the judges evaluated, each under every protocol (a model, its sampling and retries each)
     judges: list[MenloJudgeConfig] = field(default_factory=lambda: [MenloJudgeConfig(
         name="smollm2", sampling=SamplingConfig(max_tokens=256))])
     report: ReportConfig = field(default_factory=ReportConfig)

@@ -61,12 +61,14 @@ class DataConfig(GRPOData):
 
 @dataclass
 class PromptConfig:
+    """How a training pair becomes the judge's prompt: protocol, template, rubrics and the shown order."""
+
     # pairwise (paper 003's main judge) or pointwise (Table 19's pointwise RL: one response per prompt, rewarded on
     # its single grade; set template: menlo_pointwise)
     mode: str = "pairwise"
     # judge template with the variables of configs/prompts/menlo_pairwise.yaml (pointwise: menlo_pointwise.yaml)
     template: TemplateName = "menlo_pairwise"
-    rubrics: str = "configs/data/menlo_rubrics.yaml"
+    rubrics: str = "configs/data/menlo_rubrics.yaml"  # MENLO rubrics YAML (dimension -> question, criteria)
     # the dimension's graded rubric (true) or only the five labels (false: a much shorter prompt)
     rubric: bool = True
     # picks each pair's one shown order when data.both_orders is false

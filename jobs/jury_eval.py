@@ -57,17 +57,21 @@ class SimplifierConfig(ModelConfig):
 
 @dataclass
 class SynthConfig:
-    enabled: bool = True
+    enabled: bool = True  # build and judge the SynthSimpliEval set (writer -> complex sentences -> every simplifier)
     # synthetic complex sentences (paper: 200)
     n: int = 12
     # seed of the (domain, noun) draw; stratified = domains spread evenly, uniform = any grid cell
     seed: int = 0
+    # how (domain, noun) pairs are drawn: stratified (domains spread evenly) | uniform (any grid cell)
     strategy: Literal["stratified", "uniform"] = "stratified"
+    # the knowledge domains, one per line (paper 001 App. D.1: 20), the prompt's {subject}
     domains_path: str = "configs/data/synth_domains.txt"
+    # the concept nouns, one per line (paper 001 App. D.2: 739), the prompt's {seed_noun}
     nouns_path: str = "configs/data/synth_nouns.txt"
-    template: TemplateName = "synth_complex"
+    template: TemplateName = "synth_complex"  # the writer's prompt template (variables subject, seed_noun)
     writer: ModelConfig = field(default_factory=lambda: ModelConfig(
         name="writer", sampling=SamplingConfig(temperature=0.7, max_tokens=64)))
+    # the simplifier models of the expected-trend check (unique names), each with its size_b
     simplifiers: list[SimplifierConfig] = field(default_factory=lambda: [SimplifierConfig(name="simplifier")])
     # printed in the report next to the sizes (say here when `size_b` is a stand-in, not a parameter count)
     size_note: str = ""
@@ -75,7 +79,8 @@ class SynthConfig:
 
 @dataclass
 class SimpEvalConfig:
-    enabled: bool = True
+    enabled: bool = True  # judge the SimpEval 2022 human-rated pairs (agreement with human scores)
+    # the SimpEval 2022 CSV (system outputs with three 0-100 ratings each)
     path: str = "../shared/data/simpeval/simpeval_2022.csv"
     # first pairs in file order (0 = all 360)
     limit: int = 0
@@ -85,8 +90,8 @@ class SimpEvalConfig:
 
 @dataclass
 class AssetRatingsConfig:
-    enabled: bool = True
-    path: str = "../shared/data/asset/human_ratings.csv"
+    enabled: bool = True  # judge the ASSET human-rated pairs (agreement with human scores)
+    path: str = "../shared/data/asset/human_ratings.csv"  # ASSET's human_ratings.csv
     # first (sentence, simplification) pairs in file order (0 = all 100)
     limit: int = 0
 
@@ -98,19 +103,20 @@ class ReportConfig:
                                                         "sari", "bleu"])
     # bootstrap resamples (of source sentences) per confidence interval; 0 = no CIs
     n_boot: int = 1000
-    seed: int = 0
+    seed: int = 0  # seed of the bootstrap resampling
 
 
 @dataclass
 class Config(JobSections):
+    # synthSimpliEval: synthetic complex sentences, simplified by models of known sizes
     synth: SynthConfig = field(default_factory=SynthConfig)
-    simpeval: SimpEvalConfig = field(default_factory=SimpEvalConfig)
-    asset: AssetRatingsConfig = field(default_factory=AssetRatingsConfig)
-    jury: JuryConfig = field(default_factory=JuryConfig)
+    simpeval: SimpEvalConfig = field(default_factory=SimpEvalConfig)  # the SimpEval 2022 human ratings
+    asset: AssetRatingsConfig = field(default_factory=AssetRatingsConfig)  # the ASSET human ratings
+    jury: JuryConfig = field(default_factory=JuryConfig)  # the LLM jury whose scores are meta-evaluated
     # paper 001 App. E: judges scored like the jury's (expected trend, human agreement, the full matrix) but left out
     # of the jury mean and the inter-judge ICC, e.g. the base judge at other temperatures or with other prompts
     ablations: list[JudgeConfig] = field(default_factory=list)
-    report: ReportConfig = field(default_factory=ReportConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)  # per-pair metrics and bootstrap CIs of the report
 
     def validate(self) -> None:
         if not (self.synth.enabled or self.simpeval.enabled or self.asset.enabled):

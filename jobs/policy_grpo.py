@@ -72,7 +72,7 @@ from train.config import GRPOConfig
 from train.grpo_monitoring import record_alert
 from train.judge_family import model_identity, same_family
 from train.reward_client import RewardServiceConfig
-from train.reward_monitors import JudgeMarkers, MonitorConfig, judge_markers
+from train.reward_monitors import JudgeMarkers, MonitorConfig, gold_preference, judge_markers
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
@@ -87,7 +87,7 @@ class DataConfig(GRPOData):
     dimensions: list[str] = field(default_factory=lambda: ["fluency", "tone", "localized_tone"])
     # random: a seeded sample of `limit` prompts (paper: "randomly sample"); head: the first `limit` in file order
     sample: str = "random"
-    seed: int = 0
+    seed: int = 0  # seed of the random prompt sample (limit / val_limit with sample random)
     # dimension names and key questions shown to the GRM
     rubrics: str = "configs/data/menlo_rubrics.yaml"
 
@@ -100,13 +100,14 @@ class GRMConfig:
     overrides: list[str] = field(default_factory=list)
     # the judge's LoRA adapter (a judge_grpo run's train/run/adapter), applied as judge.adapter; "" = as configured
     adapter: str = ""
-    start_timeout_s: float = 600.0
+    start_timeout_s: float = 600.0  # seconds to wait for the deployed GRM app to be RUNNING before the job fails
 
 
 @dataclass
 class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)
-    grm: GRMConfig = field(default_factory=GRMConfig)
+    grm: GRMConfig = field(default_factory=GRMConfig)  # the GRM app the job deploys when reward.url is empty
+    # how the workers reach the GRM (URL or Serve handle) and turn its verdicts into rollout rewards
     reward: RewardServiceConfig = field(default_factory=RewardServiceConfig)
     # a YAML `grpo:` section starts from GRPOConfig's own defaults: the configs repeat these paper values
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(loss_agg="seq_mean_token_sum_norm",
@@ -123,6 +124,8 @@ class Config(JobSections):
         if not self.data.dimensions or any(d not in DIMENSIONS for d in self.data.dimensions):
             raise ConfigError(f"data.dimensions: need a non-empty subset of {list(DIMENSIONS)}, "
                               f"got {self.data.dimensions}")
+        if self.monitor.probe_path:
+            require_file(self.monitor.probe_path, "monitor.probe_path")
         if self.reward.app and not self.reward.url:
             raise ConfigError("reward.app: names a GRM app already running in this job's Ray cluster; give its HTTP "
                               "address too (reward.url), or leave both empty and the job deploys the GRM itself")
@@ -143,6 +146,19 @@ class Config(JobSections):
             return load_config(ServeConfig, self.grm.config, [*self.grm.overrides, *extra])
         except ConfigError as exc:
             raise ConfigError(f"grm: {exc}") from None
+
+
+def probe_pairs(cfg: Config) -> list[dict]:
+    """The probe set of `monitor.probe_path` as the workers send it (train.grpo_monitoring.ProbeSet): the judge
+    prompt as the training rows carry it (reward.send_context), both responses and the gold preference."""
+    pairs = read_menlo_jsonl(cfg.monitor.probe_path).head(cfg.monitor.probe_limit)
+    rubrics = load_rubrics(cfg.data.rubrics)
+    return [{
+        "judge_prompt": (row["prompt"] if cfg.reward.send_context
+                         else judge_task(row["locale"], rubrics[row["dimension"]], row["prompt"])),
+        "dimension": row["dimension"], "locale": row["locale"], "response_a": row["response_a"],
+        "response_b": row["response_b"], "gold": gold_preference(int(row["gold_a"]), int(row["gold_b"])),
+    } for row in pairs.to_dict("records")]
 
 
 def judge_task(locale: str, rubric: dict, prompt: str) -> str:
@@ -194,6 +210,8 @@ def served_reward(cfg: Config):
     spec = {"kind": "grm", "config": dataclasses.asdict(reward)}
     if cfg.monitor.enabled:  # the workers run the monitors (train.grpo_monitoring) on what the judge returns
         spec["monitor"] = {"config": dataclasses.asdict(cfg.monitor), "markers": judge_markers_of(cfg).to_dict()}
+        if cfg.monitor.probe_path:
+            spec["monitor"]["probe"] = probe_pairs(cfg)
     try:
         yield spec, secret
     finally:

@@ -87,12 +87,13 @@ log = logging.getLogger("quorum.policy_simplify")
 class DataConfig:
     # jsonl | parquet | csv | turkcorpus | asset
     format: str = "jsonl"
+    # the source corpus: a file (jsonl, parquet, csv) or the TurkCorpus / ASSET directory
     path: str = "configs/data/demo_corpus.jsonl"
-    text_column: str = "text"
-    id_column: str = ""
+    text_column: str = "text"  # column of the source text (jsonl, csv, parquet)
+    id_column: str = ""  # column of the row ids (jsonl, csv, parquet); "" = <file stem>-<row number>
     # rows to skip / keep (0 = all)
     offset: int = 0
-    limit: int = 0
+    limit: int = 0  # rows to keep after the offset (0 = all)
     # paper 000's heuristic filter: drop sources shorter than this many words (0 = keep all)
     min_words: int = 0
     # human references of jsonl/csv/parquet sources (JSONL {id, references, policies}); TurkCorpus and ASSET carry
@@ -102,7 +103,7 @@ class DataConfig:
 
 @dataclass
 class Config(JobSections):
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the source sentences to simplify
     # policy name -> generation prompt template (configs/prompts/<name>.yaml)
     policies: dict[str, str] = field(
         default_factory=lambda: {"lexical": "simplify_lexical", "overall": "simplify_overall"})
@@ -111,8 +112,11 @@ class Config(JobSections):
     jury: JuryConfig = field(default_factory=JuryConfig)
     # where best/worst comes from: the jury (paper 000) or a scalar scorer (the LENS-SALSA-style baseline)
     selector: SelectorConfig = field(default_factory=SelectorConfig)
+    # the dev split and the training prompts of the best/worst preference pairs
     pairs: PairsConfig = field(default_factory=PairsConfig)
+    # the training stage: which policy's pairs, the trainer and its data subset
     train: TrainStageConfig = field(default_factory=TrainStageConfig)
+    # evaluation of the vanilla and trained models on a reference set (SARI with CIs, re-judge, LENS)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> None:

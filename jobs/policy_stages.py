@@ -35,8 +35,8 @@ REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewri
 
 @dataclass
 class PairsConfig(Section):
-    dev_fraction: float = 0.125
-    seed: int = 0
+    dev_fraction: float = 0.125  # share [0, 1) of sources held out as the dev split (a hash of the source id and seed)
+    seed: int = 0  # seed of the train/dev split of the sources
     # policy -> prompt the model is trained and evaluated with (paper 000: the system instruction only)
     prompts: dict[str, str] = field(default_factory=lambda: {
         "lexical": "simplify_lexical_zeroshot", "overall": "simplify_overall_zeroshot"})
@@ -47,7 +47,7 @@ class PairsConfig(Section):
 
 @dataclass
 class TrainStageConfig(Section):
-    enabled: bool = True
+    enabled: bool = True  # train an adapter on the pairs (or references); false = no training stage
     # which policy's pairs train the adapter (one adapter per run; run the job once per policy)
     policy: str = "lexical"
     # the trainer's own config (model, loss, LoRA, DeepSpeed, workers, steps, ...); see train/trainer.py
@@ -60,7 +60,7 @@ class TrainStageConfig(Section):
     # train on a seeded random subset of this many training rows (paper 000 Fig. 3: 1k-7k of 8k pairs, one run per
     # size); 0 = all. More than the pairs stage made is an error, never a silent "all"
     max_rows: int = 0
-    subsample_seed: int = 0
+    subsample_seed: int = 0  # seed of the max_rows subset
 
     def check(self, where: str = "") -> None:
         # references_per_source, max_rows >= 0: check_tree's floor
@@ -72,15 +72,17 @@ class TrainStageConfig(Section):
 
 @dataclass
 class EvalConfig(Section):
-    enabled: bool = True
+    enabled: bool = True  # evaluate the vanilla and trained models on the reference set
     # turkcorpus | asset | jsonl (jsonl: rows with id and references; sources come from `sources_path`)
     format: str = "turkcorpus"
-    path: str = "../shared/data/turkcorpus"
+    path: str = "../shared/data/turkcorpus"  # the TurkCorpus / ASSET directory, or the jsonl references file
+    # the TurkCorpus / ASSET split read: <split>.8turkers.tok.norm (turkcorpus) or asset.<split>.orig (asset)
     split: str = "tune"
-    offset: int = 0
-    limit: int = 100
+    offset: int = 0  # evaluation sources to skip first
+    limit: int = 100  # evaluation sources to keep after the offset (0 = all)
     # used when `path` does not exist (no ../shared beside the checkout): self-written demo references
     fallback_path: str = "configs/data/demo_references.jsonl"
+    # sources of the fallback references, used with fallback_path
     fallback_sources: str = "configs/data/demo_corpus.jsonl"
     # how the vanilla and trained models decode (paper 000: greedy)
     engine: EngineSpec = field(default_factory=EngineSpec)
@@ -91,7 +93,7 @@ class EvalConfig(Section):
     # baselines with an engine of their own, each decoding with the policy's prompt, e.g. paper 000's GPT-4o row
     # through `kind: openai` (configs/policy_lexical_cluster.yaml)
     extra_systems: list[ModelConfig] = field(default_factory=list)
-    n_boot: int = 1000
+    n_boot: int = 1000  # bootstrap resamples of sources per confidence interval (>= 1)
     # the jury judges trained vs vanilla outputs pairwise (both orders); empty = no re-judge
     rejudge: list[JudgeConfig] = field(default_factory=list)
     # re-judge only the first N evaluation sources (0 = all): pairwise judging costs two calls per source
@@ -102,7 +104,7 @@ class EvalConfig(Section):
     # QUORUM_LENS_PATH, with the `lens-metric` package installed (not a dependency: it pins its own torch). Off by
     # default because neither can be had here; on, a missing one stops the run at config time
     lens: bool = False
-    lens_checkpoint: str = ""
+    lens_checkpoint: str = ""  # local LENS checkpoint directory; "" = QUORUM_LENS_PATH
 
     def check(self, where: str = "") -> None:
         # the evaluation files are checked by the job, only for runs that reach evaluation (`check_data`)

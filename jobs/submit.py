@@ -40,6 +40,7 @@ from types import ModuleType
 
 from core.config import ConfigError, apply_override, check_env_vars, load_config, read_yaml, with_defaults
 from core.paths import HOME_ENV, as_overrides, resolve_paths
+from core.tracking import secret_env_names
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # never worth uploading (`.gitignore`d files are skipped by Ray as well)
@@ -164,17 +165,7 @@ def plan(sub: Submission, job_module: Callable[[str], ModuleType], environ: dict
 
 def secret_names(data: dict) -> list[str]:
     """The variables the job reads secrets from: the config's `*_env` values, and the W&B key when W&B is on."""
-    names, stack = set(), [data]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key.endswith("_env") and isinstance(value, str) and value:
-                    names.add(value)
-                else:
-                    stack.append(value)
-        elif isinstance(node, list):
-            stack.extend(node)
+    names = secret_env_names(data, well_known=False)
     if (data.get("wandb") or {}).get("enabled"):
         names.add("WANDB_API_KEY")
     return sorted(names)

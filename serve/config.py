@@ -31,7 +31,7 @@ from serve import judge_prompts, protocol
 class HTTPConfig:
     # address the Serve HTTP proxy binds; 127.0.0.1 keeps it on loopback, 0.0.0.0 exposes it
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = 8000  # TCP port of the Serve HTTP proxy, 1..65535
     # URL prefix of this app (several Serve apps can share one proxy)
     route_prefix: str = "/"
     # Serve application name; re-running `quorum serve` with the same name updates that app
@@ -96,7 +96,7 @@ class BatchingConfig:
 class AutoscalingConfig(Section):
     # min_replicas == max_replicas: a fixed number of replicas (no autoscaling)
     min_replicas: int = 1
-    max_replicas: int = 1
+    max_replicas: int = 1  # most replicas Serve scales up to (>= min_replicas)
     # Serve adds replicas when ongoing requests per replica exceed this
     target_ongoing_requests: float = 8.0
     # HTTP requests one replica accepts at once; must be >= batching.max_batch_size to fill batches
@@ -116,8 +116,8 @@ class HealthConfig(Section):
     `timeout_s` is a failure, and after 3 in a row (Ray's REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD) the controller
     kills the replica and starts a new one. A dead replica actor is noticed at the next period."""
 
-    period_s: float = 10.0
-    timeout_s: float = 30.0
+    period_s: float = 10.0  # seconds between two health checks of a replica (> 0)
+    timeout_s: float = 30.0  # seconds a health check may take before it counts as a failure (> 0)
     # while idle, check_health generates one token of a fixed prompt, so "healthy" means the engine answers (local
     # engines only: a hosted `openai` judge is not called every period); false = loaded is enough
     probe: bool = True
@@ -135,7 +135,7 @@ class ShutdownConfig(Section):
     """A replica being stopped (scale-down, rolling update, `serve delete`) first stops taking requests, then waits
     for its ongoing ones, checking every `wait_loop_s`, at most `timeout_s` before it is killed."""
 
-    wait_loop_s: float = 2.0
+    wait_loop_s: float = 2.0  # seconds between two checks for ongoing requests of a stopping replica (> 0)
     # must cover serve.request_timeout_s, or a rolling update cuts requests the deadline still allows
     timeout_s: float = 130.0
 
@@ -148,7 +148,7 @@ class ShutdownConfig(Section):
 class ResourcesConfig:
     # ray_actor_options of each replica
     num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    num_gpus: float = 0.0  # GPUs per replica; 0 = CPU; a vllm judge needs >= its engine.tensor_parallel_size
 
 
 @dataclass
@@ -169,17 +169,19 @@ class ReplicaSettings:
 
 @dataclass
 class ServeConfig:
-    serve: HTTPConfig = field(default_factory=HTTPConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    serve: HTTPConfig = field(default_factory=HTTPConfig)  # the HTTP proxy, route, app name, deadline and auth
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster the app is deployed on
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # the judge model: engine, LoRA adapter, verdict decoding
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)  # judge templates, their variables and rubrics
+    # the judge's decoding settings (max_tokens 256 by default)
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=256))
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
-    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)  # Serve's dynamic batching of judge calls
+    autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)  # replica count and per-replica load
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # CPUs and GPUs of each replica
     health: HealthConfig = field(default_factory=HealthConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
-    limits: protocol.Limits = field(default_factory=protocol.Limits)
+    limits: protocol.Limits = field(default_factory=protocol.Limits)  # request size limits (refused past them)
+    # LRU entries of (model identity, rendered prompt, sampling) -> completion per replica; 0 = no cache
     cache_size: int = 1024
 
     def validate(self) -> None:

@@ -169,6 +169,8 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
         assert row["monitor/position/verdicts_window"] > 0 and 0 <= row["monitor/position/first_share_window"] <= 1
         assert 0 <= row["monitor/format/quoting_share"] <= 1 and row["monitor/length/rollout_mean"] > 0
     assert steps[0]["monitor/length/rollout_ratio"] == 1.0 and steps[-1]["monitor/length/val_ratio"] > 0
+    # the probe set (monitor.probe_path: the fixture's first 2 pairs) judged by the same served judge every step
+    assert all(row["monitor/probe/pairs"] == 2 and 0 <= row["monitor/probe/accuracy"] <= 1 for row in steps)
     train_summary = json.loads((run / "manifest.json").read_text())["stages"]["train"]["summary"]
     assert "monitor/position/first_share_window" in train_summary["monitor"]
     assert isinstance(train_summary["monitor_alerts"], list)

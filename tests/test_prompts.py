@@ -36,7 +36,7 @@ EXPECTED_TEMPLATES = {
     "simplify_lexical", "simplify_overall", "simplify_lexical_zeroshot", "simplify_overall_zeroshot",
     "judge_policy", "parse_ptb", "jury_score", "synth_complex", "synth_simplify", "jury_pairwise",
     "judge_policy_brief", "jury_pairwise_brief", "menlo_pairwise", "menlo_pointwise", "menlo_pointwise_fewshot",
-    "menlo_grpo_grm", "menlo_pairwise_fewshot", "jury_score_1shot", "jury_score_norationale",
+    "menlo_grpo_grm", "menlo_pairwise_fewshot", "menlo_listwise", "jury_score_1shot", "jury_score_norationale",
     "craft_planner", "craft_planner_brief", "craft_reviser", "craft_feedback_fluency",
     "craft_feedback_grammaticality", "craft_feedback_coherence", "craft_direct", "craft_iter",
     # paper 004 (AgentSimp): one template per role id (eval.agentsimp_roles)

@@ -166,6 +166,38 @@ def test_group_reward_counts_every_judgment(grm, scheme, n, extra, n_judgments):
         assert all(-1 in (j["a"], j["b"]) for j in out["judgments"])
 
 
+def test_listwise_group_is_one_judge_call_with_rewards_in_the_permutations_order(grm):
+    """scheme listwise (configs/grm.yaml's prompts.listwise): one engine request ranks the group, decoded under
+    the permutation grammar; reward i = (n - 1 - position of i) / (n - 1). Same answer through the Serve handle
+    (from the cache: no further engine request); a pairwise body keeps its shape, with `listwise` null."""
+    from ray import serve
+
+    client = grm["client"]
+    responses = [f"Listwise candidate {i}: the decision was put off." for i in range(4)]
+    body = {"prompt": PROMPT, "responses": responses, "scheme": "listwise", "dimension": "fluency",
+            "locale": "en_US", "sampling": {"max_tokens": 64}}
+    before = client.get("/stats", headers=AUTH).json()["engine_requests"]
+    resp = client.post("/reward/group", headers=AUTH, json=body)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert client.get("/stats", headers=AUTH).json()["engine_requests"] - before == 1
+    verdict = out["listwise"]
+    assert verdict["parse_status"] == "ok" and sorted(verdict["order"]) == [0, 1, 2, 3], verdict
+    expected = [0.0] * 4
+    for position, index in enumerate(verdict["order"]):
+        expected[index] = (3 - position) / 3
+    assert out["rewards"] == pytest.approx(expected)
+    assert out["scheme"] == "listwise" and out["judgments"] == [] and out["counts"]["n_judgments"] == 1
+    status, handled = serve.get_app_handle(APP).reward_group_in_cluster.remote(body).result(timeout_s=120)
+    assert status == 200 and handled["rewards"] == out["rewards"] and handled["listwise"]["cached"] is True
+    assert client.get("/stats", headers=AUTH).json()["engine_requests"] - before == 1
+    status, refused = serve.get_app_handle(APP).reward_group_in_cluster.remote(
+        {**body, "responses": ["x"] * 10}).result(timeout_s=120)
+    assert status == 400 and refused["error"]["param"] == "responses"
+    pairwise = client.post("/reward/group", headers=AUTH, json={"prompt": PROMPT, "responses": responses[:2]})
+    assert pairwise.status_code == 200 and pairwise.json()["listwise"] is None
+
+
 @pytest.mark.parametrize("body, status, field", [
     ({"prompt": PROMPT}, 422, "responses"),
     ({"prompt": PROMPT, "responses": ["a", "b"], "sampling": {"temperature": "hot"}}, 422, "sampling.temperature"),

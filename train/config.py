@@ -40,8 +40,8 @@ VAL_METRICS = ("reward", "vs_baseline")
 class LoraSection(Section):
     """LoRA adapter (paper 000: r=16, alpha=32; dropout and target modules not stated)."""
 
-    r: int = 16
-    alpha: int = 32
+    r: int = 16  # LoRA rank (paper 000: 16); an init_adapter must have the same
+    alpha: int = 32  # LoRA scaling α (update scaled by alpha / r; paper 000: 32)
     # the authors' training code disables LoRA dropout (paper 000 does not state it)
     dropout: float = 0.0
     # module names, or "all-linear" (peft's shorthand for every linear layer but the output head)
@@ -60,9 +60,9 @@ class LoraSection(Section):
 class DeepSpeedSection(Section):
     """DeepSpeed ZeRO stage and host offload (see `train.ds_config.build_ds_config`)."""
 
-    zero_stage: int = 2
-    offload_optimizer: bool = False
-    offload_params: bool = False
+    zero_stage: int = 2  # 0 (plain data parallel) | 2 (optimizer state + gradients sharded) | 3 (+ parameters)
+    offload_optimizer: bool = False  # keep optimizer state on the host CPU (ZeRO-2/3 only)
+    offload_params: bool = False  # keep parameters on the host CPU (ZeRO-3 only)
 
     def check(self, where: str = "") -> None:
         one_of(self.zero_stage, ZERO_STAGES, dotted(where, "zero_stage"))
@@ -79,15 +79,14 @@ class RolloutSection(Section):
     # hf: `generate` on the worker's own (LoRA) policy (train.hf_rollout.HFRollout); vllm: a vLLM engine colocated
     # on each worker's GPU that receives the LoRA adapter after every optimizer step (train.vllm_rollout)
     kind: str = "hf"
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # rollout sampling temperature (> 0: GRPO needs varied rollouts)
+    top_p: float = 1.0  # rollout nucleus mass in (0, 1]; 1 = no nucleus filter
     # 0 = no top-k cut
     top_k: int = 0
     # vllm: share of the worker's GPU memory for the rollout engine (weights + KV cache); DeepSpeed gets the rest
     gpu_memory_utilization: float = 0.3
-    # prompts per generate call (0 = all of a worker's prompts in one call); each call's groups go to a served
-    # reward as soon as it returns (reward.overlap), so smaller calls hide more judge time behind generation, at
-    # the cost of smaller generation batches (train.grpo_overlap, docs/throughput.md)
+    # prompts per generate call (0 = all of a worker's prompts in one); each call's groups go to the judge as it
+    # returns (reward.overlap): smaller calls hide more judging, in smaller batches (docs/throughput.md)
     prompts_per_generate: int = 0
 
     def check(self, where: str = "") -> None:
@@ -108,12 +107,14 @@ class RolloutSection(Section):
 
 @dataclasses.dataclass
 class ModelFields(Section):
-    model: str = "smollm2-135m"
+    model: str = "smollm2-135m"  # base model: a local HF model dir, "smollm2-135m" (embedded) or "hf:<repo id>"
     lora: LoraSection = dataclasses.field(default_factory=LoraSection)
     deepspeed: DeepSpeedSection = dataclasses.field(default_factory=DeepSpeedSection)
     # system turn added to rows whose prompt_messages have none
     system_instruction: str = ""
+    # prompt token budget: longer prompts lose the tail of their last user turn (GRPO) or their first tokens (pairs)
     max_prompt_length: int = 256
+    # completion token budget: pairs keep their first this many tokens; GRPO rollouts stop here
     max_completion_length: int = 128
     # per-token log-probs from the final hidden states one chunk of this many tokens at a time, each chunk's logits
     # recomputed in backward (train.logprobs.chunked_token_logps), instead of the full (b, T, V) logits (GRPO: of the
@@ -154,16 +155,16 @@ class ModelFields(Section):
 class OptimiserFields:
     """AdamW and the learning-rate schedule (`train.ds_config`)."""
 
-    lr: float = 1e-4
-    warmup_ratio: float = 0.0
+    lr: float = 1e-4  # peak AdamW learning rate (> 0)
+    warmup_ratio: float = 0.0  # share [0, 1) of the schedule's steps spent in linear warmup; 0 = none
     # constant | linear | cosine
     scheduler: str = "linear"
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    epochs: int = 1
-    # > 0 overrides epochs
+    weight_decay: float = 0.0  # AdamW decoupled weight decay; 0 = none
+    max_grad_norm: float = 1.0  # gradient-norm clip (DeepSpeed gradient_clipping); 0 = no clipping
+    epochs: int = 1  # full passes over the training rows (unless max_steps > 0)
+    # optimizer steps of the run: > 0 overrides epochs (cycling the data as needed); 0 = epochs decide
     max_steps: int = 0
-    seed: int = 0
+    seed: int = 0  # seeds the fresh LoRA init, the row order of each epoch and (GRPO) rollout and reward sampling
 
     def _check_optimiser(self, where: str) -> None:
         # max_steps, weight_decay, max_grad_norm >= 0: check_tree's floor for every number
@@ -179,16 +180,16 @@ class WorkerFields:
 
     # rows (pairs, rollouts) per forward/backward on one worker
     micro_batch_size: int = 4
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: int = 1
+    num_workers: int = 1  # Ray Train workers (data-parallel ranks, one DeepSpeed process each)
+    use_gpu: bool = False  # one GPU per worker (NCCL); false = CPU workers (gloo); vllm rollouts need true
+    cpus_per_worker: int = 1  # Ray CPUs per worker, also its OMP_NUM_THREADS
     # custom Ray resources per training worker on top of its CPUs/GPU, e.g. {gpu_slot: 1}: the workers are placed
     # only on nodes that advertise them (ScalingConfig.resources_per_worker)
     resources_per_worker: dict[str, float] = dataclasses.field(default_factory=dict)
     # auto (bf16 on GPU; bf16-autocast on CPUs with native bf16, else fp32) | fp32 | bf16 | fp16 | bf16-autocast
     # (fp32 weights and optimizer, bf16 matrix products: train.ds_config.PRECISIONS)
     precision: str = "auto"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, more compute)
     # the GPU model of the workers' nodes ("" = not named): A10G | L4 | A100-40G | A100-80G | H100 | H200
     # (train.memory_budget.GPU_MEMORY_MIB). GRPO refuses a config whose memory budget does not fit it, and with
     # use_gpu the workers are placed only on nodes of that type (ScalingConfig.accelerator_type)
@@ -209,12 +210,13 @@ class WorkerFields:
 class CheckpointFields:
     """Ray Train checkpoints, restarts and the run's storage folder."""
 
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
+    checkpoint_every: int = 50  # save a Ray Train checkpoint every this many steps (and after the last one)
+    keep_checkpoints: int = 2  # newest checkpoints kept on storage (Ray CheckpointConfig.num_to_keep; >= 1)
+    # restarts of the worker group from the latest checkpoint after a failure (Ray FailureConfig); 0 = none
     max_failures: int = 0
-    # "" = <run_dir>/ray
+    # Ray Train storage (checkpoints) of the run, <storage_path>/<run_name>; "" = <run_dir>/ray
     storage_path: str = ""
-    run_name: str = "train"
+    run_name: str = "train"  # the run's folder under storage_path (<storage_path>/<run_name>); non-empty
     # evaluate (GRPO: validate, keeping the best adapter) every this many steps; 0 = only after the last step
     eval_every: int = 0
 
@@ -230,14 +232,14 @@ class TrackingFields:
     """W&B on rank 0 (`core.tracking.worker_wandb_init`). A job sets all of these from its `wandb` section
     (`core.tracking.trainer_tracking`): the trainer's run joins the job run's group, online when the job's is."""
 
-    wandb: bool = False
-    wandb_project: str = "quorum"
-    wandb_entity: str = ""
+    wandb: bool = False  # log the trainer's metrics to W&B from rank 0
+    wandb_project: str = "quorum"  # W&B project of the trainer's run
+    wandb_entity: str = ""  # W&B team or user; "" = the API key's default entity
     # auto (online when the worker has WANDB_API_KEY) | online | offline | disabled; a job passes its resolved mode
     wandb_mode: str = "auto"
     # "" = no group; a job passes its run's name (<job>/<run id>)
     wandb_group: str = ""
-    wandb_tags: list[str] = dataclasses.field(default_factory=list)
+    wandb_tags: list[str] = dataclasses.field(default_factory=list)  # W&B tags of the trainer's run
 
     def _check_tracking(self, where: str) -> None:
         one_of(self.wandb_mode, ("auto", "online", "offline", "disabled"), dotted(where, "wandb_mode"))
@@ -290,10 +292,10 @@ class TrainConfig(TrainerBase):
     # dpo | cpo | simpo | cpo_simpo | arpo | sft
     loss: str = "arpo"
     loss_config: PreferenceLossConfig = dataclasses.field(default_factory=PreferenceLossConfig)
-    grad_accum: int = 32
-    # right | left
+    grad_accum: int = 32  # micro-batches per optimizer step on each worker (>= 1)
+    # side the batch's sequences are padded on: right | left
     padding_side: str = "right"
-    log_every: int = 1
+    log_every: int = 1  # report training metrics every this many optimizer steps (>= 1)
     # TEST HOOK: the last rank raises after finishing this step, only in an attempt that started from step 0
     fail_at_step: int = 0
 
@@ -323,23 +325,24 @@ class GRPOConfig(TrainerBase):
 
     # MENLO's values of shared fields (declared and checked in the bases)
     lr: float = 1e-6
-    scheduler: str = "constant"
-    weight_decay: float = 0.01
+    scheduler: str = "constant"  # constant | linear | cosine (verl's default: constant)
+    weight_decay: float = 0.01  # AdamW decoupled weight decay (verl's default 0.01)
+    # rollouts per forward/backward on one worker; must divide the worker's rollouts per step
     micro_batch_size: int = 8
-    max_prompt_length: int = 4096
-    max_completion_length: int = 4096
-    run_name: str = "grpo"
+    max_prompt_length: int = 4096  # prompt token budget (MENLO: 4,096); longer prompts lose their user turn's tail
+    max_completion_length: int = 4096  # most new tokens per rollout (MENLO: 4,096 for the judge)
+    run_name: str = "grpo"  # the run's folder under storage_path (<storage_path>/<run_name>); non-empty
 
     rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
-    group_size: int = 8
-    prompts_per_step: int = 32
+    group_size: int = 8  # rollouts G sampled per prompt, the group its advantages compare (MENLO: 8; >= 2)
+    prompts_per_step: int = 32  # prompts per training step over all workers (MENLO batch size 32); splits evenly
     # optimizer steps on the same rollouts (TRL num_iterations / verl ppo_epochs); >1 makes the clip bind
     num_iterations: int = 1
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
+    clip_eps_low: float = 0.2  # ε_low: the ratio is clipped below at 1 - ε_low (verl clip_ratio 0.2)
+    clip_eps_high: float = 0.2  # ε_high: clipped above at 1 + ε_high; > ε_low is DAPO's clip-higher
     # β of the KL-to-reference term (reference = the base model: LoRA disabled); 0 = no reference forward
     kl_coef: float = 0.0
-    kl_kind: str = "k3"
+    kl_kind: str = "k3"  # KL estimator (Schulman): k1 = -log r | k2 = (log r)^2 / 2 | k3 = (r - 1) - log r
     # bonus on the policy's token entropy, subtracted from the loss (verl entropy_coeff; the paper leaves it 0)
     entropy_coef: float = 0.0
     # token_mean (verl token-mean) | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm (Dr. GRPO)

@@ -118,6 +118,8 @@ def grpo_loop_per_worker(config: dict) -> None:
                                    f"steps (last errors: {_error_kinds(metrics)}); is the reward service up?")
     finally:
         reward_fn.close()
+        if monitors is not None and monitors.probe is not None:
+            monitors.probe.close()
     if tracker is not None:
         tracker.finish()
 

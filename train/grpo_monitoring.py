@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from train.reward_monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, step_sums
+from train.reward_monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, probe_accuracy, step_sums
 
 log = logging.getLogger("quorum.grpo.monitor")
 Metrics = dict[str, float]
@@ -43,13 +43,18 @@ class LoopMonitors:
         if self.anchors_path and Path(self.anchors_path).is_file():
             self.monitors.restore(json.loads(Path(self.anchors_path).read_text(encoding="utf-8")))
         self._saved = self.monitors.anchors()
+        # rank 0's probe set (monitor.probe_path), judged by the run's reward service; None = no probe
+        self.probe: ProbeSet | None = None
 
     @classmethod
     def build(cls, reward_spec: dict, rank: int, tracker=None) -> LoopMonitors | None:
         spec = reward_spec.get("monitor")
         if not spec or not spec.get("config", {}).get("enabled", True):
             return None
-        return cls(spec, rank, tracker)
+        monitors = cls(spec, rank, tracker)
+        if spec.get("probe") and rank == 0:
+            monitors.probe = ProbeSet(spec["probe"], reward_spec)
+        return monitors
 
     def step(self, step: int, samples: list[dict], metrics: Metrics, reduce_sums: Callable) -> Metrics:
         """This step's ``monitor/*`` metrics (empty between monitored steps)."""
@@ -60,6 +65,9 @@ class LoopMonitors:
         # the judge's mean own grade where the reward has one: a margin reward (reward.signal margin) sums to 0 in
         # every group, so its mean cannot rise whatever the policy learns
         out, alerts = self.monitors.step(step, sums, metrics.get("reward/grm_mean_grade", metrics.get("reward/mean")))
+        if self.probe is not None:
+            probe_metrics, probe_alerts = self.monitors.probe(step, self.probe.accuracy())
+            out, alerts = out | probe_metrics | self.probe.counts(), alerts + probe_alerts
         self.raise_alerts(alerts)
         self._save_anchors()
         return out
@@ -95,6 +103,43 @@ class LoopMonitors:
             return
         for alert in alerts:
             record_alert(alert, self.tracker, self.alerts_path)
+
+
+class ProbeSet:
+    """The judge's accuracy on labelled pairs, measured through the run's own reward client config (the same
+    service, the same replicas, Serve handle or HTTP) while the policy trains against it. Each pair is one
+    `/reward/group` request of its two responses, all_pairs in both orders whatever `reward.scheme`; the judge
+    prefers the response with the higher mean grade margin (equal: tie). A failed request counts as wrong."""
+
+    def __init__(self, pairs: list[dict], reward_spec: dict):
+        from train.grpo_rewards import build_reward
+
+        self.pairs = pairs
+        self.reward = build_reward(reward_spec, seed=0)
+        self.failed = 0
+
+    def accuracy(self) -> float:
+        rows = [dict(pair) for pair in self.pairs]
+        calls = [self.reward._pool.submit(self.reward.client.score, row["judge_prompt"],
+                                          [row["response_a"], row["response_b"]], scheme="all_pairs",
+                                          both_orders=True, **self.reward._context(row)) for row in rows]
+        predicted = [probe_verdict(call.result()) for call in calls]
+        self.failed = sum(p is None for p in predicted)
+        return probe_accuracy(predicted, [pair["gold"] for pair in self.pairs])
+
+    def counts(self) -> Metrics:
+        return {"monitor/probe/pairs": float(len(self.pairs)), "monitor/probe/failed": float(self.failed)}
+
+    def close(self) -> None:
+        self.reward.close()
+
+
+def probe_verdict(outcome) -> str | None:
+    """The preference of a two-response group outcome: "A", "B" or "tie" by mean grade margin; None = failed."""
+    margins = outcome.components.get("grm_margin") if not outcome.error else None
+    if not margins or len(margins) != 2:
+        return None
+    return "tie" if margins[0] == margins[1] else "A" if margins[0] > margins[1] else "B"
 
 
 def record_alert(alert: Alert, run=None, alerts_path: str = "") -> None:

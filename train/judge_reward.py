@@ -42,12 +42,12 @@ COMPONENTS = ("exact_a", "exact_b", "near_a", "near_b", "pref_bonus", "extract_p
 class JudgeRewardConfig(Section):
     """Weights of the reward terms (paper defaults); 0 switches a term off. Penalties are given as magnitudes."""
 
-    exact: float = 1.0
+    exact: float = 1.0  # credit per response (A, B) whose grade equals its gold class
     # credit for a grade off by exactly one (the paper's "smoothing")
     near_miss: float = 0.5
-    pref_bonus: float = 1.0
-    extract_penalty: float = 1.0
-    format_penalty: float = 0.2
+    pref_bonus: float = 1.0  # credit when sign(grade A - grade B) equals the gold preference's sign
+    extract_penalty: float = 1.0  # subtracted once when a grade cannot be extracted (no grade credit then)
+    format_penalty: float = 0.2  # subtracted when the answer breaks `format_rule` (independent of extraction)
     # tags (MENLO's rule) | strict (tags + grade content format)
     format_rule: str = "tags"
 

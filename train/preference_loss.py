@@ -44,13 +44,18 @@ class PreferenceLossConfig:
             ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
     """
 
-    beta: float = 0.1
-    label_smoothing: float = 0.0
+    beta: float = 0.1  # temperature β of the sigmoid preference term (paper 000: 0.1)
+    label_smoothing: float = 0.0  # conservative-label ε of cDPO; 0 = off
+    # SimPO target margin γ in reward units (TRL simpo_gamma; paper 000: 1.5): the logit margin is γ/β
     simpo_gamma: float = 1.5
-    cpo_alpha: float = 1.0
-    arpo_c1: float = 0.9
-    arpo_c2: float = 0.4
+    cpo_alpha: float = 1.0  # weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000: fixed to 1)
+    arpo_c1: float = 0.9  # ARPO relax coefficient 1 (the authors' default 0.9)
+    arpo_c2: float = 0.4  # ARPO relax coefficient 2 (the authors' default 0.4)
+    # ARPO only: the authors' extra division of the averaged log-probs by the token counts in the gap, as paper 000
+    # ran it; false = the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations)
     reproduce_double_normalisation: bool = True
+    # token_mean = one mean over all chosen tokens of the batch (TRL/ALMA, HF SFT) | seq_mean = mean over examples
+    # of each example's per-token mean
     nll_reduction: Literal["token_mean", "seq_mean"] = "token_mean"
 
 

@@ -82,8 +82,8 @@ class RewardServiceConfig(Section):
     timeout_s: float = 120.0
     # extra attempts after the first one
     retries: int = 3
-    backoff_s: float = 1.0
-    backoff_max_s: float = 30.0
+    backoff_s: float = 1.0  # seconds before retry k+1: backoff_s * 2^k plus up to 10% jitter
+    backoff_max_s: float = 30.0  # cap in seconds of one retry's backoff
     # groups in flight at once per worker (the server batches concurrent judge calls)
     concurrency: int = 8
     # send each group the moment its rollouts exist, so judging overlaps the next generate call
