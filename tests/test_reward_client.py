@@ -244,7 +244,9 @@ def scripted_app(ray_local):
     serve.start(proxy_location="Disabled")
     serve.run(Scripted.bind(), name=HANDLE_APP, route_prefix=None)
     yield
-    serve.delete(HANDLE_APP)
+    # shut Serve down, not just the app: a later `serve.start` in the same Ray session keeps this one's proxy
+    # setting (none), and every HTTP test after it would find no proxy
+    serve.shutdown()
 
 
 @pytest.mark.slow
