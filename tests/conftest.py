@@ -58,3 +58,11 @@ def ray_local():
                                            **LOCAL_CLUSTER_ENV}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def compiler():
+    """(GrammarCompiler, tokenizer) of the bundled SmolLM2, for the grammar tests (tests/grammar_check.py)."""
+    from tests.grammar_check import smollm2_compiler
+
+    return smollm2_compiler()

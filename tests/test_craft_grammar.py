@@ -6,34 +6,18 @@ import random
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
-from actors.constrained import GrammarCompiler, advance, mask_logits
-from actors.models import resolve_model_dir
+from actors.constrained import advance, mask_logits
 from eval.craft_calls import CallError, parse_call
 from eval.craft_grammar import planner_grammar
 from eval.craft_react import parse_planner_output
+from tests.grammar_check import accepts
 
 SENTENCES = ["The team have finished there project last week.", "It was a big relief.",
              'Everyone said "well done" in the office.']
 ANSWER = ('###THOUGHT: Keep it short.\n###ACTION:\n   -###TOOLS:\ntext_eval()\nword_count_check(40, "less than")\n'
           'sentence_modification_check([2], "unchange")\n   -###PLAN:\n'
           'Sentence: "The team have finished there project last week."; Improvement Plan: "Fix their."\n')
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
-    return GrammarCompiler(tokenizer, 49152), tokenizer
-
-
-def accepts(compiler, grammar: str, text: str) -> bool:
-    comp, tokenizer = compiler
-    matcher = comp.matcher(grammar)
-    for token in tokenizer(text, add_special_tokens=False).input_ids:
-        if not matcher.consume_token(token):
-            return False
-    return matcher.is_accepting()
 
 
 def test_table_17_answers_are_accepted_and_malformed_ones_rejected(compiler):

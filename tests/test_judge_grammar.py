@@ -28,21 +28,7 @@ from eval.judge_grammar import (
 )
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
-    return GrammarCompiler(tokenizer, 49152), tokenizer
-
-
-def accepts(compiler, grammar: str, text: str) -> bool:
-    comp, tokenizer = compiler
-    matcher = comp.matcher(grammar)
-    for token in tokenizer(text, add_special_tokens=False).input_ids:
-        if not matcher.consume_token(token):
-            return False
-    return matcher.is_accepting()
+from tests.grammar_check import accepts
 
 
 def test_budget_arithmetic_by_hand():
