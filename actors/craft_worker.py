@@ -21,7 +21,8 @@ from actors.engine import ChatRequest, SamplingParams
 from actors.secrets import Secrets
 from eval.craft_agent import AgentConfig, Systems, expander, scorer
 from eval.craft_guard import GuardConfig
-from eval.craft_mcts import MCTSConfig, run_search
+from eval.craft_mcts import run_search
+from eval.craft_mcts_config import MCTSConfig
 
 SYSTEMS = ("direct", "iter", "agent", "mcts")
 RUN_COLUMNS = ("system", "revision", "error", "stop_reason", "parse_errors", "guard_flags_json", "detail_json",

@@ -7,6 +7,8 @@
 `vllm` is imported inside `VLLMEngine` only, so this module, `to_vllm_sampling_kwargs` and `build_llm_kwargs`
 import and run on machines without vLLM or a GPU (the CPU tests use them; the optional vLLM-CPU tier,
 tests/test_vllm_cpu_tier.py, turns `build_llm_kwargs` into vLLM's own engine config and generates with it).
+`actors.vllm_async.AsyncVLLMEngine` (continuous batching on vLLM's `AsyncLLM`) builds its engine, sampling params,
+chat-template arguments and completions with the same functions.
 """
 
 from __future__ import annotations
@@ -125,6 +127,50 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
     return kwargs
 
 
+# `build_llm_kwargs` derives these from the EngineSpec (or sizes them for its adapter): extra arguments that set
+# them would make the spec lie about the engine (and its cache identity)
+SPEC_DERIVED_ARGS = ("model", "tensor_parallel_size", "dtype", "gpu_memory_utilization", "enable_prefix_caching",
+                     "max_model_len", "enable_lora", "max_lora_rank", "max_loras")
+
+
+def check_extra_args(extra_args: dict | None, where: str = "engine_args") -> dict:
+    """Further vLLM engine arguments beside the spec's; vLLM itself checks names and values when it builds its config.
+
+    Raises:
+        ValueError: a key the spec already sets, named as `<where>.<key>`.
+
+    >>> check_extra_args({"enforce_eager": True})
+    {'enforce_eager': True}
+    """
+    extra = dict(extra_args or {})
+    for key in extra:
+        if key in SPEC_DERIVED_ARGS:
+            raise ValueError(f"{where}.{key}: set by the engine spec (engine.{key} or its adapter), not here")
+    return extra
+
+
+def chat_template_kwargs(spec: EngineSpec) -> dict:
+    """What the model's chat template is rendered with: thinking on or off (Qwen3's `enable_thinking`)."""
+    return {"enable_thinking": spec.thinking}
+
+
+def build_sampling_params(sampling: SamplingParams, tags: tuple[str, ...]):
+    """`vllm.SamplingParams` for one request: ours mapped (`to_vllm_sampling_kwargs`), its grammar (if any) as a
+    structured output, reasoning tags that are added tokens written as special-token references (`special_tags`).
+
+    Raises:
+        ValueError: a sampling field vLLM would reject.
+    """
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    kwargs = to_vllm_sampling_kwargs(sampling)
+    if sampling.grammar:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kwargs["structured_outputs"] = StructuredOutputsParams(grammar=with_special_tags(sampling.grammar, tags))
+    return VLLMSamplingParams(**kwargs)
+
+
 def to_completion(output) -> Completion:
     """Map one `vllm.RequestOutput` (first sample) to a `Completion`, splitting off `<think>` reasoning.
 
@@ -151,11 +197,13 @@ def build_error_completion(exc: Exception) -> Completion:
 class VLLMEngine:
     """`Engine` on an in-process vLLM `LLM`. Not thread-safe: one caller (one Ray actor) at a time."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: EngineSpec, extra_args: dict | None = None):
+        """`extra_args`: further `vllm.LLM` keyword arguments (e.g. enforce_eager, max_num_seqs); see
+        `check_extra_args`."""
         # Resolved before importing vllm so a bad spec fails fast with our message, even off-GPU.
         from actors.models import resolve_model_dir
 
-        llm_kwargs = build_llm_kwargs(spec, resolve_model_dir(spec.model))
+        llm_kwargs = {**build_llm_kwargs(spec, resolve_model_dir(spec.model)), **check_extra_args(extra_args)}
         from vllm import LLM
 
         self.spec = spec
@@ -178,19 +226,11 @@ class VLLMEngine:
         before running it, so one bad prompt (e.g. longer than `max_model_len`) rejects all of them; then
         each row is retried alone and only the bad ones fail.
         """
-        from vllm import SamplingParams as VLLMSamplingParams
-
         results: list[Completion | None] = [None] * len(requests)
         batch: list[tuple[int, object]] = []
         for i, request in enumerate(requests):
             try:
-                kwargs = to_vllm_sampling_kwargs(request.sampling)
-                if request.sampling.grammar:
-                    from vllm.sampling_params import StructuredOutputsParams
-
-                    grammar = with_special_tags(request.sampling.grammar, self._tags)
-                    kwargs["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
-                batch.append((i, VLLMSamplingParams(**kwargs)))
+                batch.append((i, build_sampling_params(request.sampling, self._tags)))
             except ValueError as exc:
                 results[i] = build_error_completion(exc)
         if batch:
@@ -212,7 +252,7 @@ class VLLMEngine:
             conversations,
             sampling_params=params,
             use_tqdm=False,
-            chat_template_kwargs={"enable_thinking": self.spec.thinking},
+            chat_template_kwargs=chat_template_kwargs(self.spec),
             lora_request=self._lora,
         )
 

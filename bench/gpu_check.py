@@ -86,7 +86,7 @@ def run_gpu_tests(timeout_s: float) -> int:
 
 
 def load_policy(model: str, device: torch.device, dtype: torch.dtype, lora: LoraSection, seed: int = 0):
-    """The peft LoRA policy as `train.loop.build_lora_model` builds it (gradient checkpointing on), on `device`.
+    """The peft LoRA policy as `train.engine.build_lora_model` builds it (gradient checkpointing on), on `device`.
 
     Returns the model and the model directory, or "" when `model` could not be resolved and a random model of
     SmolLM2's shape stands in."""

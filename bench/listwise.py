@@ -78,6 +78,15 @@ def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> t
     return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
 
 
+def print_mean_ci(name: str, values: list[float]) -> None:
+    """`bench <name>` lines: the mean of `values` and its 95% bootstrap interval (nothing when there are none)."""
+    if values:
+        lo, hi = bootstrap_ci(values)
+        print(f"bench {name} = {statistics.fmean(values):.3f}")
+        print(f"bench {name}_ci_lo = {lo:.3f}")
+        print(f"bench {name}_ci_hi = {hi:.3f}")
+
+
 def judge(engine, requests: list[ChatRequest]):
     started = time.perf_counter()
     completions = engine.generate(requests)
@@ -153,23 +162,11 @@ def main() -> None:
     print(f"bench listwise_groups = {len(groups)}")
     print(f"bench listwise_group_size = {n}")
     print(f"bench listwise_groups_left_out = {left_out}")
-    if taus:
-        lo, hi = bootstrap_ci(taus)
-        print(f"bench listwise_tau_vs_pairwise = {statistics.fmean(taus):.3f}")
-        print(f"bench listwise_tau_vs_pairwise_ci_lo = {lo:.3f}")
-        print(f"bench listwise_tau_vs_pairwise_ci_hi = {hi:.3f}")
+    print_mean_ci("listwise_tau_vs_pairwise", taus)
     for side, values in gold_taus.items():
         print(f"bench {side}_tau_vs_gold_groups = {len(values)}")
-        if values:
-            lo, hi = bootstrap_ci(values)
-            print(f"bench {side}_tau_vs_gold = {statistics.fmean(values):.3f}")
-            print(f"bench {side}_tau_vs_gold_ci_lo = {lo:.3f}")
-            print(f"bench {side}_tau_vs_gold_ci_hi = {hi:.3f}")
-    if order_taus:
-        lo, hi = bootstrap_ci(order_taus)
-        print(f"bench listwise_tau_vs_reversed_order = {statistics.fmean(order_taus):.3f}")
-        print(f"bench listwise_tau_vs_reversed_order_ci_lo = {lo:.3f}")
-        print(f"bench listwise_tau_vs_reversed_order_ci_hi = {hi:.3f}")
+        print_mean_ci(f"{side}_tau_vs_gold", values)
+    print_mean_ci("listwise_tau_vs_reversed_order", order_taus)
     for side, totals in sides.items():
         for key, value in totals.items():
             print(f"bench {side}_{key}_per_group = {value / max(len(groups), 1):.2f}")

@@ -81,7 +81,7 @@ def flops_per_token(model_dir: str, cfg) -> tuple[float, int, int]:
     """``4·N + 6·N_lora`` (see the module docstring) for the LoRA model the workers build."""
     import torch
 
-    from train.loop import build_lora_model
+    from train.engine import build_lora_model
 
     model = build_lora_model(model_dir, cfg)
     base = sum(m.weight.numel() for name, m in model.named_modules()

@@ -196,6 +196,13 @@ def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -
     return cfg
 
 
+def split_command(argv: list[str]) -> tuple[str, list[str], list[str]]:
+    """A config command line `CONFIG [key=value ...] [--flag ...]` (flags anywhere after CONFIG) as
+    (config path, overrides, flags), each in the order given; the caller knows its flags and refuses others."""
+    rest = argv[1:]
+    return argv[0], [a for a in rest if not a.startswith("--")], [a for a in rest if a.startswith("--")]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Checks every job shares, run on the whole built config tree before the job's own `validate`
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
-from eval.agentsimp_outputs import RoleOutcome, RoleValue
+from eval.agentsimp_outputs import RoleOutcome
+from eval.agentsimp_parse import RoleValue
 from eval.agentsimp_plan import RoleCall
 from eval.agentsimp_run import call_record
 

@@ -1,6 +1,6 @@
 """Grammars for AgentSimp (paper 004) JSON role answers, for constrained decoding.
 
-`role_grammar(role, max_tokens)` turns a role's JSON schema (`eval.agentsimp_outputs.role_schema`) into a grammar
+`role_grammar(role, max_tokens)` turns a role's JSON schema (`eval.agentsimp_parse.role_schema`) into a grammar
 in llguidance's Lark dialect, the format every engine already takes in `SamplingParams.grammar` (hf decodes under
 it with llguidance, vllm with its `guidance` backend, a vLLM-served openai engine gets it as
 `structured_outputs.grammar`; see `eval.judge_grammar`). Free-text roles (project director, content integrator,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 
-from eval.agentsimp_outputs import role_fields
+from eval.agentsimp_parse import role_fields
 from eval.judge_grammar import MIN_FREE_TOKENS, lark_string, up_to
 
 MAX_ITEMS = 12

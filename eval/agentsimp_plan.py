@@ -59,7 +59,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from core.config import Section, dotted, fail, one_of
-from eval.agentsimp_outputs import RoleOutcome, RoleValue
+from eval.agentsimp_outputs import RoleOutcome
+from eval.agentsimp_parse import RoleValue
 from eval.agentsimp_roles import GENERIC_GUIDELINE, join_paragraphs, render_outline, role_spec, split_paragraphs
 
 COMMUNICATIONS = ("pipeline", "sync")

@@ -32,7 +32,7 @@ imported inside functions so that importing this module stays cheap.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -188,24 +188,25 @@ def sentence_bertscore(
     Returns:
         One BertScore per candidate.
     """
-    _check_references(cands, refs_per_cand)
-    tokenizer, model = load_encoder(str(model_path or default_model_path()), device)
-    flat_refs = [ref for refs in refs_per_cand for ref in refs]
-    cand_vecs = embed_texts(cands, tokenizer, model, num_layers, batch_size)
-    ref_vecs = iter(embed_texts(flat_refs, tokenizer, model, num_layers, batch_size))
-    scores = []
-    for cand, refs in zip(cand_vecs, refs_per_cand):
-        matches = [_match(cand, next(ref_vecs)) for _ in refs]
-        scores.append(max(matches, key=lambda s: s.f1))
-    return scores
+    return _best_of_references(cands, refs_per_cand, model_path, device,
+                               lambda texts, tokenizer, model: embed_texts(texts, tokenizer, model, num_layers,
+                                                                           batch_size))
 
 
-def _check_references(cands: Sequence[str], refs_per_cand: Sequence[Sequence[str]]) -> None:
+def _best_of_references(cands: Sequence[str], refs_per_cand: Sequence[Sequence[str]], model_path: str | Path | None,
+                        device: str, embed: Callable) -> list[BertScore]:
+    """Each candidate against each of its references, the best by F1; `embed(texts, tokenizer, model)` gives the
+    token vectors of each text (one call for the candidates, one for all references)."""
     if len(cands) != len(refs_per_cand):
         raise ValueError(f"{len(cands)} candidates but {len(refs_per_cand)} reference lists")
     for i, refs in enumerate(refs_per_cand):
         if isinstance(refs, str) or not refs:
             raise ValueError(f"candidate {i}: references must be a non-empty list of texts, got {refs!r}")
+    tokenizer, model = load_encoder(str(model_path or default_model_path()), device)
+    cand_vecs = embed(cands, tokenizer, model)
+    ref_vecs = iter(embed([ref for refs in refs_per_cand for ref in refs], tokenizer, model))
+    return [max((_match(cand, next(ref_vecs)) for _ in refs), key=lambda s: s.f1)
+            for cand, refs in zip(cand_vecs, refs_per_cand)]
 
 
 def document_bertscore(
@@ -214,25 +215,13 @@ def document_bertscore(
 ) -> list[BertScore]:
     """BERTScore of whole documents (every wordpiece, windowed encoding; module docstring), best reference by F1.
 
-    Args:
-        cands: candidate documents.
-        refs_per_cand: the reference documents of each candidate (one list per candidate).
-        model_path: local encoder directory; None uses the bundled MiniLM.
-        num_layers: hidden layer to use; None means the last.
+    The arguments are `sentence_bertscore`'s, with documents for texts, and:
         stride: wordpieces shared by consecutive windows (0 = half a window).
-        batch_size: windows per forward pass.
-        device: torch device name.
-
-    Returns:
-        One BertScore per candidate.
+        batch_size: windows (not texts) per forward pass.
     """
-    _check_references(cands, refs_per_cand)
-    tokenizer, model = load_encoder(str(model_path or default_model_path()), device)
-    flat_refs = [ref for refs in refs_per_cand for ref in refs]
-    cand_vecs = embed_documents(cands, tokenizer, model, num_layers, stride, batch_size)
-    ref_vecs = iter(embed_documents(flat_refs, tokenizer, model, num_layers, stride, batch_size))
-    return [max((_match(cand, next(ref_vecs)) for _ in refs), key=lambda s: s.f1)
-            for cand, refs in zip(cand_vecs, refs_per_cand)]
+    return _best_of_references(cands, refs_per_cand, model_path, device,
+                               lambda texts, tokenizer, model: embed_documents(texts, tokenizer, model, num_layers,
+                                                                               stride, batch_size))
 
 
 def corpus_bertscore(

@@ -37,7 +37,6 @@ from typing import Any, Literal
 from core.config import Section, dotted, fail, one_of, positive
 from eval.craft_grammar import planner_grammar
 from eval.craft_guard import GuardConfig, degenerate_reason
-from eval.craft_mcts import ExpandRequest, Proposal, RewardTerms
 from eval.craft_react import (
     PlanLine,
     PlannerStep,
@@ -49,6 +48,7 @@ from eval.craft_react import (
 from eval.craft_render import build_observation, render_history, render_plan_input
 from eval.craft_text import sentence_pieces
 from eval.craft_tools import CallError, constraint_accuracy
+from eval.craft_tree import ExpandRequest, Proposal, RewardTerms
 from eval.prompts import TemplateName, load_template, prompt_path
 
 LLM = Callable[[list[tuple[list[dict], dict]]], list[Any]]

@@ -189,9 +189,9 @@ class Config(JobSections):
             require_file(self.inputs.references_path, "inputs.references_path")
         if self.ray.address or not self.ray.num_cpus:
             return
-        pools = {"backbone.pool": self.backbone.pool.concurrency * self.backbone.pool.num_cpus}
+        pools = {"backbone.pool": self.backbone.pool.min_actors * self.backbone.pool.num_cpus}
         if self.evaluation.jury_enabled:
-            pools["evaluation.jury"] = sum(j.pool.concurrency * j.pool.num_cpus for j in self.evaluation.jury.judges)
+            pools["evaluation.jury"] = sum(j.pool.min_actors * j.pool.num_cpus for j in self.evaluation.jury.judges)
         for key, cpus in pools.items():
             if cpus + LIGHT_CPU > self.ray.num_cpus:
                 raise ConfigError(f"{key}: the pools ask for {cpus:g} CPUs, plus {LIGHT_CPU} for Ray Data's tasks, "

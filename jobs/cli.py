@@ -19,7 +19,7 @@ import importlib
 import sys
 
 from core import console
-from core.config import ConfigError, load_config, read_yaml
+from core.config import ConfigError, load_config, read_yaml, split_command
 from core.errors import CorpusError
 from core.model_store import check_models_staged
 from core.paths import path_overrides
@@ -61,9 +61,7 @@ def run_job(module, argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(module.__doc__ or USAGE)
         return 0 if argv else 2
-    config_path, rest = argv[0], argv[1:]
-    overrides = [a for a in rest if not a.startswith("--")]
-    flags = [a for a in rest if a.startswith("--")]
+    config_path, overrides, flags = split_command(argv)
     verbose = False
     for flag in flags:
         if flag == "--no-resume":

@@ -48,7 +48,7 @@ from eval import craft_results as cr
 from eval import report_html as rh
 from eval.cord import FILE_PATTERN, CordRow, read_cord
 from eval.craft_agent import AgentConfig
-from eval.craft_mcts import MCTSConfig
+from eval.craft_mcts_config import MCTSConfig
 from jobs.cli import entry
 from jobs.jury_eval import stage_frame, to_dataset
 
@@ -117,8 +117,8 @@ class Config(JobSections):
             raise ConfigError(f"agent.planner_grammar: planner kind {self.planner.kind!r} decodes no grammar "
                               "(hf and vllm do, openai only with planner.structured_outputs=true)")
         if not self.ray.address and self.ray.num_cpus and \
-                self.pool.concurrency * self.pool.num_cpus + LIGHT_CPU > self.ray.num_cpus:
-            raise ConfigError(f"pool: {self.pool.concurrency} x {self.pool.num_cpus} CPUs plus {LIGHT_CPU} for Ray "
+                self.pool.min_actors * self.pool.num_cpus + LIGHT_CPU > self.ray.num_cpus:
+            raise ConfigError(f"pool: {self.pool.min_actors} x {self.pool.num_cpus} CPUs plus {LIGHT_CPU} for Ray "
                               f"Data's tasks exceed ray.num_cpus {self.ray.num_cpus}")
 
 

@@ -123,7 +123,7 @@ class Config(JobSections):
         """All judge pools run in one Ray Data plan: on a local cluster they must fit beside the light tasks."""
         if self.ray.address or not self.ray.num_cpus:
             return
-        pools = sum(j.pool.concurrency * j.pool.num_cpus for j in self.judges)
+        pools = sum(j.pool.min_actors * j.pool.num_cpus for j in self.judges)
         if pools + LIGHT_CPU > self.ray.num_cpus:
             raise ConfigError(f"judges: the judge pools ask for {pools:g} CPUs together, plus {LIGHT_CPU} for "
                               f"Ray Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")

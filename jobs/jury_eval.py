@@ -167,7 +167,7 @@ class Config(JobSections):
         if self.ray.address or not self.ray.num_cpus:
             return
         for key, judges in (("jury.judges", self.jury.judges), ("ablations", self.ablations)):
-            pools = sum(j.pool.concurrency * j.pool.num_cpus for j in judges)
+            pools = sum(j.pool.min_actors * j.pool.num_cpus for j in judges)
             if pools + LIGHT_CPU > self.ray.num_cpus:
                 raise ConfigError(f"{key}: the judge pools ask for {pools:g} CPUs together, plus {LIGHT_CPU} for "
                                   f"Ray Data's tasks, but ray.num_cpus is {self.ray.num_cpus}; lower pool.num_cpus")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from core.config import ConfigError, load_config
+from core.config import ConfigError, load_config, split_command
 from core.model_store import check_models_staged
 from core.ray_env import RayConfig, init_ray, worker_env
 from core.tracking import install_redaction, secret_env_names
@@ -51,9 +51,7 @@ def main(argv: list[str] | ServeConfig, config_path: str | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    config_path, rest = argv[0], argv[1:]
-    flags = [a for a in rest if a.startswith("--")]
-    overrides = [a for a in rest if not a.startswith("--")]
+    config_path, overrides, flags = split_command(argv)
     detach, print_to = False, None
     for flag in flags:
         if flag == "--detach":

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from core.config import ConfigError, load_config
+from core.config import ConfigError, load_config, split_command
 from core.model_store import STAGE_IGNORE, missing_files, models_by_repo, snapshot_dir, unstaged
 from core.paths import path_overrides
 
@@ -31,9 +31,7 @@ def main(argv: list[str], job_module: Callable[[str], Any]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    config_path, rest = argv[0], argv[1:]
-    flags = [a for a in rest if a.startswith("--")]
-    overrides = [a for a in rest if not a.startswith("--")]
+    config_path, overrides, flags = split_command(argv)
     unknown = [f for f in flags if f != "--list"]
     if unknown:
         raise ConfigError(f"unknown flag {unknown[0]!r} (known: --list)")

@@ -1,7 +1,11 @@
-"""The judge's weights: a base model plus an optional LoRA adapter from a training run, merged for serving.
+"""The judge's weights: a base model plus an optional LoRA adapter from a training run.
 
-HFEngine (and VLLMEngine) load a model directory named by `EngineSpec.model` and offer no hook for a preloaded
-model, so the adapter is merged into the base once per (re)load: base weights + `PeftModel.from_pretrained` +
+A vllm judge in `judge.engine_mode` async (the default for vllm) serves the adapter as a LoRA request per call
+(`actors.vllm_async.AsyncVLLMEngine`): nothing is merged, and a new adapter of a rank the engine's LoRA slot holds
+is swapped in without reloading the base model (`same_base_engine`).
+
+In batch mode, HFEngine (and VLLMEngine) load a model directory named by `EngineSpec.model` and offer no hook for a
+preloaded model, so the adapter is merged into the base once per (re)load: base weights + `PeftModel.from_pretrained` +
 `merge_and_unload`, saved with the base tokenizer into a temporary directory that the engine then loads like any
 model. A merged model also decodes at base-model speed (no extra LoRA matmuls) and keeps HFEngine's bf16 weight
 packing. The temporary directory is removed once the engine holds the weights.
@@ -14,13 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
 from pathlib import Path
 
-from actors.engine import Engine
+from actors.engine import Engine, EngineSpec
 from actors.engines import build_engine
+from serve.config import judge_engine_mode
 
 log = logging.getLogger(__name__)
 _HASH_CHUNK = 1 << 20
@@ -56,15 +62,41 @@ def served_name(judge) -> str:
 
 
 def build_judge_engine(judge) -> Engine:
-    """Load the judge: `build_engine(judge.engine)`, with the adapter merged in first when one is set."""
+    """Load the judge for batch mode: `build_engine(judge.engine)`, with the adapter merged in first when one is set."""
     if not judge.adapter:
-        return build_engine(judge.engine)
+        return _build(judge, judge.engine)
     merged = tempfile.mkdtemp(prefix="quorum-grm-merged-")
     try:
         merge_adapter(judge.engine.model, judge.adapter, merged)
-        return build_engine(dataclasses.replace(judge.engine, model=merged))
+        return _build(judge, dataclasses.replace(judge.engine, model=merged))
     finally:
         shutil.rmtree(merged, ignore_errors=True)
+
+
+def _build(judge, spec: EngineSpec) -> Engine:
+    if spec.kind == "vllm" and judge.vllm_args:
+        from actors.vllm_engine import VLLMEngine
+
+        return VLLMEngine(spec, judge.vllm_args)
+    return build_engine(spec)
+
+
+def build_async_judge_engine(judge):
+    """Load a vllm judge for async mode: an `AsyncVLLMEngine` with the adapter as its LoRA request (not merged)."""
+    from actors.vllm_async import AsyncVLLMEngine
+
+    spec = dataclasses.replace(judge.engine, adapter=judge.adapter or judge.engine.adapter)
+    return AsyncVLLMEngine(spec, judge.vllm_args)
+
+
+def same_base_engine(old, new) -> bool:
+    """Whether two judges differ at most in their adapter (then an async engine swaps the LoRA, no reload)."""
+    return _base_key(old) == _base_key(new)
+
+
+def _base_key(judge) -> str:
+    spec = dataclasses.asdict(dataclasses.replace(judge.engine, adapter=""))
+    return json.dumps([spec, judge.vllm_args, judge_engine_mode(judge)], sort_keys=True, default=str)
 
 
 def merge_adapter(base_model: str, adapter_dir: str, out_dir: str) -> None:

@@ -1,4 +1,4 @@
-"""The generative reward model (GRM) as a Ray Serve app: one deployment, a FastAPI ingress, batched judging.
+"""The generative reward model (GRM) as a Ray Serve app: one deployment, a FastAPI ingress, the judge behind it.
 
     quorum serve configs/grm.yaml                                   # local Ray; Ctrl-C stops it
     quorum serve configs/grm.yaml --print-config=grm_serve.yaml     # then: serve deploy grm_serve.yaml
@@ -6,22 +6,17 @@
 Endpoints: POST /v1/chat/completions (OpenAI-compatible), GET /v1/models, POST /score (pointwise grade),
 POST /compare (pairwise grades + preference), POST /reward/group (a reward per response, all_pairs,
 vs_reference or listwise: one call ranks the group), GET /health (liveness), GET /ready (model loaded, its
-identity), GET /stats (batch sizes, cache).
+identity), GET /stats (engine mode, judgments in flight or batch sizes, cache).
 Request formats, parsing and reward maths live in the pure `serve.protocol`, message rendering in `serve.judge_prompts`.
 
-Every judge generation goes through one `@serve.batch` method in front of the engine's batched `generate`, behind
-an LRU cache keyed by (model identity incl. adapter hash, rendered messages, sampling). `reconfigure(user_config)`
-(re)loads the judge when its identity changes: the new engine loads while the old one keeps serving, then they are
-swapped between batches (vLLM, which cannot hold two engines on one GPU, drains and reloads instead).
+This module holds the routes and the app builders. How a judgment reaches the engine (vLLM's continuous batching
+in `judge.engine_mode` async, `@serve.batch` otherwise), the cache, reloads and health live in `serve.judging`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
-import logging
-import os
 import time
 import uuid
 
@@ -31,8 +26,6 @@ from pydantic import ValidationError
 from ray import serve
 from starlette.exceptions import HTTPException
 
-from actors.cache import request_key
-from actors.engine import ChatRequest, Completion, SamplingParams
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
 from core.config import ConfigError, build, with_defaults
@@ -41,14 +34,11 @@ from eval.listwise import listwise_grammar
 from eval.reward_wire import GroupRewardResponse
 from serve import protocol as P
 from serve import rewards as R
-from serve.adapter import build_judge_engine, judge_identity, served_name
-from serve.cache import LRUCache
-from serve.config import ReplicaSettings, ServeConfig, load_prompts, validate_replica_settings
+from serve.config import ReplicaSettings, ServeConfig
 from serve.errors import error_body, install_error_handlers, validation_error_body
 from serve.guard import admit
-from serve.judge_prompts import JudgePrompts
+from serve.judging import JudgeCore
 
-log = logging.getLogger("ray.serve")
 DEPLOYMENT_NAME = "GRMServer"
 
 api = FastAPI(title="quorum generative reward model")
@@ -71,136 +61,18 @@ async def _guard(request: Request, call_next):
 
 @serve.deployment(name=DEPLOYMENT_NAME)
 @serve.ingress(api)
-class GRMServer:
-    """One replica: a judge engine, the batch queue in front of it, the response cache and the HTTP routes."""
+class GRMServer(JudgeCore):
+    """One replica: the HTTP routes over the judging core (engine, its mode, cache, reloads, health)."""
 
     def __init__(self, secrets: Secrets | None = None):
         if secrets is not None:
             # the token / judge API key set where the app was deployed (a constructor argument: never logged)
             secrets.install()
-        self.settings: ReplicaSettings | None = None
-        self.prompts: JudgePrompts | None = None
-        self.engine = None
-        self.identity = self.model_name = self.adapter = ""
-        self.loading = False
-        self.cache = LRUCache()
-        self._token = b""
-        self._engine_lock = asyncio.Lock()
-        # monotonic start of the engine call now running (a batch or the health probe); None = idle
-        self._engine_busy_since: float | None = None
-        self.counters = collections.Counter()
-        self.batch_sizes = collections.Counter()
-
-    async def reconfigure(self, user_config: dict) -> None:
-        """Apply new settings; reload the judge only when its identity (model, adapter hash) changed."""
-        try:
-            settings = build(ReplicaSettings, with_defaults(ReplicaSettings, user_config))
-            validate_replica_settings(settings)
-        except (ConfigError, ValueError) as exc:
-            raise ValueError(f"user_config: {exc}") from exc
-        prompts = load_prompts(settings.prompts)
-        identity = await asyncio.to_thread(judge_identity, settings.judge)
-        if identity != self.identity:
-            await self._load_engine(settings.judge, identity)
-        self._generate_batch.set_max_batch_size(settings.batching.max_batch_size)
-        self._generate_batch.set_batch_wait_timeout_s(settings.batching.batch_wait_timeout_s)
-        self.cache.resize(settings.cache_size)
-        self._token = os.environ.get(settings.auth_token_env, "").encode() if settings.auth_token_env else b""
-        if settings.auth_token_env and not self._token:
-            log.warning("serve.auth_token_env names %s but it is unset on this replica: auth is OFF",
-                        settings.auth_token_env)
-        self.settings, self.prompts = settings, prompts
-
-    async def _load_engine(self, judge, identity: str) -> None:
-        self.loading = True
-        try:
-            if self.engine is not None and judge.engine.kind == "vllm":
-                # one GPU cannot hold two vLLM engines: drain (the lock waits for the running batch), free, reload
-                async with self._engine_lock:
-                    self.engine.close()
-                    self.engine = None
-                    self._install(await asyncio.to_thread(build_judge_engine, judge), judge, identity)
-            else:
-                engine = await asyncio.to_thread(build_judge_engine, judge)
-                async with self._engine_lock:
-                    old = self._install(engine, judge, identity)
-                if old is not None:
-                    old.close()
-            log.info("judge loaded: %s", identity)
-        finally:
-            self.loading = False
-
-    def _install(self, engine, judge, identity: str):
-        """Swap in a loaded engine (caller holds the engine lock); returns the previous one."""
-        old, self.engine = self.engine, engine
-        self.identity, self.model_name, self.adapter = identity, served_name(judge), judge.adapter
-        self.cache.clear()
-        return old
+        super().__init__()
 
     def admit(self, request: Request) -> JSONResponse | None:
         """None to let the request through, else the rejection (serve.guard: body size, bearer token)."""
         return admit(request, self.settings, self._token, self.counters)
-
-    # -- judging core ------------------------------------------------------------------------------------------
-
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
-    async def _generate_batch(self, requests: list[ChatRequest]) -> list[tuple[Completion, str]]:
-        async with self._engine_lock:
-            engine, identity = self.engine, self.identity
-            self.batch_sizes[len(requests)] += 1
-            self._engine_busy_since = time.monotonic()
-            try:
-                completions = await asyncio.to_thread(engine.generate, requests)
-            except Exception as exc:  # noqa: BLE001 - whatever one request did, the others must still be answered
-                self.counters["batches_split"] += 1
-                log.warning("a batch of %d failed (%s: %s); generating its requests one by one", len(requests),
-                            type(exc).__name__, exc)
-                completions = [await asyncio.to_thread(generate_alone, engine, r) for r in requests]
-            finally:
-                self._engine_busy_since = None
-        return [(completion, identity) for completion in completions]
-
-    async def check_health(self) -> None:
-        """Serve's liveness check (every `health.period_s`; see serve.config.HealthConfig): raising is a failure.
-        Healthy = settings applied, a judge loaded (or reloading), no engine call running past
-        `health.max_engine_call_s`, and, when idle with `health.probe`, one token generated (under load the batches
-        show the engine answers, so the probe never queues behind them)."""
-        settings = self.settings
-        if settings is None:
-            raise RuntimeError("no settings applied (reconfigure never succeeded)")
-        if self.engine is None and not self.loading:
-            raise RuntimeError("the judge engine is not loaded")
-        busy_since, limit = self._engine_busy_since, settings.health.max_engine_call_s
-        if busy_since is not None and limit and time.monotonic() - busy_since > limit:
-            raise RuntimeError(f"an engine call has run {time.monotonic() - busy_since:.0f} s "
-                               f"(health.max_engine_call_s = {limit:g}): the replica is wedged")
-        if (self.engine is None or busy_since is not None or not settings.health.probe
-                or settings.judge.engine.kind == "openai" or self._engine_lock.locked()):
-            return
-        probe = ChatRequest(messages=[{"role": "user", "content": "Say OK."}],
-                            sampling=SamplingParams(temperature=0.0, max_tokens=1))
-        async with self._engine_lock:
-            self._engine_busy_since = time.monotonic()
-            try:
-                completion = (await asyncio.to_thread(self.engine.generate, [probe]))[0]
-            except Exception as exc:  # noqa: BLE001 - any engine failure is this replica's ill health
-                completion = Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
-            finally:
-                self._engine_busy_since = None
-        self.counters["health_probes"] += 1
-        if completion.finish_reason == "error":
-            raise RuntimeError(f"the engine failed the health probe: {completion.error}")
-
-    async def _complete(self, messages: list[dict], sampling) -> tuple[Completion, bool]:
-        """One judge generation: from the cache, else through the batch queue. Returns (completion, cached)."""
-        request = ChatRequest(messages=messages, sampling=sampling)
-        hit = self.cache.get(request_key(self.identity, request))
-        if hit is not None:
-            return hit, True
-        completion, identity = await self._generate_batch(request)
-        if completion.finish_reason != "error":
-            self.cache.put(request_key(identity, request), completion)
-        return completion, False
 
     async def _with_deadline(self, awaitable, timeout_s: float | None):
         limit = min(timeout_s or float("inf"), self.settings.request_timeout_s)
@@ -240,18 +112,7 @@ class GRMServer:
 
     @api.get("/stats")
     async def stats(self) -> dict:
-        sizes = self.batch_sizes
-        batches = sum(sizes.values())
-        return {
-            "replica": serve.get_replica_context().replica_tag, "model_identity": self.identity,
-            "batches": batches, "engine_requests": sum(k * v for k, v in sizes.items()),
-            "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
-            "max_batch_size_seen": max(sizes, default=0),
-            "max_batch_size": self.settings.batching.max_batch_size if self.settings else None,
-            "cache": {"size": len(self.cache), "capacity": self.cache.capacity, "hits": self.cache.hits,
-                      "misses": self.cache.misses},
-            **dict(self.counters),
-        }
+        return self.stats_body()
 
     @api.get("/v1/models")
     async def models(self) -> dict:
@@ -347,14 +208,6 @@ class GRMServer:
             return 400, error_body(400, str(exc), exc.field)
         except HTTPException as exc:
             return exc.status_code, error_body(exc.status_code, str(exc.detail))
-
-
-def generate_alone(engine, request: ChatRequest) -> Completion:
-    """One request on its own: its failure becomes its own error completion (never the batch's)."""
-    try:
-        return engine.generate([request])[0]
-    except Exception as exc:  # noqa: BLE001 - reported to this request's client, not raised into the others
-        return Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,9 +19,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from actors.engine import EngineSpec
 from actors.stage_config import SamplingConfig
+from actors.vllm_engine import check_extra_args
 from core.config import Section, check_tree, dotted, fail, in_range, one_of, positive
 from core.ray_env import RayConfig
 from serve import judge_prompts, protocol
@@ -54,6 +56,15 @@ class JudgeConfig:
     # decode verdicts under their format's grammar (eval.judge_grammar: /score's pointwise format, MENLO's grade
     # blocks for /compare and /reward/group), so every finished answer parses; false = free text, as the papers
     constrained: bool = True
+    # how a replica runs the judge. async (vllm only): each judgment goes straight to vLLM's AsyncLLM and joins
+    # the running batch at once (continuous batching), the adapter is a LoRA request per call, and an adapter
+    # change swaps it without reloading the model. batch: @serve.batch groups judgments into one engine call
+    # (`batching`), the adapter merged into the weights at load. auto: async for vllm, batch for hf and openai
+    # (hf decodes a static batch; openai has its own server batching behind a bounded client)
+    engine_mode: str = "auto"
+    # further vLLM engine arguments of a vllm judge (AsyncEngineArgs / vllm.LLM keywords, e.g. enforce_eager: true,
+    # max_num_seqs: 128); keys the engine spec sets (model, dtype, max_model_len, LoRA slots, ...) are refused
+    vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,8 +132,9 @@ class HealthConfig(Section):
     # while idle, check_health generates one token of a fixed prompt, so "healthy" means the engine answers (local
     # engines only: a hosted `openai` judge is not called every period); false = loaded is enough
     probe: bool = True
-    # an engine call (one batch) running longer than this is a wedged replica; 0 = no limit. Must be >=
-    # serve.request_timeout_s: a batch may legitimately take that long
+    # an engine call (one batch; in judge.engine_mode async, the oldest judgment in flight) running longer than
+    # this is a wedged replica; 0 = no limit. Must be >= serve.request_timeout_s: a call may legitimately take that
+    # long
     max_engine_call_s: float = 600.0
 
     def check(self, where: str = "") -> None:
@@ -199,9 +211,11 @@ class ServeConfig:
             fail("autoscaling.max_ongoing_requests", f"{scaling.max_ongoing_requests} must be >= "
                  f"batching.max_batch_size ({self.batching.max_batch_size}) or batches never fill")
         engine = self.judge.engine
-        if engine.kind == "vllm" and self.resources.num_gpus < engine.tensor_parallel_size:
+        # judge.engine.device cpu: vLLM's CPU build (the optional vLLM-CPU tier and bench/judge_service.py)
+        if engine.kind == "vllm" and engine.device != "cpu" and self.resources.num_gpus < engine.tensor_parallel_size:
             fail("resources.num_gpus", f"{self.resources.num_gpus} must cover judge.engine.tensor_parallel_size "
-                                       f"({engine.tensor_parallel_size}) for vllm")
+                                       f"({engine.tensor_parallel_size}) for vllm (or judge.engine.device cpu "
+                                       "for vLLM's CPU build)")
         if self.shutdown.timeout_s < http.request_timeout_s:
             fail("shutdown.timeout_s", f"{self.shutdown.timeout_s:g} must be >= serve.request_timeout_s "
                  f"({http.request_timeout_s:g}) or a rolling update cuts requests their deadline still allows")
@@ -236,6 +250,7 @@ def validate_replica_settings(settings: ReplicaSettings) -> None:
     check_tree(settings)
     judge = settings.judge
     one_of(judge.engine.kind, ("hf", "vllm", "openai"), "judge.engine.kind")
+    check_engine_mode(judge)
     if judge.adapter:
         if judge.engine.kind == "openai":
             fail("judge.adapter", "a LoRA adapter needs a local engine (hf or vllm), not openai")
@@ -244,6 +259,39 @@ def validate_replica_settings(settings: ReplicaSettings) -> None:
     if settings.batching.max_batch_size < 1:
         fail("batching.max_batch_size", f"must be >= 1, got {settings.batching.max_batch_size}")
     in_range(settings.sampling.max_tokens, 1, settings.limits.max_tokens, "sampling.max_tokens")
+
+
+ENGINE_MODES = ("auto", "async", "batch")
+
+
+def check_engine_mode(judge: JudgeConfig) -> None:
+    """`judge.engine_mode` and `judge.vllm_args` against the engine kind (errors name the dotted key)."""
+    one_of(judge.engine_mode, ENGINE_MODES, "judge.engine_mode")
+    vllm = judge.engine.kind == "vllm"
+    if judge.engine_mode == "async" and not vllm:
+        fail("judge.engine_mode", f"async runs vLLM's AsyncLLM and needs judge.engine.kind vllm, got "
+                                  f"{judge.engine.kind!r} (use auto or batch)")
+    if judge.vllm_args and not vllm:
+        fail("judge.vllm_args", f"vLLM engine arguments need judge.engine.kind vllm, got {judge.engine.kind!r}")
+    try:
+        check_extra_args(judge.vllm_args, "judge.vllm_args")
+    except ValueError as exc:
+        fail(*str(exc).split(": ", 1))
+    if judge_engine_mode(judge) == "async" and judge.adapter and judge.engine.adapter:
+        fail("judge.engine.adapter", "set one adapter: judge.adapter (served as a LoRA request per call)")
+
+
+def judge_engine_mode(judge: JudgeConfig) -> str:
+    """"async" or "batch": how a replica runs this judge (`JudgeConfig.engine_mode`, auto resolved by kind).
+
+    >>> judge_engine_mode(JudgeConfig(engine=EngineSpec(kind="vllm")))
+    'async'
+    >>> judge_engine_mode(JudgeConfig(engine=EngineSpec(kind="hf")))
+    'batch'
+    """
+    if judge.engine_mode == "auto":
+        return "async" if judge.engine.kind == "vllm" else "batch"
+    return judge.engine_mode
 
 
 def load_prompts(prompts: PromptsConfig) -> judge_prompts.JudgePrompts:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-from eval.agentsimp_outputs import Reply, role_fields
+from eval.agentsimp_outputs import Reply
+from eval.agentsimp_parse import role_fields
 from eval.agentsimp_roles import ROLE_IDS, join_paragraphs, load_role_book, split_paragraphs
 
 OUTLINE = {"title": "T", "subheadings": ["S1", "S2"]}

@@ -66,3 +66,11 @@ def compiler():
     from tests.grammar_check import smollm2_compiler
 
     return smollm2_compiler()
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer():
+    """llguidance's tokenizer over bytes (one token per byte), for model-free grammar tests (tests/byte_grammar.py)."""
+    from tests.byte_grammar import byte_tokenizer
+
+    return byte_tokenizer()

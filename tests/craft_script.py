@@ -6,7 +6,8 @@ table of (R_g, accuracy, n_checks). Pure: no model, no Ray.
 
 from __future__ import annotations
 
-from eval.craft_mcts import MCTSConfig, run_search
+from eval.craft_mcts import run_search
+from eval.craft_mcts_config import MCTSConfig
 from eval.craft_tree import Proposal, RewardTerms, SearchResult
 
 INITIAL = [{"role": "system", "content": "framework"}, {"role": "user", "content": "instruction + text"}]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
+import torch
 from transformers import AutoTokenizer
 
-from actors.constrained import GrammarCompiler
+from actors.constrained import GrammarCompiler, advance, mask_logits
 from actors.models import resolve_model_dir
 
 
@@ -21,3 +24,19 @@ def accepts(compiler, grammar: str, text: str) -> bool:
         if not matcher.consume_token(token):
             return False
     return matcher.is_accepting()
+
+
+def random_walk(compiler, grammar: str, max_tokens: int, rng: random.Random):
+    """Tokens the grammar's mask allows, each chosen at random (a worst-case model), until the matcher stops or
+    `max_tokens` are spent: (the matcher, for its state; the decoded text)."""
+    comp, tokenizer = compiler
+    matcher = comp.matcher(grammar)
+    logits = torch.zeros(1, comp.vocab_size)
+    tokens = []
+    while not matcher.is_stopped() and len(tokens) < max_tokens:
+        logits.zero_()
+        mask_logits(logits, [matcher])
+        token = rng.choice(torch.nonzero(logits[0] == 0).flatten().tolist())
+        assert advance(matcher, token) == ""
+        tokens.append(token)
+    return matcher, tokenizer.decode(tokens, skip_special_tokens=True)

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from eval.agentsimp_metrics import score_document
-from eval.agentsimp_outputs import Reply, RoleValue, parse_output, settle
+from eval.agentsimp_outputs import Reply, settle
+from eval.agentsimp_parse import RoleValue, parse_output
 from eval.agentsimp_plan import PlanConfig, configurations, plan_document
 from eval.agentsimp_records import run_rows
 from eval.agentsimp_run import run_schedule

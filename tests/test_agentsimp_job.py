@@ -12,7 +12,7 @@ import pytest
 
 from actors.agentsimp_worker import AgentSimpWorker
 from eval.agentsimp_docs import Block, Document
-from eval.agentsimp_outputs import parse_output
+from eval.agentsimp_parse import parse_output
 from eval.agentsimp_records import document_row
 from eval.agentsimp_roles import join_paragraphs
 from jobs.cli import main as cli_main

@@ -1,4 +1,4 @@
-"""AgentSimp role outputs (eval.agentsimp_outputs) and their grammars (eval.agentsimp_grammar).
+"""AgentSimp role outputs (eval.agentsimp_parse, eval.agentsimp_outputs) and their grammars (eval.agentsimp_grammar).
 
 Tolerant extraction, strict schemas, "None" semantics, the retry policy as data, and the grammars checked with
 llguidance itself over a byte-level tokenizer (no model needed): answers in the fixed JSON layout are accepted,
@@ -15,25 +15,18 @@ import llguidance
 import llguidance.numpy
 import pytest
 
-from eval import agentsimp_grammar, agentsimp_outputs, agentsimp_roles, agentsimp_run
+from eval import agentsimp_grammar, agentsimp_outputs, agentsimp_parse, agentsimp_roles, agentsimp_run
 from eval.agentsimp_grammar import role_grammar
-from eval.agentsimp_outputs import (
-    FALL_BACK,
-    Reply,
-    RoleValue,
-    decide,
-    extract_json_object,
-    parse_output,
-    role_schema,
-    settle,
-)
+from eval.agentsimp_outputs import FALL_BACK, Reply, decide, settle
+from eval.agentsimp_parse import RoleValue, extract_json_object, parse_output, role_schema
 from eval.agentsimp_roles import ROLE_IDS, role_spec
+from tests.byte_grammar import accepts, matcher
 
 JSON_ROLES = [r for r in ROLE_IDS if role_spec(r).output == "json"]
 
 
 def test_doctests_pass():
-    for module in (agentsimp_outputs, agentsimp_grammar, agentsimp_roles, agentsimp_run):
+    for module in (agentsimp_outputs, agentsimp_parse, agentsimp_grammar, agentsimp_roles, agentsimp_run):
         assert doctest.testmod(module).failed == 0
 
 
@@ -131,35 +124,6 @@ def test_retry_policy_as_data():
 # ----------------------------------------------------------------------------- grammars, checked by llguidance
 
 
-class _Bytes:
-    """A byte-level tokenizer for llguidance: token i < 256 is byte i, 256 is EOS."""
-
-    def __init__(self):
-        self.eos_token_id = 256
-        self.bos_token_id = None
-        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-        self.special_token_ids = [256]
-
-    def __call__(self, text):
-        return list(text)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
-
-
-def matcher(tokenizer, grammar):
-    m = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-    assert not m.is_error(), m.get_error()
-    return m
-
-
-def accepts(tokenizer, grammar, text) -> bool:
-    m = matcher(tokenizer, grammar)
-    return all(m.consume_token(b) for b in text.encode()) and m.is_accepting()
-
-
 EXAMPLES = {
     "article_logic_analyst": {"title": "Bus fares", "subheadings": ["New prices", "Who pays less"]},
     "content_simplifier": {"simplified result": "Bus tickets cost \"less\" now.\nReally."},
@@ -172,44 +136,44 @@ EXAMPLES = {
 
 
 @pytest.mark.parametrize("role", JSON_ROLES)
-def test_grammar_accepts_the_dumped_answer_and_it_parses(tokenizer, role):
+def test_grammar_accepts_the_dumped_answer_and_it_parses(byte_tokenizer, role):
     grammar = role_grammar(role, 512)
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar)) == ""
     text = json.dumps(EXAMPLES[role])
-    assert accepts(tokenizer, grammar, text)
+    assert accepts(byte_tokenizer, grammar, text)
     assert parse_output(role, text).ok
 
 
-def test_grammar_rejects_other_layouts(tokenizer):
+def test_grammar_rejects_other_layouts(byte_tokenizer):
     grammar = role_grammar("metaphorical_analyst", 512)
-    assert not accepts(tokenizer, grammar, '{"simplified result": "None", "analyzed result": "None"}')  # order
-    assert not accepts(tokenizer, grammar, '{"analyzed result": "None"}')
-    assert not accepts(tokenizer, grammar, '{"analyzed result": "", "simplified result": "x"}')  # empty string
-    assert not accepts(tokenizer, grammar, '{"analyzed result": " x", "simplified result": "x"}')  # leading space
-    assert not accepts(tokenizer, grammar, '{"analyzed result": "a\nb", "simplified result": "x"}')  # raw newline
+    assert not accepts(byte_tokenizer, grammar, '{"simplified result": "None", "analyzed result": "None"}')  # order
+    assert not accepts(byte_tokenizer, grammar, '{"analyzed result": "None"}')
+    assert not accepts(byte_tokenizer, grammar, '{"analyzed result": "", "simplified result": "x"}')  # empty string
+    assert not accepts(byte_tokenizer, grammar, '{"analyzed result": " x", "simplified result": "x"}')  # leading space
+    assert not accepts(byte_tokenizer, grammar, '{"analyzed result": "a\nb", "simplified result": "x"}')  # raw newline
     terms = role_grammar("terminology_interpreter", 512)
-    assert accepts(tokenizer, terms, '{"terminology": ["a", "b"], "parsed result": "x"}')
-    assert not accepts(tokenizer, terms, '{"terminology": ["a", "b"], "parsed result": "x", "more": "y"}')
+    assert accepts(byte_tokenizer, terms, '{"terminology": ["a", "b"], "parsed result": "x"}')
+    assert not accepts(byte_tokenizer, terms, '{"terminology": ["a", "b"], "parsed result": "x", "more": "y"}')
 
 
-def test_grammar_bounds_strings_in_tokens(tokenizer):
+def test_grammar_bounds_strings_in_tokens(byte_tokenizer):
     grammar = role_grammar("content_simplifier", 64)  # 64 - (25 characters of fixed text + 8) = 31 tokens of text
-    assert accepts(tokenizer, grammar, json.dumps({"simplified result": "x" * 31}))
-    assert not accepts(tokenizer, grammar, json.dumps({"simplified result": "x" * 32}))
+    assert accepts(byte_tokenizer, grammar, json.dumps({"simplified result": "x" * 31}))
+    assert not accepts(byte_tokenizer, grammar, json.dumps({"simplified result": "x" * 32}))
     with pytest.raises(ValueError, match="too small"):
         role_grammar("metaphorical_analyst", 30)
 
 
 @pytest.mark.parametrize("role", JSON_ROLES)
-def test_random_walks_through_the_grammar_parse(tokenizer, role):
+def test_random_walks_through_the_grammar_parse(byte_tokenizer, role):
     """Any path the grammar allows (over printable ASCII, no backslash: see the module's one known gap) parses."""
     rng = random.Random(7)
     grammar = role_grammar(role, 160)
     lengths = []
     for _ in range(20):
-        m = matcher(tokenizer, grammar)
+        m = matcher(byte_tokenizer, grammar)
         out = bytearray()
-        mask = llguidance.numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
+        mask = llguidance.numpy.allocate_token_bitmask(1, byte_tokenizer.vocab_size)
         while not m.is_stopped() and len(out) < 400:
             llguidance.numpy.fill_next_token_bitmask(m, mask, 0)
             allowed = [t for t in range(32, 127) if (mask[0][t // 32] >> (t % 32)) & 1 and t != 92]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from eval.agentsimp_outputs import RoleValue
+from eval.agentsimp_parse import RoleValue
 from eval.agentsimp_plan import PlanConfig, RoleCall, configurations, plan_document
 from eval.agentsimp_roles import load_role_book
 from eval.agentsimp_run import Attempt, attempt_sampling, resolve_calls, run_record, run_schedule, run_schedules

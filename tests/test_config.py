@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import ConfigError, apply_override, config_hash, load_config
+from core.config import ConfigError, apply_override, config_hash, load_config, split_command
 from jobs.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +67,12 @@ def test_missing_file_and_bad_override():
         apply_override({}, "novalue")
     with pytest.raises(ConfigError, match=r"items\.7.*out of range"):
         load_config(Outer, None, ["items.7.size=1"])
+
+
+def test_split_command_keeps_flags_anywhere_after_the_config():
+    assert split_command(["c.yaml", "a.b=1", "--list", "x=--y", "--no-resume"]) == (
+        "c.yaml", ["a.b=1", "x=--y"], ["--list", "--no-resume"])
+    assert split_command(["c.yaml"]) == ("c.yaml", [], [])
 
 
 def test_config_hash_is_stable_and_sensitive():

@@ -4,7 +4,8 @@
 import pytest
 
 from eval.craft_agent import AgentConfig, Systems, expander, quality, scorer
-from eval.craft_mcts import MCTSConfig, run_search
+from eval.craft_mcts import run_search
+from eval.craft_mcts_config import MCTSConfig
 from eval.craft_tree import Proposal
 from tests.craft_fake import Script
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
-from actors.constrained import advance, mask_logits
 from eval.craft_calls import CallError, parse_call
 from eval.craft_grammar import planner_grammar
 from eval.craft_react import parse_planner_output
-from tests.grammar_check import accepts
+from tests.grammar_check import accepts, random_walk
 
 SENTENCES = ["The team have finished there project last week.", "It was a big relief.",
              'Everyone said "well done" in the office.']
@@ -50,21 +48,11 @@ def test_token_budget_arithmetic():
 
 def test_random_walks_always_parse_and_call_only_known_tools(compiler):
     """Any token the mask allows, chosen at random (a worst-case planner), gives a parseable answer in budget."""
-    comp, tokenizer = compiler
     max_tokens = 320
     grammar = planner_grammar(max_tokens, SENTENCES)
     rng = random.Random(0)
     for walk in range(2):
-        matcher = comp.matcher(grammar)
-        logits = torch.zeros(1, comp.vocab_size)
-        tokens = []
-        while not matcher.is_stopped() and len(tokens) < max_tokens:
-            logits.zero_()
-            mask_logits(logits, [matcher])
-            token = rng.choice(torch.nonzero(logits[0] == 0).flatten().tolist())
-            assert advance(matcher, token) == ""
-            tokens.append(token)
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        matcher, text = random_walk(compiler, grammar, max_tokens, rng)
         assert matcher.is_accepting(), f"walk {walk}: not a complete answer in {max_tokens} tokens: {text!r}"
         step = parse_planner_output(text)
         assert step.errors == [], (walk, step.errors, text)

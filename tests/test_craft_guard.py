@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from eval.craft_guard import GuardConfig, degenerate_reason
-from eval.craft_mcts import MCTSConfig, run_search
+from eval.craft_mcts import run_search
+from eval.craft_mcts_config import MCTSConfig
 from eval.craft_tree import Proposal, RewardTerms
 from tests.craft_script import INITIAL, NO_STOPS, nodes
 

@@ -17,7 +17,8 @@ import pytest
 from core.config import build
 from core.errors import ConfigError
 from eval import craft_guard, craft_mcts, craft_tree
-from eval.craft_mcts import TGMCTS, MCTSConfig, combine_reward, run_search, uct
+from eval.craft_mcts import TGMCTS, combine_reward, run_search, uct
+from eval.craft_mcts_config import MCTSConfig
 from eval.craft_tree import Node, Proposal, RewardTerms, SearchResult
 from tests.craft_script import FILLER, INITIAL, NO_STOPS, ORIGINAL, SCENARIO_A, Script, nodes, search, text
 

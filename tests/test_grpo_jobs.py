@@ -151,3 +151,22 @@ def test_the_served_grm_prompt_is_the_judge_training_prompt(judge_config, policy
         trained = judge_rows[(judge_rows["pair_id"] == row["id"]) & (judge_rows["order"] == "AB")]
         assert messages == json.loads(trained.iloc[0]["prompt_messages"]), row["id"]
     assert len(rows) >= 18  # every training (and validation) prompt was checked
+
+
+@pytest.mark.parametrize("judge_config, policy_config", [
+    ("judge_grpo_demo.yaml", "policy_grpo_demo.yaml"), ("judge_grpo_cluster.yaml", "policy_grpo_cluster.yaml")])
+def test_policy_configs_probe_the_judge_on_pairs_it_was_not_trained_on(judge_config, policy_config):
+    """Both policy GRPO configs measure the served judge's accuracy on a labelled probe set (monitor.probe_path),
+    and no probe pair is one the matching judge_grpo config trains the judge on."""
+    from eval.menlo_data import read_menlo_jsonl
+
+    cfg = load_config(policy_job.Config, REPO / "configs" / policy_config, ["data.limit=0"])
+    assert cfg.monitor.enabled and cfg.monitor.probe_path
+    pairs = policy_job.probe_pairs(cfg)
+    assert 2 <= len(pairs) <= cfg.monitor.probe_limit and {p["gold"] for p in pairs} <= {"A", "B", "tie"}
+    judge = load_config(judge_job.Config, REPO / "configs" / judge_config)
+    trained = read_menlo_jsonl(judge.data.path)
+    trained = trained[trained["split"].isin(judge.data.splits)]
+    probed = read_menlo_jsonl(cfg.monitor.probe_path).head(cfg.monitor.probe_limit)
+    assert set(probed["split"]) == {"test"}
+    assert not set(zip(probed["prompt"], probed["response_a"])) & set(zip(trained["prompt"], trained["response_a"]))

@@ -90,7 +90,7 @@ def job_config(tmp: Path, model_dir: str, overrides: list[str], grm_overrides: l
 def initial_lora(model_dir: str, cfg: job.Config) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
 
-    from train.loop import build_lora_model
+    from train.engine import build_lora_model
 
     model = build_lora_model(model_dir, cfg.grpo)
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from actors.constrained import GrammarCompiler, advance, mask_logits, unpack_bitmask
+from actors.constrained import GrammarCompiler, mask_logits, unpack_bitmask
 from actors.models import resolve_model_dir
 from eval.judge_grammar import (
     best_worst_grammar,
@@ -28,7 +28,7 @@ from eval.judge_grammar import (
 )
 from eval.judge_parse import parse_best_worst, parse_score
 from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
-from tests.grammar_check import accepts
+from tests.grammar_check import accepts, random_walk
 
 
 def test_budget_arithmetic_by_hand():
@@ -89,21 +89,10 @@ PARSERS = {
     ("score", 96, True), ("pairwise", 96, False), ("pairwise", 160, False), ("pointwise", 96, False)])
 def test_random_walks_always_parse_within_max_tokens(compiler, fmt, max_tokens, thinking):
     """Any token the mask allows, chosen at random (a worst-case model), ends in a parseable verdict in budget."""
-    comp, tokenizer = compiler
     grammar = judge_grammar(fmt, max_tokens, thinking=thinking)
     rng = random.Random(0)
     for walk in range(12):
-        matcher = comp.matcher(grammar)
-        logits = torch.zeros(1, comp.vocab_size)
-        tokens = []
-        while not matcher.is_stopped() and len(tokens) < max_tokens:
-            logits.zero_()
-            mask_logits(logits, [matcher])
-            allowed = torch.nonzero(logits[0] == 0).flatten().tolist()
-            token = rng.choice(allowed)
-            assert advance(matcher, token) == ""
-            tokens.append(token)
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        matcher, text = random_walk(compiler, grammar, max_tokens, rng)
         assert matcher.is_stopped(), f"walk {walk}: not finished in {max_tokens} tokens: {text!r}"
         assert PARSERS[fmt](text), f"walk {walk}: {text!r}"
 

@@ -16,61 +16,38 @@ from eval.listwise import (
     parse_ranking,
     rank_rewards,
 )
+from tests.byte_grammar import accepts
 
 
-class _Bytes:
-    """A byte-level tokenizer for llguidance: token i < 256 is byte i, 256 is EOS."""
-
-    def __init__(self):
-        self.eos_token_id = 256
-        self.bos_token_id = None
-        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-        self.special_token_ids = [256]
-
-    def __call__(self, text):
-        return list(text)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
-
-
-def accepts(tokenizer, grammar: str, text: str) -> bool:
-    matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-    assert not matcher.is_error(), matcher.get_error()
-    return all(matcher.consume_token(b) for b in text.encode()) and matcher.is_accepting()
-
-
-def test_the_rank_grammar_admits_exactly_the_permutations(tokenizer):
+def test_the_rank_grammar_admits_exactly_the_permutations(byte_tokenizer):
     n = 4
     grammar = listwise_grammar(n, "rank", max_tokens=128)
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar)) == ""
     accepted = set()
     for seq in itertools.product(range(1, n + 1), repeat=n):  # all 256 sequences of 4 indices
         text = "<think>compare them</think>\nRANKING: " + " > ".join(map(str, seq))
-        if accepts(tokenizer, grammar, text):
+        if accepts(byte_tokenizer, grammar, text):
             accepted.add(seq)
             assert parse_ranking(text, n).order == [k - 1 for k in seq]
     assert accepted == set(itertools.permutations(range(1, n + 1)))  # 24 of 256
-    assert not accepts(tokenizer, grammar, "<think>x</think>\nRANKING: 1 > 2 > 3")  # one missing
-    assert not accepts(tokenizer, grammar, "<think>x</think>\nRANKING: 1 > 2 > 3 > 5")  # unknown index
+    assert not accepts(byte_tokenizer, grammar, "<think>x</think>\nRANKING: 1 > 2 > 3")  # one missing
+    assert not accepts(byte_tokenizer, grammar, "<think>x</think>\nRANKING: 1 > 2 > 3 > 5")  # unknown index
 
 
-def test_the_grade_grammar_admits_n_grades_in_order(tokenizer):
+def test_the_grade_grammar_admits_n_grades_in_order(byte_tokenizer):
     grammar = listwise_grammar(3, "grade", max_tokens=128)
     good = "<think>ok</think>\nGRADES:\n[1]: 4\n[2]: 1\n[3]: 5"
-    assert accepts(tokenizer, grammar, good) and parse_grades(good, 3).grades == [4, 1, 5]
-    assert not accepts(tokenizer, grammar, "<think>ok</think>\nGRADES:\n[1]: 4\n[2]: 6\n[3]: 5")  # out of range
-    assert not accepts(tokenizer, grammar, "<think>ok</think>\nGRADES:\n[2]: 4\n[1]: 1\n[3]: 5")  # out of order
-    assert not accepts(tokenizer, grammar, "<think>ok</think>\nGRADES:\n[1]: 4\n[2]: 1")  # one missing
+    assert accepts(byte_tokenizer, grammar, good) and parse_grades(good, 3).grades == [4, 1, 5]
+    assert not accepts(byte_tokenizer, grammar, "<think>ok</think>\nGRADES:\n[1]: 4\n[2]: 6\n[3]: 5")  # out of range
+    assert not accepts(byte_tokenizer, grammar, "<think>ok</think>\nGRADES:\n[2]: 4\n[1]: 1\n[3]: 5")  # out of order
+    assert not accepts(byte_tokenizer, grammar, "<think>ok</think>\nGRADES:\n[1]: 4\n[2]: 1")  # one missing
 
 
-def test_the_largest_group_compiles(tokenizer):
+def test_the_largest_group_compiles(byte_tokenizer):
     grammar = listwise_grammar(MAX_LISTWISE, "rank", max_tokens=512)
     assert len(grammar.splitlines()) == 2 + 2 ** MAX_LISTWISE - 1  # start, 511 subset rules, reasoning
-    assert accepts(tokenizer, grammar, "<think></think>\nRANKING: 9 > 8 > 7 > 6 > 5 > 4 > 3 > 2 > 1")
-    assert not accepts(tokenizer, grammar, "<think></think>\nRANKING: 9 > 9 > 7 > 6 > 5 > 4 > 3 > 2 > 1")
+    assert accepts(byte_tokenizer, grammar, "<think></think>\nRANKING: 9 > 8 > 7 > 6 > 5 > 4 > 3 > 2 > 1")
+    assert not accepts(byte_tokenizer, grammar, "<think></think>\nRANKING: 9 > 9 > 7 > 6 > 5 > 4 > 3 > 2 > 1")
     with pytest.raises(ValueError, match="2..9"):
         listwise_grammar(MAX_LISTWISE + 1, "rank", 512)
     with pytest.raises(ValueError, match="mode"):

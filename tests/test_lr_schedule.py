@@ -19,7 +19,7 @@ def test_the_schedule_length_counts_optimizer_steps():
 @pytest.mark.parametrize("scheduler", ["linear", "cosine"])
 def test_a_grpo_run_decays_over_its_whole_length(scheduler):
     """Ten GRPO steps of two optimizer steps each, stepped as DeepSpeed does (once per optimizer step) through the
-    LambdaLR `train.loop.build_engine` builds: the LR reaches 0 only after the last step, never half way."""
+    LambdaLR `train.engine.build_engine` builds: the LR reaches 0 only after the last step, never half way."""
     cfg = GRPOConfig(num_iterations=2, scheduler=scheduler, warmup_ratio=0.1, lr=1.0)
     grpo_steps = 10
     length = cfg.schedule_steps(grpo_steps)

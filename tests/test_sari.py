@@ -15,20 +15,19 @@ def read_lines(path):
         return [line.rstrip("\n") for line in f]
 
 
+def read_corpus(folder, orig_name, refs_prefix, n_refs):
+    """(source lines, one list of lines per reference file `<refs_prefix><i>`, i < n_refs)."""
+    return read_lines(folder / orig_name), [read_lines(folder / f"{refs_prefix}{i}") for i in range(n_refs)]
+
+
 @pytest.fixture(scope="module")
 def turk(shared_data):
-    folder = shared_data / "turkcorpus"
-    orig = read_lines(folder / "tune.8turkers.tok.norm")
-    refs = [read_lines(folder / f"tune.8turkers.tok.turk.{i}") for i in range(8)]
-    return orig, refs
+    return read_corpus(shared_data / "turkcorpus", "tune.8turkers.tok.norm", "tune.8turkers.tok.turk.", 8)
 
 
 @pytest.fixture(scope="module")
 def asset(shared_data):
-    folder = shared_data / "asset"
-    orig = read_lines(folder / "asset.valid.orig")
-    refs = [read_lines(folder / f"asset.valid.simp.{i}") for i in range(10)]
-    return orig, refs
+    return read_corpus(shared_data / "asset", "asset.valid.orig", "asset.valid.simp.", 10)
 
 
 def assert_components(score, sari, add, keep, delete):

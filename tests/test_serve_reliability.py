@@ -220,7 +220,7 @@ def test_check_health_fails_for_each_way_a_replica_is_useless(tiny_model_dir):
     settings = faults_config(tiny_model_dir, 8000).replica_settings()
     # the class as written, below the wrapper @serve.ingress adds (whose async __init__ needs a replica)
     written = GRMServer.func_or_class.__mro__[1]
-    assert "check_health" in vars(written)
+    assert "check_health" in dir(written)
     server = written()
 
     async def check() -> None:

@@ -60,7 +60,7 @@ def initial_lora_weights(model_dir: str, cfg: TrainConfig) -> dict[str, torch.Te
     """The adapter as the workers initialise it, rebuilt here with the loop's own builder and seed."""
     from peft import get_peft_model_state_dict
 
-    from train.loop import build_lora_model
+    from train.engine import build_lora_model
 
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(build_lora_model(model_dir, cfg)).items()}
 
@@ -178,7 +178,7 @@ def test_sft_overfits_one_batch_and_the_merged_adapter_writes_the_target_under_t
 
 def test_zero3_with_gradient_checkpointing_trains(ray_local, tiny_model_dir, tmp_path):
     """The cluster configs' combination: ZeRO-3 partitions each layer's weights again after its forward, so the
-    layer recomputed in backward must not be held to the forward's parameter shapes (train.loop.build_lora_model)."""
+    layer recomputed in backward must not be held to the forward's parameter shapes (train.engine.build_lora_model)."""
     cfg = tiny_config(tiny_model_dir, run_name="zero3-ckpt", deepspeed=DeepSpeedSection(zero_stage=3), max_steps=2,
                       checkpoint_every=2, gradient_checkpointing=True)
     result = run_training(cfg, make_rows(), run_dir=str(tmp_path))

@@ -228,7 +228,7 @@ def test_synced_adapter_changes_the_rollouts(smollm2_dir, tmp_path, monkeypatch)
                         ("MASTER_PORT", str(free_ports(1)[0]))):
         monkeypatch.setenv(name, value)
 
-    from train.loop import build_lora_model
+    from train.engine import build_lora_model
     from train.vllm_rollout import VLLMRollout
 
     cfg = GRPOConfig(model=smollm2_dir, use_gpu=True, group_size=2, max_prompt_length=64, max_completion_length=8)

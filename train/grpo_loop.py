@@ -9,7 +9,9 @@ optimizer step, rank r:
    number, so a resumed run reads the same prompts);
 2. samples `group_size` completions per prompt from its *current* policy (`HFRollout` on the model itself, or
    `train.vllm_rollout.VLLMRollout` with the adapter synced after every step; seeded by step and rank), in calls of
-   `rollout.prompts_per_generate` prompts;
+   `rollout.prompts_per_generate` prompts; with `rollout.max_staleness: 1` the next step's rollouts are sampled
+   too, with the same policy, while this step's last groups are judged, and their behaviour log-probs taken before
+   the update (`train.grpo_staleness`: the order of a step's work);
 3. asks the reward callable for one `GroupOutcome` per prompt, each call's groups sent as soon as that call
    returns (`reward.overlap`, `train.grpo_overlap`: the judge works while the next call generates); failed groups
    (reward service down, timed out, no reward for a rollout) are counted and masked out of the loss, never scored 0;
@@ -18,8 +20,8 @@ optimizer step, rank r:
    loss is aggregated per micro-batch and DeepSpeed averages micro-batches and workers (so "token_mean" is a
    mean of micro-batch token means, as in TRL's per-device normalisation);
 5. reports the step's metrics reduced over workers (every reward component, failures by kind, service latency,
-   response length, KL, clip fraction, entropy, tokens/s) and, every `checkpoint_every` steps, a checkpoint in
-   the layout of `train/loop.py`, whose engine, checkpoint and W&B helpers are reused here;
+   response length, KL, clip fraction, entropy, tokens/s, staleness) and, every `checkpoint_every` steps, a
+   checkpoint (`train/checkpoint.py`; engine and W&B helpers shared with preference training);
 6. every `monitor.every` steps, when the reward spec carries a ``monitor`` section (a judge reward), the
    reward-hacking monitors (`train.grpo_monitoring`): ``monitor/*`` metrics and alerts.
 
@@ -41,7 +43,9 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import GRPOConfig
+from train.engine import build_engine, build_lora_model, output_head
 from train.grpo_batch import (
     GroupOutcome,
     finish_outcome_metrics,
@@ -51,12 +55,12 @@ from train.grpo_batch import (
 )
 from train.grpo_micro import micro_loss, policy_logps
 from train.grpo_monitoring import LoopMonitors
-from train.grpo_overlap import reward_overlaps, rollout_and_reward
+from train.grpo_overlap import InFlight, reward_overlaps, start_rollouts
 from train.grpo_rewards import build_reward
+from train.grpo_staleness import Batch, StepPipeline
 from train.grpo_stats import finish_stats, rank_metrics, step_stat_sums
 from train.grpo_validate import BaselineAnswers, BestAdapter, validate, write_answers
 from train.hf_rollout import HFRollout
-from train.loop import _init_wandb, _report, build_engine, build_lora_model, output_head, restore_checkpoint
 from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
 from train.precision import worker_precision
 
@@ -74,8 +78,9 @@ def grpo_loop_per_worker(config: dict) -> None:
     total, rows = config["total_steps"], config["rows"]
     tokenizer = AutoTokenizer.from_pretrained(config["model_dir"])
     engine = build_engine(build_lora_model(config["model_dir"], cfg), cfg, world, total)
-    start = restore_checkpoint(engine, rank)
-    tracker = _init_wandb(cfg, config, rank)
+    state: dict = {}
+    start = restore_checkpoint(engine, rank, state)
+    tracker = init_wandb(cfg, config, rank)
     # reward-hacking monitors (train.grpo_monitoring): on when the reward spec carries a monitor section
     monitors = LoopMonitors.build(config["reward"], rank, tracker)
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
@@ -87,11 +92,15 @@ def grpo_loop_per_worker(config: dict) -> None:
     # prompts over max_prompt_length lose the tail of their user turn (fit_prompt): counted once over all rows
     rows_truncated = float(sum(encode_prompt(tokenizer, row, cfg)[1] for row in rows))
     failed_streak = 0
+    pipeline = step_pipeline(engine, tokenizer, cfg, rows, reward_fn, rollout, rank, world, total)
+    off_policy = int(state.get("off_policy_steps", 0))  # the run's steps trained on an earlier policy's rollouts
     try:
         for step in range(start, total):
-            metrics, samples = grpo_step(engine, tokenizer, cfg, rows, reward_fn, rollout, step, rank, world)
+            metrics, samples = grpo_step(engine, tokenizer, cfg, pipeline, step, rank)
             done = step + 1
-            metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated}
+            off_policy += metrics["grpo/staleness"] > 0
+            metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated,
+                        "grpo/off_policy_steps": float(off_policy)}
             if monitors is not None:  # a collective at monitored steps: every rank calls it
                 metrics |= monitors.step(done, samples, metrics, reduce_sums)
             if best is not None and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
@@ -111,8 +120,8 @@ def grpo_loop_per_worker(config: dict) -> None:
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
                 _log_samples(tracker, samples, done)
-            _report(engine, cfg, metrics, done, total, rank, done % cfg.checkpoint_every == 0 or done == total,
-                    tracker)
+            report_step(engine, cfg, metrics, done, total, rank, done % cfg.checkpoint_every == 0 or done == total,
+                        tracker, {"off_policy_steps": off_policy})
             if cfg.max_failed_steps and failed_streak >= cfg.max_failed_steps:
                 raise RuntimeError(f"max_failed_steps: every reward group failed in {failed_streak} consecutive "
                                    f"steps (last errors: {_error_kinds(metrics)}); is the reward service up?")
@@ -141,50 +150,81 @@ def make_rollout(tokenizer, cfg: GRPOConfig, model_dir: str, rank: int, world: i
 # One step
 
 
-def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, rollout, step: int,
-              rank: int, world: int) -> tuple[Metrics, list[dict]]:
+def step_pipeline(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, rollout, rank: int, world: int,
+                  total: int) -> StepPipeline:
+    """The order of a step's sync, rollouts, rewards and behaviour log-probs (`train.grpo_staleness`)."""
+
+    def launch(step: int) -> tuple[InFlight, dict]:
+        indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
+        batch_rows = [rows[i] for i in indices]
+        encoded = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
+        prompts = [ids for ids, _ in encoded]
+        seed = cfg.seed * 1_000_003 + step * 1_009 + rank  # resumable, distinct per rank, whenever generated
+        torch.manual_seed(seed)
+        # rollouts call by call (rollout.prompts_per_generate), each call's groups sent to the reward as it returns
+        # (reward.overlap): the same rollouts and outcomes as generate-then-reward, with the judge's time overlapped
+        flight = start_rollouts(
+            lambda part, first: rollout.generate(engine.module, part, cfg.group_size, seed, first=first),
+            lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), reward_fn, batch_rows, prompts,
+            cfg.group_size, cfg.rollout.prompts_per_generate, reward_overlaps(reward_fn))
+        return flight, {"rows": batch_rows, "prompts": prompts, "truncated": sum(t for _, t in encoded),
+                        "pad_id": rollout.pad_id}
+
+    def behaviour(batch: Batch) -> list[torch.Tensor]:
+        return old_logps(engine, cfg, rollout_batch(cfg, batch))
+
+    return StepPipeline(lambda: rollout.sync(engine), launch, behaviour, reward_fn, cfg.rollout.max_staleness, total)
+
+
+def rollout_batch(cfg: GRPOConfig, batch: Batch) -> dict[str, torch.Tensor]:
+    """Prompt + completion of every rollout, left-padded: every completion ends at the last position, so only a
+    trailing window needs logits."""
+    repeated = [p for p in batch.extra["prompts"] for _ in range(cfg.group_size)]
+    return collate_sequences(repeated, batch.flight.completions, batch.extra["pad_id"], "left")
+
+
+def old_logps(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The current policy's per-token log-probs of every micro-batch, no grad: the PPO ratio's "old" policy."""
+    engine.train()  # as in the update's own passes (gradient checkpointing and dropout modes alike)
+    batch = {k: v.to(engine.device) for k, v in batch.items()}
+    head = output_head(engine, cfg)
+    return [policy_logps(engine, batch, s, cfg, no_grad=True, head=head)[0]
+            for s in micro_batch_slices(batch["input_ids"].shape[0], cfg.micro_batch_size)]
+
+
+def grpo_step(engine, tokenizer, cfg: GRPOConfig, pipeline: StepPipeline, step: int,
+              rank: int) -> tuple[Metrics, list[dict]]:
     """Rollouts -> rewards -> `num_iterations` optimizer steps. Returns the reduced metrics and rank-local samples."""
     began = time.perf_counter()
-    indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
-    batch_rows = [rows[i] for i in indices]
-    encoded = [encode_prompt(tokenizer, row, cfg) for row in batch_rows]
-    prompts = [ids for ids, _ in encoded]
-    seed = cfg.seed * 1_000_003 + step * 1_009 + rank  # resumable, distinct per rank
-    torch.manual_seed(seed)
     cuda = engine.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(engine.device)
-    clock = time.perf_counter()
-    rollout.sync(engine)
-    sync_s, clock = time.perf_counter() - clock, time.perf_counter()
-    # rollouts call by call (rollout.prompts_per_generate), each call's groups sent to the reward as it returns
-    # (reward.overlap): the same rollouts and outcomes as generate-then-reward, with the judge's time overlapped
-    got = rollout_and_reward(
-        lambda part, first: rollout.generate(engine.module, part, cfg.group_size, seed, first=first),
-        lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), reward_fn, batch_rows, prompts,
-        cfg.group_size, cfg.rollout.prompts_per_generate, reward_overlaps(reward_fn))
+    took = pipeline.take(step)  # sync, this step's rollouts (and with max_staleness 1 the next step's), rewards
+    batch, got = took.batch, took.got
+    batch_rows, prompts = batch.extra["rows"], batch.extra["prompts"]
     completions, finished, texts = got.completions, got.finished, got.texts
     outcomes: list[GroupOutcome] = got.outcomes
-    generate_s, reward_s = got.generate_s, got.reward_wait_s
     advantages, valid = outcome_advantages(outcomes, cfg.group_size, cfg.normalize_std)
     if _any_worker(bool(valid.any())):
-        repeated = [p for p in prompts for _ in range(cfg.group_size)]
-        # left padding: every completion ends at the last position, so only a trailing window needs logits
-        sums = policy_update(engine, cfg, collate_sequences(repeated, completions, rollout.pad_id, "left"),
-                             advantages, valid)
+        sums = policy_update(engine, cfg, rollout_batch(cfg, batch), advantages,
+                             valid, behaviour=batch.behaviour)
     else:
         # no group scored anywhere: no optimizer step at all (weight decay and Adam state would still move)
         sums = {"lr": engine.get_lr()[0], "grad_norm_max": math.nan, "train_tokens": 0.0, "updates_skipped": 1.0}
     sums |= outcome_sums(outcomes) | _length_sums(completions, finished) | step_stat_sums(
         [o.rewards for o in outcomes if o.ok], advantages, valid, [len(p) for p in prompts],
         [len(c) for c in completions])
-    sums["generated_tokens"] = float(sum(len(c) for c in completions))
-    sums["prompts_truncated"] = float(sum(truncated for _, truncated in encoded))
+    # generation in this step's clock: its own rollouts, or (max_staleness 1) the next step's
+    sums["generated_tokens"] = float(took.generated_tokens)
+    sums["prompts_truncated"] = float(batch.extra["truncated"])
+    sums["old_logprob_s_max"] = sums.get("old_logprob_s_max", 0.0) + took.behaviour_s
+    sums["staleness_max"] = float(took.staleness)
     step_s = time.perf_counter() - began
-    sums |= {"generate_s_max": generate_s, "step_s_max": step_s, "weight_sync_s_max": sync_s, "reward_s_max": reward_s,
-             "reward_span_s_max": got.reward_span_s, "reward_hidden_s_max": got.reward_hidden_s}
+    sums |= {"generate_s_max": took.generate_s, "step_s_max": step_s, "weight_sync_s_max": took.sync_s,
+             "reward_s_max": got.reward_wait_s, "reward_span_s_max": got.reward_span_s,
+             "reward_hidden_s_max": got.reward_hidden_s}
     mine = {"tokens_per_s": sums["train_tokens"] / max(step_s, 1e-9),
-            "generate_tokens_per_s": sums["generated_tokens"] / max(generate_s, 1e-9)}
+            "generate_tokens_per_s": sums["generated_tokens"] / max(took.generate_s, 1e-9)}
     if cuda:  # this process's torch allocator (DeepSpeed and HF; vLLM's engine process is not counted)
         mine["peak_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
         sums["peak_memory_gib_max"] = mine["peak_memory_gib"]
@@ -201,14 +241,18 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, r
 
 
 def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advantages: torch.Tensor,
-                  valid: torch.Tensor) -> Metrics:
-    """`num_iterations` passes of `grad_accum` micro-batches; the engine steps at each accumulation boundary."""
+                  valid: torch.Tensor, behaviour: list[torch.Tensor] | None = None) -> Metrics:
+    """`num_iterations` passes of `grad_accum` micro-batches; the engine steps at each accumulation boundary.
+
+    The ratio's "old" log-probs are `behaviour`'s when the rollouts came from an earlier policy (max_staleness 1:
+    computed before the previous update); else this policy's own, computed here when `num_iterations` > 1 (with
+    one pass they equal the current log-probs, detached, and `train.grpo_micro.micro_loss` uses those).
+    """
     engine.train()  # rollouts ran in eval mode; gradient checkpointing only acts in train mode
     batch = {k: v.to(engine.device) for k, v in batch.items()}
     slices = micro_batch_slices(batch["input_ids"].shape[0], cfg.micro_batch_size)
     clock = time.perf_counter()
-    old = ([policy_logps(engine, batch, s, cfg, no_grad=True, head=output_head(engine, cfg))[0] for s in slices]
-           if cfg.num_iterations > 1 else None)
+    old = behaviour if behaviour is not None else old_logps(engine, cfg, batch) if cfg.num_iterations > 1 else None
     old_s, clock = time.perf_counter() - clock, time.perf_counter()
     ref = ([policy_logps(engine, batch, s, cfg, no_grad=True, reference=True, head=output_head(engine, cfg))[0]
             for s in slices] if cfg.kl_coef else None)
@@ -295,6 +339,8 @@ def _finish(totals: Metrics) -> Metrics:
             metrics[f"perf/{key}"] = max(totals[f"{key}_max"], 0.0)
     if "peak_memory_gib_max" in totals:
         metrics["gpu/peak_memory_gib"] = totals["peak_memory_gib_max"]
+    # GRPO steps between the policy that sampled this step's rollouts and the one it updates (rollout.max_staleness)
+    metrics["grpo/staleness"] = max(totals.get("staleness_max", 0.0), 0.0)
     metrics |= {k: v for k, v in totals.items() if k.startswith("perf/rank")}
     return metrics
 

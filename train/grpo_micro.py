@@ -28,7 +28,7 @@ def policy_logps(engine, batch: dict, part: slice, cfg: GRPOConfig, no_grad: boo
 
     With `logprob_chunk_tokens` the vocabulary projection runs chunk by chunk on the final hidden states
     (`train.logprobs.chunked_token_logps`) with `head` (default: the output embedding module; under ZeRO-3 the
-    loop passes `train.loop.output_head`), so no (b, T, V) logits exist; else the model's own logits of the window.
+    loop passes `train.engine.output_head`), so no (b, T, V) logits exist; else the model's own logits of the window.
     """
     keep = completion_window(batch["loss_mask"])  # the whole batch's window: every micro-batch aligns with `old`
     context = engine.module.disable_adapter() if reference else contextlib.nullcontext()

@@ -16,6 +16,10 @@ rewards after its last rollout (the reward *phase*: generate + reward wait + upd
 `reward_span_s` the wall time from the first request sent to the last answer (the judge's share of the step,
 partly hidden behind generation when overlapped).
 
+`rollout_and_reward` is `start_rollouts` (generate, sending each call's groups) then `collect_rewards` (wait for
+the answers still missing); between the two the worker may generate the next step's rollouts
+(``rollout.max_staleness: 1``, `train.grpo_staleness`).
+
 Pure: no ray, no torch; `generate`, `decode` and `reward` are the caller's.
 """
 
@@ -82,10 +86,35 @@ def submit_groups(reward, rows: list[dict], groups: list[list[str]]) -> list[Fut
     return done
 
 
-def rollout_and_reward(generate: Generate, decode: Callable[[list[list[int]]], list[str]], reward,
-                       rows: list[dict], prompts: list[list[int]], group_size: int, per_call: int, overlap: bool,
-                       clock: Callable[[], float] = time.perf_counter) -> StepRollouts:
-    """Generate the step's rollouts call by call and reward every group (see the module docstring)."""
+@dataclasses.dataclass
+class InFlight:
+    """A step's rollouts, all generated, with their groups' reward requests sent (overlap) or not yet (strict).
+
+    `collect_rewards` turns it into a `StepRollouts`; in between the worker may do other work (generate the next
+    step's rollouts: `train.grpo_staleness`) while the judge scores these groups.
+    """
+
+    rows: list[dict]
+    group_size: int
+    completions: list[list[int]]
+    finished: list[bool]
+    texts: list[str]
+    futures: list[Future]  # one per group when overlapped; empty when the groups are still to be sent
+    generate_s: float
+    generated_at: float
+    sent_at: float | None
+    last_answer: list[float]
+    lock: threading.Lock
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(c) for c in self.completions)
+
+
+def start_rollouts(generate: Generate, decode: Callable[[list[list[int]]], list[str]], reward, rows: list[dict],
+                   prompts: list[list[int]], group_size: int, per_call: int, overlap: bool,
+                   clock: Callable[[], float] = time.perf_counter) -> InFlight:
+    """Generate the step's rollouts call by call; with `overlap` each call's groups are sent as it returns."""
     completions: list[list[int]] = []
     finished: list[bool] = []
     texts: list[str] = []
@@ -117,16 +146,33 @@ def rollout_and_reward(generate: Generate, decode: Callable[[list[list[int]]], l
                 future.add_done_callback(answered)
             futures += sent
     generated = clock()
+    return InFlight(rows, group_size, completions, finished, texts, futures, generate_s=generated - began,
+                    generated_at=generated, sent_at=first_sent[0] if first_sent else None, last_answer=last_answer,
+                    lock=lock)
+
+
+def collect_rewards(flight: InFlight, reward, clock: Callable[[], float] = time.perf_counter) -> StepRollouts:
+    """Wait for every group's answer (strict: send them all now and wait); the outcomes in prompt order."""
+    began = clock()
     # answers still missing now end the span when the step has them (a done-callback may run after result())
-    pending = any(not future.done() for future in futures)
-    if overlap:
-        outcomes = [future.result() for future in futures]
+    pending = any(not future.done() for future in flight.futures)
+    if flight.futures:
+        outcomes = [future.result() for future in flight.futures]
     else:
-        groups = [texts[g * group_size:(g + 1) * group_size] for g in range(len(prompts))]
-        outcomes = reward(rows, groups)
+        size = flight.group_size
+        groups = [flight.texts[g * size:(g + 1) * size] for g in range(len(flight.rows))]
+        outcomes = reward(flight.rows, groups)
     waited = clock()
-    sent_at = first_sent[0] if first_sent else generated
-    with lock:
-        span_end = max(last_answer[0], sent_at) if overlap and not pending else waited
-    return StepRollouts(completions, finished, texts, list(outcomes), generate_s=generated - began,
-                        reward_wait_s=waited - generated, reward_span_s=span_end - sent_at)
+    sent_at = flight.sent_at if flight.sent_at is not None else began
+    with flight.lock:
+        span_end = max(flight.last_answer[0], sent_at) if flight.futures and not pending else waited
+    return StepRollouts(flight.completions, flight.finished, flight.texts, list(outcomes),
+                        generate_s=flight.generate_s, reward_wait_s=waited - began, reward_span_s=span_end - sent_at)
+
+
+def rollout_and_reward(generate: Generate, decode: Callable[[list[list[int]]], list[str]], reward,
+                       rows: list[dict], prompts: list[list[int]], group_size: int, per_call: int, overlap: bool,
+                       clock: Callable[[], float] = time.perf_counter) -> StepRollouts:
+    """Generate the step's rollouts call by call and reward every group (see the module docstring)."""
+    flight = start_rollouts(generate, decode, reward, rows, prompts, group_size, per_call, overlap, clock)
+    return collect_rewards(flight, reward, clock)

@@ -192,7 +192,7 @@ class BestAdapter:
 
     def offer(self, engine, zero_stage: int, metrics: Metrics, step: int) -> bool:
         """Keep the adapter if `metrics[self.key]` is a new best. Every rank calls it (ZeRO-3 gathers)."""
-        from train.loop import lora_state_dict
+        from train.engine import lora_state_dict
 
         value = metrics[self.key]
         if not improved(value, self.score):

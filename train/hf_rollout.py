@@ -15,8 +15,10 @@ from train.grpo_batch import trim_completion
 class HFRollout:
     """Sampling from the training policy itself with `generate` (CPU, small GPU runs).
 
-    The rollouts always come from the latest weights, so GRPO stays on-policy with no weight sync (`sync` is a
-    no-op); `train.vllm_rollout.VLLMRollout` is the fast engine for GPUs, synced after every optimizer step.
+    The rollouts come from the weights as they are when `generate` runs, so GRPO stays on-policy with no weight sync
+    (`sync` is a no-op; with `rollout.max_staleness: 1` the next step's rollouts are generated before the update:
+    `train.grpo_staleness`); `train.vllm_rollout.VLLMRollout` is the fast engine for GPUs, synced after every
+    optimizer step.
     """
 
     def __init__(self, tokenizer, cfg: GRPOConfig, synced_gpus: bool):

@@ -74,7 +74,7 @@ def chunked_token_logps(
     Args:
         hidden: Final (post-norm) hidden states. Shape: (b, T, H).
         head: The output projection, (n, H) -> (n, V) logits: the output embedding module, or under ZeRO-3 a
-            function of its gathered weight (`train.loop.output_head`): a partitioned module would gather at each
+            function of its gathered weight (`train.engine.output_head`): a partitioned module would gather at each
             call, a collective whose count (chunks) differs between ranks.
         labels: Token ids in ``[0, V)``. Shape: (b, T).
         chunk_tokens: Positions per chunk (> 0).

@@ -8,15 +8,10 @@ the batch plan in `train/pairs_data.py`, log-probs in `train/logprobs.py`, losse
 
 Per optimizer step, rank r runs `grad_accum` micro-batches given by `pairs_data.step_row_indices` (a function of the
 step number only), one concatenated forward of chosen + rejected rows each; DPO adds a no-grad forward with the LoRA
-adapter disabled as its reference model (no second model copy). A checkpoint (Ray Train merges the workers'
-directories into one) holds:
-    deepspeed/step_<k>/...   DeepSpeed `save_checkpoint` per rank: LoRA weights, optimizer, LR scheduler (frozen
-                             base weights excluded; they are reloaded from `model_dir`)
-    rng/rank<r>.pt           each rank's torch RNG state (LoRA dropout), so a resumed run replays the same masks
-    adapter/                 rank 0's peft `save_pretrained` of the LoRA adapter
-    train_state.json         step and total steps
-On start a worker restores all of that from `ray.train.get_checkpoint()` and continues at the saved step, so a run
-that failed and resumed ends at the same step, on the same batches, as one that did not.
+adapter disabled as its reference model (no second model copy). The model and engine come from `train/engine.py`,
+checkpoints (DeepSpeed state, RNG, adapter) from `train/checkpoint.py`: on start a worker restores the latest and
+continues at the saved step, so a run that failed and resumed ends at the same step, on the same batches, as one
+that did not.
 
 One loop serves all six losses rather than TRL's `trl.experimental.cpo.CPOTrainer` for cpo/simpo/cpo_simpo: ARPO and
 DPO need `compute_preference_loss` anyway, and a single loop keeps batching, checkpoints and resume identical for all.
@@ -24,25 +19,17 @@ DPO need `compute_preference_loss` anyway, and a single loop keeps batching, che
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import math
-import os
-import tempfile
 import time
-from pathlib import Path
 
-import deepspeed
 import ray.train
 import torch
 import torch.distributed as dist
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from core.tracking import start_worker_run
+from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import TrainConfig
-from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
+from train.engine import base_fingerprint, build_engine, build_lora_model, output_head
 from train.grpo_micro import final_hidden
 from train.logprobs import chunked_token_logps, sequence_logps
 from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
@@ -70,7 +57,7 @@ def train_loop_per_worker(config: dict) -> None:
     zero3 = cfg.deepspeed.zero_stage == 3
     fingerprint = base_fingerprint(engine.module, gather=zero3)  # after DeepSpeed's dtype cast, if any
     start = restore_checkpoint(engine, rank)
-    tracker = _init_wandb(cfg, config, rank)
+    tracker = init_wandb(cfg, config, rank)
     sums, tokens, clock = {}, 0, time.perf_counter()
     for step in range(start, total):
         step_sums, step_tokens = train_step(engine, tokenizer, cfg, rows, step, rank, world)
@@ -86,90 +73,12 @@ def train_loop_per_worker(config: dict) -> None:
             metrics["base_drift"] = float((base_fingerprint(engine.module, gather=zero3) - fingerprint).abs().max())
             if world > 1:
                 metrics["time/allreduce_s"] = allreduce_seconds(engine)
-        _report(engine, cfg, metrics, done, total, rank, save, tracker)
+        report_step(engine, cfg, metrics, done, total, rank, save, tracker)
         sums, tokens, clock = {}, 0, time.perf_counter()
         if cfg.fail_at_step and done == cfg.fail_at_step and start == 0 and rank == world - 1:
             raise RuntimeError(f"fail_at_step={done}: injected worker failure (test hook)")
     if tracker is not None:
         tracker.finish()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Model and engine
-
-
-def build_lora_model(model_dir: str, cfg: TrainConfig) -> torch.nn.Module:
-    """Load the base model in fp32 and wrap it with a freshly initialised LoRA adapter (seeded by ``cfg.seed``), or
-    with ``cfg.init_adapter`` loaded trainable.
-
-    Args:
-        model_dir: HF model directory.
-        cfg: Run config (``lora`` section, ``seed``, ``gradient_checkpointing``).
-
-    Returns:
-        The peft model; only the LoRA parameters require grad.
-    """
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    if cfg.init_adapter:
-        # SFT -> RL (paper 003): continue training the given adapter (its shape was checked against `cfg.lora`)
-        from peft import PeftModel
-
-        return PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
-    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                      target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        return get_peft_model(model, lora)
-
-
-def skip_cpu_shm_allreduce() -> None:
-    """Keep DeepSpeed's CPU backend on plain gloo instead of its shared-memory allreduce op.
-
-    DeepSpeed JIT-compiles that op on the first `init_distributed` of every fresh machine (minutes on 2 cores), and a
-    build killed half way leaves a lock in ~/.cache/torch_extensions that makes every later run wait forever. Setting
-    the module attribute also skips DeepSpeed's probe of every op (compiler subprocesses); the shm op is its only reader.
-    """
-    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
-
-
-def build_engine(model: torch.nn.Module, cfg: TrainConfig, world: int, total_steps: int):
-    """`deepspeed.initialize` with torch AdamW over the LoRA parameters and a LambdaLR over `lr_multiplier`."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    # in scheduler steps: DeepSpeed steps the scheduler at every optimizer step (GRPO: num_iterations per step)
-    length = cfg.schedule_steps(total_steps)
-    warmup = warmup_steps(length, cfg.warmup_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, length, warmup, cfg.scheduler))
-    ds_config = build_ds_config(
-        cfg.micro_batch_size, cfg.grad_accum, world, cfg.deepspeed.zero_stage,
-        resolve_precision(cfg.precision, cfg.use_gpu), cfg.deepspeed.offload_optimizer,
-        cfg.deepspeed.offload_params, cfg.max_grad_norm)
-    if not cfg.use_gpu:
-        skip_cpu_shm_allreduce()
-    # Ray Train's TorchConfig already created the process group (gloo on CPU); DeepSpeed adopts it
-    deepspeed.init_distributed(dist_backend="nccl" if cfg.use_gpu else "gloo")
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
-    return engine
-
-
-def base_fingerprint(model: torch.nn.Module, gather: bool) -> torch.Tensor:
-    """Per frozen parameter (sum, sum of squares) in float64: any change to the base weights shows up here.
-
-    Args:
-        model: The peft model (or the engine's module).
-        gather: True under ZeRO-3, where parameters are partitioned and must be gathered (a collective).
-
-    Returns:
-        Shape: (n_frozen_params, 2).
-    """
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    gathered = deepspeed.zero.GatheredParameters(frozen) if gather else contextlib.nullcontext()
-    with gathered:
-        return torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
-                            for p in frozen])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,23 +93,6 @@ def _collate(tokenizer, cfg: TrainConfig, rows: list[dict], device) -> dict[str,
     else:
         batch = collate_pairs([encode_pair(tokenizer, r, *limits) for r in rows], pad_id, cfg.padding_side)
     return {k: v.to(device) for k, v in batch.items()}
-
-
-def output_head(engine, cfg: TrainConfig):
-    """The output projection for chunked log-probs. Under ZeRO-3 its weight is gathered once, here, and copied:
-    the partitioned module would gather at every chunk, a collective whose count differs between ranks (their
-    batches differ in length), and the copy outlives the gather for the chunks recomputed in backward. LoRA
-    leaves the head frozen, so no gradient is lost; a trainable head is refused."""
-    head = engine.module.get_output_embeddings()
-    if not cfg.logprob_chunk_tokens or cfg.deepspeed.zero_stage != 3:
-        return head
-    params = list(head.parameters())
-    if any(p.requires_grad for p in params):
-        raise ValueError("logprob_chunk_tokens: under ZeRO-3 the output head must be frozen; set it to 0")
-    with deepspeed.zero.GatheredParameters(params):
-        weight = head.weight.detach().clone()
-        bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
-    return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
 
 
 def _logps(engine, batch: dict[str, torch.Tensor], cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +190,7 @@ def _full_grad_norm(engine) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Metrics, evaluation, checkpoints
+# Metrics and evaluation
 
 
 def _add(total: dict, new: dict) -> dict:
@@ -364,71 +256,3 @@ def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, w
     return {f"eval/{k}": v for k, v in _reduce_means(sums).items()}
 
 
-def lora_state_dict(engine, zero_stage: int) -> dict[str, torch.Tensor]:
-    """The trainable (LoRA) weights as full CPU tensors; under ZeRO-3 a collective, so every rank must call it."""
-    named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
-    gathered = deepspeed.zero.GatheredParameters([p for _, p in named]) if zero_stage == 3 else contextlib.nullcontext()
-    with gathered:
-        return {n: p.detach().float().cpu().clone() for n, p in named}
-
-
-def save_checkpoint(engine, cfg: TrainConfig, directory: str, step: int, total: int, rank: int) -> None:
-    """Write this rank's part of the checkpoint described in the module docstring into `directory`."""
-    engine.save_checkpoint(os.path.join(directory, "deepspeed"), tag=f"step_{step}", client_state={"step": step},
-                           exclude_frozen_parameters=True)
-    rng = Path(directory) / "rng"
-    rng.mkdir(exist_ok=True)
-    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if cfg.use_gpu else []},
-               rng / f"rank{rank}.pt")
-    lora = lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
-    if rank == 0:
-        engine.module.save_pretrained(os.path.join(directory, "adapter"), state_dict=lora)
-        state = {"step": step, "total_steps": total}
-        (Path(directory) / "train_state.json").write_text(json.dumps(state) + "\n")
-
-
-def restore_checkpoint(engine, rank: int) -> int:
-    """Load the latest Ray Train checkpoint into the engine and RNG; return the step to continue at (0 if none)."""
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return 0
-    with checkpoint.as_directory() as directory:
-        # strict=False: the frozen base weights were left out on purpose and already came from model_dir
-        path, client_state = engine.load_checkpoint(os.path.join(directory, "deepspeed"), load_module_strict=False)
-        if path is None:
-            raise RuntimeError(f"no DeepSpeed checkpoint under {directory}/deepspeed")
-        rng = torch.load(Path(directory) / "rng" / f"rank{rank}.pt", weights_only=False)
-    torch.set_rng_state(rng["cpu"])
-    if rng["cuda"]:
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return int(client_state["step"])
-
-
-def _report(engine, cfg: TrainConfig, metrics: Metrics, step: int, total: int, rank: int, save: bool,
-            tracker) -> None:
-    if tracker is not None:
-        tracker.log(metrics, step=step)
-    if step == total:  # after W&B, which takes numbers only
-        metrics = {**metrics, "worker_nodes": worker_nodes()}
-    if not save:
-        ray.train.report(metrics)
-        return
-    with tempfile.TemporaryDirectory() as directory:
-        save_checkpoint(engine, cfg, directory, step, total, rank)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
-                         checkpoint_dir_name=f"checkpoint_{step:06d}")
-
-
-def worker_nodes() -> list[str]:
-    """The Ray node id of every rank, by rank (a collective): where `cpus_per_worker` / `resources_per_worker` /
-    `use_gpu` placed the workers, recorded with the run's final metrics (`ray list nodes` maps ids to addresses)."""
-    nodes = [None] * dist.get_world_size()
-    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
-    return nodes
-
-
-def _init_wandb(cfg: TrainConfig, config: dict, rank: int):
-    """Rank 0's W&B run (`core.tracking.start_worker_run`); one id per run folder so restarted workers append. The
-    key, when online, was installed from `config["secrets"]`."""
-    run_id = config.get("wandb_id") or hashlib.sha1(config["wandb_dir"].encode()).hexdigest()[:12]
-    return start_worker_run(cfg, run_id=run_id, local_dir=config["wandb_dir"], config=config["train"], rank=rank)

