@@ -110,4 +110,7 @@ def test_a_short_request_overtakes_long_ones_in_flight(answer):
     # greedy counting runs to the token limit (one may stop early at end-of-text): they were decoding when the
     # short one came, and it returned before all of them, not after a batch
     assert max(longs) == 96, answer["finished"]
-    assert order[0] == "short", answer["finished"]
+    # it returned before every long request still decoding to the limit (one that hit end-of-text early may
+    # finish first: that is its own short answer, not a batch boundary)
+    full = [i for i, (name, tokens, _) in enumerate(answer["finished"]) if name.startswith("long") and tokens == 96]
+    assert order.index("short") < min(full), answer["finished"]
