@@ -103,6 +103,11 @@ def test_wandb_takes_the_worker_settings(tmp_path):
     run = start_worker_run(cfg, run_id="w1", local_dir=str(tmp_path), config={"lr": 1e-6}, rank=0)
     run.log({"reward/mean": 0.5}, step=1)
     run.finish()
+    # `finish` returns once the W&B service has the run's exit; its writer may still hold the file's buffered block
+    # (under load the file was read with only its header). Stopping the service closes the file.
+    import wandb
+
+    wandb.teardown()
     (record,) = [read_run(f) for f in find_run_files(tmp_path)]
     assert record["run"]["group"] == "judge_grpo/r1" and record["run"]["job_type"] == "train"
     assert record["run"]["tags"] == ["paper-003", "judge-grpo"] and record["run"]["project"] == "menlo"
