@@ -11,18 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
+from vllm_cpu_tier import REPO, TIER_MARKS, VLLM_PYTHON
 
-VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.isfile(VLLM_PYTHON),
-                       reason="QUORUM_VLLM_CPU_PYTHON names no vLLM CPU environment (see docs/engine-vllm.md)"),
-]
+pytestmark = TIER_MARKS
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ share one process group through vLLM's `external_launcher`.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from vllm_cpu_tier import TIER_MARKS, VLLM_PYTHON
 
 from bench.vllm_cpu_engines import (
     config_request,
@@ -22,13 +21,7 @@ from bench.vllm_cpu_engines import (
     verdict_parsed,
 )
 
-VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.isfile(VLLM_PYTHON),
-                       reason="QUORUM_VLLM_CPU_PYTHON names no vLLM CPU environment (see docs/engine-vllm.md)"),
-]
+pytestmark = TIER_MARKS
 
 
 @pytest.fixture(scope="module")

