@@ -1,17 +1,17 @@
 """`AgentSimpWorker`: the Ray Data actor that runs AgentSimp (paper 004) on documents, every configuration at once.
 
-One batch of `documents` rows (eval.agentsimp_records.document_row) in, one row per (document, configuration) out
-(eval.agentsimp_records.run_rows: the DocumentRun as JSON with every stage per document and paragraph, every window
+One batch of `documents` rows (eval.agentsimp.records.document_row) in, one row per (document, configuration) out
+(eval.agentsimp.records.run_rows: the DocumentRun as JSON with every stage per document and paragraph, every window
 and every call). The schedules of all requested configurations of all documents in the batch advance in lockstep
-(`eval.agentsimp_run.run_schedules`): each round's calls go to the engine as one batch, a call several
+(`eval.agentsimp.run.run_schedules`): each round's calls go to the engine as one batch, a call several
 configurations share (PD, ALA, the CS/SS stage of all four, the pipeline stage of PL and PL†, the sync one of SYNC
-and SYNC†) is made once, and the request cache (`actors.cached_engine.CachedEngine`) makes a re-run or a second
+and SYNC†) is made once, and the request cache (`actors.engines.cached.CachedEngine`) makes a re-run or a second
 worker asking the same thing free. Within a document the iterative windows stay sequential (the plan yields them
 one by one).
 
-JSON roles are decoded under their grammar (`eval.agentsimp_grammar`) where the engine takes one: hf (llguidance),
+JSON roles are decoded under their grammar (`eval.agentsimp.grammar`) where the engine takes one: hf (llguidance),
 vllm (guidance backend), openai only with `engine.structured_outputs` (a vLLM server). An answer that still fails
-validation is retried with a new seed, then the stage falls back to its input (`eval.agentsimp_outputs.settle`);
+validation is retried with a new seed, then the stage falls back to its input (`eval.agentsimp.outputs.settle`);
 the failure is in the call's record, never dropped.
 """
 
@@ -22,16 +22,16 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from actors.cached_engine import CachedEngine
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.cached import CachedEngine
 from actors.secrets import Secrets
-from eval.agentsimp_baselines import baseline_call, baseline_records
-from eval.agentsimp_grammar import main_field_tokens
-from eval.agentsimp_outputs import Reply
-from eval.agentsimp_plan import PlanConfig, configurations, plan_document
-from eval.agentsimp_records import document_inputs, record_rows, run_rows
-from eval.agentsimp_roles import RoleBook, load_role_book
-from eval.agentsimp_run import Attempt, attempt_sampling, resolve_calls, run_schedules
+from eval.agentsimp.baselines import baseline_call, baseline_records
+from eval.agentsimp.grammar import main_field_tokens
+from eval.agentsimp.outputs import Reply
+from eval.agentsimp.plan import PlanConfig, configurations, plan_document
+from eval.agentsimp.records import document_inputs, record_rows, run_rows
+from eval.agentsimp.roles import RoleBook, load_role_book
+from eval.agentsimp.run import Attempt, attempt_sampling, resolve_calls, run_schedules
 
 RUN_COLUMNS = ("doc_id", "config", "label", "final", "calls", "shared", "attempts", "cached", "fallbacks",
                "truncated", "collapsed", "record_json", "worker_seconds")
@@ -43,7 +43,7 @@ def engine_takes_grammar(spec: EngineSpec) -> bool:
 
 
 class RoleCompleter:
-    """The `complete` function of `eval.agentsimp_run`: attempts -> rendered requests -> CachedEngine -> Replies.
+    """The `complete` function of `eval.agentsimp.run`: attempts -> rendered requests -> CachedEngine -> Replies.
 
     Seconds are *allocated*, not measured per call: the engine decodes a round's requests as one batch, so the
     batch's measured engine seconds are shared evenly by its fresh requests; a cache hit costs 0 s (tokens are
@@ -84,14 +84,14 @@ class AgentSimpWorker:
     Args:
         spec: The backbone's EngineSpec as a dict (every role uses it, as the paper does).
         plan: PlanConfig fields shared by the configurations (communication/reconstruction are set per config).
-        configs: Configuration names to run (eval.agentsimp_plan.CONFIGURATIONS keys).
+        configs: Configuration names to run (eval.agentsimp.plan.CONFIGURATIONS keys).
         max_tokens: Completion tokens per role id (or one number).
         temperature, seed: Of every first attempt (paper: 0.6); retries change both (agentsimp_outputs).
         constrained: Decode JSON roles under their grammar where the engine takes one.
         max_retries: Retries of an invalid answer before the stage falls back.
-        templates: Role id -> another prompt template (eval.agentsimp_roles.load_role_book).
+        templates: Role id -> another prompt template (eval.agentsimp.roles.load_role_book).
         cache_dir: The request cache ("" = none).
-        baselines: Single-prompt LLM baselines to run beside the configurations (eval.agentsimp_baselines).
+        baselines: Single-prompt LLM baselines to run beside the configurations (eval.agentsimp.baselines).
         example: Template 3's rendered in-context pair (needed for llm_t3).
     """
 

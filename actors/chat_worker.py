@@ -14,7 +14,7 @@ Several batches in flight. `__call__` is a coroutine, so Ray Data runs it on the
 at once (ray/data/_internal/planner/plan_udf_map_op.py, the `iscoroutinefunction(udf.__call__)` branch, and
 `_generate_transform_fn_for_async_map`). What overlaps depends on the engine:
 
-- vllm: the actor holds an `actors.vllm_async.AsyncVLLMEngine` and awaits each batch's requests, so the rows of
+- vllm: the actor holds an `actors.engines.vllm_async.AsyncVLLMEngine` and awaits each batch's requests, so the rows of
   every batch in flight share vLLM's continuous batch: a batch's slow rows no longer hold the engine, and the next
   batch's rows fill the slots the finished ones free.
 - hf and openai: their engines are synchronous, so every engine call (cache lookups and stores included: the
@@ -23,7 +23,7 @@ at once (ray/data/_internal/planner/plan_udf_map_op.py, the `iscoroutinefunction
   openai already has `engine.max_concurrency` requests in flight inside one call. The batches in flight wait at the
   actor, so the next one starts the moment the last one ends (no gap for Ray Data to fetch, deserialize and send
   it). The thread also loads the model: torch's thread pool is built on the thread that decodes
-  (actors.cached_engine).
+  (actors.engines.cached).
 
 Per-row `worker_seconds` is the row's share of the actor's busy time: while k rows are in flight at the actor each
 gets 1/k of the time (`BusyClock`), so a stage's `actor_seconds` (their sum) is the time its actors were busy, with
@@ -42,7 +42,7 @@ generates, so what the generate and jury stages need besides would sit outside i
 - parse retries with new seeds: a processor is one pass, and each `processor(ds)` builds its own engine actor pool
   (`Processor.__call__` -> one `map_batches_internal` per stage, processor/base.py); retrying the unusable rows means a second
   pass that loads the model again, or giving up per-row retries;
-- the thinking split and finish reasons of `actors.engine.Completion` (its output row is vLLM's `generated_text`,
+- the thinking split and finish reasons of `actors.engines.base.Completion` (its output row is vLLM's `generated_text`,
   `vLLMOutputData`), the same chat rendering as our other vLLM engines (its `ChatTemplateStage` renders with the HF
   tokenizer in a separate CPU stage), and the `worker_ready_at` stamp the jury's actor-restart count reads.
 `AsyncVLLMEngine` inside this actor gives the same continuous batching with all of that in one place; the
@@ -63,9 +63,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from actors.cached_engine import CachedEngine
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
-from actors.engines import build_engine
+from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.engines.cached import CachedEngine
+from actors.engines.factory import build_engine
 from actors.secrets import Secrets
 
 COMPLETION_COLUMNS = (
@@ -123,7 +123,7 @@ class ChatWorker:
         max_parse_retries, retry_temperature: see the module docstring.
         secrets: the engine's API key, installed in the actor.
         engine_args: further vLLM engine arguments for a vllm spec (e.g. enforce_eager); see
-            `actors.vllm_engine.check_extra_args`.
+            `actors.engines.vllm_sync.check_extra_args`.
         timeline_dir: where each batch's arrival and finish times go ("" = nowhere); see the module docstring.
     """
 
@@ -135,14 +135,14 @@ class ChatWorker:
         engine = EngineSpec(**spec) if isinstance(spec, dict) else spec
         self.asynchronous = engine.kind == "vllm"
         if self.asynchronous:
-            from actors.vllm_async import AsyncVLLMEngine
+            from actors.engines.vllm_async import AsyncVLLMEngine
 
             build = functools.partial(AsyncVLLMEngine, extra_args=engine_args)
         else:
             if engine_args:
                 raise ValueError(f"engine_args: only a vllm engine takes them, this one is {engine.kind!r}")
             build = build_engine
-        # the engine (loaded on the first call) and the request cache: actors.cached_engine
+        # the engine (loaded on the first call) and the request cache: actors.engines.cached
         self.model = CachedEngine(engine, cache_dir, build=build)
         self.spec = self.model.spec
         self.check, self.max_parse_retries, self.retry_temperature = check, max_parse_retries, retry_temperature

@@ -260,11 +260,11 @@ def read_asset(directory, split="valid", limit=None, offset=0) -> pd.DataFrame:
 def read_cord(path, limit=None, offset=0) -> pd.DataFrame:
     """A CORD constrained-revision file (paper 002) as a corpus, windowed by ``limit`` / ``offset``.
 
-    `eval.cord` parses and checks every line (the one CORD reader); here each instance becomes a row with ``id``
+    `eval.craft.cord` parses and checks every line (the one CORD reader); here each instance becomes a row with ``id``
     (``cord-c2-000007``), ``source`` (the text to revise), ``instruction``, ``level``, ``gold_calls``,
     ``constraints_json`` and ``origin`` (file:line).
     """
-    from eval.cord import read_cord as read_cord_rows
+    from eval.craft.cord import read_cord as read_cord_rows
 
     rows = read_cord_rows(path)
     window = _slice_window(len(rows), limit, offset, Path(path))

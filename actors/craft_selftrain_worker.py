@@ -1,9 +1,9 @@
 """`PlannerActionWorker`: the Ray Data actor of CRAFT's planner self-training (paper 002, Algorithm 1 lines 3-5).
 
 One row is one constrained instance. The actor rolls the current planner out for ``history_steps`` steps to get
-H_i (each step: one planner sample -> reviser -> tools -> observation, `eval.craft_agent.Systems.steps`), then
+H_i (each step: one planner sample -> reviser -> tools -> observation, `eval.craft.agent.Systems.steps`), then
 samples K candidate next actions (t_{i+1}, a_{i+1}) on H_i, has the vanilla reviser turn each plan into a revision,
-and scores each with Eq. 1 (`eval.craft_selftrain.score_state`). Greedy dev evaluation is the same call with K = 1
+and scores each with Eq. 1 (`eval.craft.selftrain.score_state`). Greedy dev evaluation is the same call with K = 1
 and temperature 0.
 
 The planner engine carries the round's LoRA adapter (`EngineSpec.adapter`; the request cache keys on the adapter's
@@ -24,11 +24,11 @@ import time
 
 import pandas as pd
 
-from actors.cached_engine import CachedEngine
-from actors.engine import ChatRequest, Completion, SamplingParams
-from eval.craft_agent import AgentConfig, Systems
-from eval.craft_guard import GuardConfig
-from eval.craft_selftrain import ScoreWeights, score_state
+from actors.engines.base import ChatRequest, Completion, SamplingParams
+from actors.engines.cached import CachedEngine
+from eval.craft.agent import AgentConfig, Systems
+from eval.craft.guard import GuardConfig
+from eval.craft.selftrain import ScoreWeights, score_state
 
 
 def agent_config(data: dict) -> AgentConfig:

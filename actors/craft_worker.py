@@ -1,8 +1,8 @@
 """`CraftWorker`: the Ray Data actor of the CRAFT job (paper 002): one CORD row's systems per row of a batch.
 
 For each CORD row of a batch it runs the configured systems (``direct``, ``iter``, ``agent``, ``mcts``; the loops are
-``eval.craft_agent``, the search ``eval.craft_mcts``) with the planner and reviser models behind
-``actors.cached_engine.CachedEngine`` (one engine when both specs are equal), and returns one output row per
+``eval.craft.agent``, the search ``eval.craft.mcts``) with the planner and reviser models behind
+``actors.engines.cached.CachedEngine`` (one engine when both specs are equal), and returns one output row per
 (CORD row, system): the revision, the system's own record (steps, stop reason, guard flags, parse errors), and its
 cost (LLM calls sent to a model, prompt / completion tokens, seconds, cache hits). Nothing is dropped: a CORD row
 kept with an ``error`` (``data.on_error: keep``) yields one failed row per system without calling a model, and a
@@ -16,13 +16,13 @@ import time
 
 import pandas as pd
 
-from actors.cached_engine import CachedEngine, Usage
-from actors.engine import ChatRequest, SamplingParams
+from actors.engines.base import ChatRequest, SamplingParams
+from actors.engines.cached import CachedEngine, Usage
 from actors.secrets import Secrets
-from eval.craft_agent import AgentConfig, Systems, expander, scorer
-from eval.craft_guard import GuardConfig
-from eval.craft_mcts import run_search
-from eval.craft_mcts_config import MCTSConfig
+from eval.craft.agent import AgentConfig, Systems, expander, scorer
+from eval.craft.guard import GuardConfig
+from eval.craft.mcts import run_search
+from eval.craft.mcts_config import MCTSConfig
 
 SYSTEMS = ("direct", "iter", "agent", "mcts")
 RUN_COLUMNS = ("system", "revision", "error", "stop_reason", "parse_errors", "guard_flags_json", "detail_json",

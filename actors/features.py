@@ -62,7 +62,7 @@ class AlignWorker:
     """Ray Data actor: the aligner is loaded once per actor, then aligns each batch's (source, candidate) rows."""
 
     def __init__(self, model_dir: str, tau: float, threshold: float):
-        from eval.align import WordAligner
+        from eval.metrics.align import WordAligner
 
         self.aligner = WordAligner(model_dir or None, tau=tau, threshold=threshold)
 
@@ -113,7 +113,7 @@ def render_parse_requests(batch: pd.DataFrame, template: str, sampling_json: str
 
 
 def finish_parses(batch: pd.DataFrame) -> pd.DataFrame:
-    from eval.judge_parse import extract_ptb_tree
+    from eval.judging.parse import extract_ptb_tree
 
     out = batch[["text"]].copy()
     parses = [extract_ptb_tree(c) if not err else "" for c, err in zip(batch["completion"], batch["engine_error"])]

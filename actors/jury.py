@@ -27,11 +27,11 @@ import ray.data
 from actors.chat_worker import ChatWorker
 from actors.stage_config import LIGHT_CPU, ModelConfig, check_unique_names, engine_secrets
 from core.config import Section, dotted, fail, one_of
-from eval.aggregate import shuffle_order, to_original_index
-from eval.judge_blocks import render_alignments_section, render_candidates_block, render_parses_section
-from eval.judge_grammar import judge_grammar
-from eval.judge_parse import parse_best_worst, parse_score
-from eval.menlo_parse import parse_pairwise
+from eval.judging.aggregate import shuffle_order, to_original_index
+from eval.judging.blocks import render_alignments_section, render_candidates_block, render_parses_section
+from eval.judging.grammar import judge_grammar
+from eval.judging.menlo_parse import parse_pairwise
+from eval.judging.parse import parse_best_worst, parse_score
 from eval.prompts import TemplateName, load_template, prompt_path
 
 ASPECTS = ("Lexical", "Structural", "Overall")
@@ -47,7 +47,7 @@ class JudgeConfig(ModelConfig):
     # re-ask an unparseable verdict this many times with a new seed; 0 = never (paper 000's choice)
     max_parse_retries: int = 2
     retry_temperature: float = 0.7  # lowest temperature of a retry (a greedy retry would repeat itself)
-    # decode the verdict under its format's grammar (eval.judge_grammar): every finished answer parses. Off = free
+    # decode the verdict under its format's grammar (eval.judging.grammar): every finished answer parses. Off = free
     # text, as the papers ran their judges (the paper pages' Deviations, docs/papers/)
     constrained: bool = True
 
@@ -177,7 +177,7 @@ def render_judge_requests(batch: pd.DataFrame, judge: str, template: str, fmt: s
 
 
 def with_grammar(sampling_json: str, fmt: str, n_candidates: int = 0, thinking: bool = False) -> str:
-    """The sampling JSON with the grammar of judge format `fmt` within its max_tokens (eval.judge_grammar)."""
+    """The sampling JSON with the grammar of judge format `fmt` within its max_tokens (eval.judging.grammar)."""
     params = json.loads(sampling_json)
     params["grammar"] = judge_grammar(fmt, int(params["max_tokens"]), n_candidates=n_candidates, thinking=thinking)
     return json.dumps(params, sort_keys=True)

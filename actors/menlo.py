@@ -1,7 +1,7 @@
 """MENLO judge stage: protocol items x judges -> ChatWorker actor pools -> grades parsed with the shared parser.
 
-Items arrive rendered (`messages_json`, from eval.menlo_data.build_items); this module adds each judge's sampling,
-runs one `ChatWorker` pool per judge (Ray Data), and parses every answer with eval.menlo_parse: pointwise calls with
+Items arrive rendered (`messages_json`, from eval.judging.menlo_data.build_items); this module adds each judge's sampling,
+runs one `ChatWorker` pool per judge (Ray Data), and parses every answer with eval.judging.menlo_parse: pointwise calls with
 `parse_menlo_grade`, pairwise calls with `parse_menlo_grades` (the parser of the GRM service and the RL reward).
 Grades are mapped back to the pair's original A/B identity. An answer without extractable grades is retried (new
 seed) up to `max_parse_retries` times, then kept with `parse_error` set: no row is ever dropped.
@@ -18,8 +18,8 @@ import ray.data
 from actors.chat_worker import ChatWorker
 from actors.jury import with_grammar
 from actors.stage_config import LIGHT_CPU, ModelConfig, engine_secrets
-from eval.menlo_data import to_original
-from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
+from eval.judging.menlo_data import to_original
+from eval.judging.menlo_parse import parse_menlo_grade, parse_menlo_grades
 
 
 @dataclass
@@ -27,7 +27,7 @@ class MenloJudgeConfig(ModelConfig):
     # re-ask a judge whose answer has no extractable grade (new seed, at least retry_temperature); 0 = never
     max_parse_retries: int = 0
     retry_temperature: float = 0.7  # lowest temperature of a retry (a greedy retry would repeat itself)
-    # decode MENLO's `<think>` + grade blocks under their grammar (eval.judge_grammar): every finished answer has
+    # decode MENLO's `<think>` + grade blocks under their grammar (eval.judging.grammar): every finished answer has
     # its grades. Off = free text, as paper 003 ran its judges (docs/papers/003-menlo.md, Deviations)
     constrained: bool = True
 

@@ -2,7 +2,7 @@
 
 A `ScoreWorker` actor pool gives every candidate one number; `scorer_verdicts` then picks, per (source,
 policy), the highest-scoring candidate as Best and the lowest as Worst, for every aspect, and writes rows of the
-same shape as the best/worst jury's, so `train.pairs.build_pairs` takes either.
+same shape as the best/worst jury's, so `train.preference.pairs.build_pairs` takes either.
 
 Scorers (reference-free, since the candidate pool has no references):
 - `lens_salsa`: LENS-SALSA from a local checkpoint (`QUORUM_LENS_SALSA_PATH` or `checkpoint`); the paper's
@@ -32,7 +32,7 @@ ASPECTS = ("Lexical", "Structural", "Overall")
 @dataclass
 class SelectorConfig(Section):
     # jury: best/worst from the LLM jury (paper 000); scorer: from a scalar scorer below; reference: the oracle
-    # positive control, sentence SARI against the sources' references (eval/oracle.py; needs a corpus with them)
+    # positive control, sentence SARI against the sources' references (eval/judging/oracle.py; needs a corpus with them)
     kind: str = "jury"
     # meaning_simplicity | lens_salsa
     scorer: str = "meaning_simplicity"
@@ -57,7 +57,7 @@ class ScoreWorker:
     def __init__(self, scorer: str, fkgl_weight: float, checkpoint: str):
         self.scorer, self.fkgl_weight, self.checkpoint = scorer, fkgl_weight, checkpoint or None
         if scorer == "lens_salsa":
-            from eval.lens import load_metric
+            from eval.metrics.lens import load_metric
 
             load_metric("lens_salsa", self.checkpoint)  # fail at actor start, with what to set
 
@@ -73,11 +73,11 @@ class ScoreWorker:
 
     def _score(self, sources: list[str], cands: list[str]) -> list[float]:
         if self.scorer == "lens_salsa":
-            from eval.lens import score_lens_salsa
+            from eval.metrics.lens import score_lens_salsa
 
             return score_lens_salsa(sources, cands, model_path=self.checkpoint)
-        from eval.bertscore import sentence_bertscore
-        from eval.textmetrics import sentence_fkgl
+        from eval.metrics.bertscore import sentence_bertscore
+        from eval.metrics.text import sentence_fkgl
 
         meaning = sentence_bertscore(cands, [[s] for s in sources])
         return [m.f1 - self.fkgl_weight * sentence_fkgl(c) for m, c in zip(meaning, cands)]

@@ -9,7 +9,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 
-from actors.engine import EngineSpec, SamplingParams, check_sampling
+from actors.engines.base import EngineSpec, SamplingParams, check_sampling
 from actors.secrets import Secrets
 from core.config import Section, check_custom_resources, dotted, fail
 from core.resource_fit import OK, Ask, verdict
@@ -23,7 +23,7 @@ LIGHT_CPU = 0.25
 
 @dataclass
 class SamplingConfig(Section):
-    """Decoding settings of the model's requests (YAML twin of actors.engine.SamplingParams)."""
+    """Decoding settings of the model's requests (YAML twin of actors.engines.base.SamplingParams)."""
 
     temperature: float = 0.0  # softmax temperature in [0, 2]; 0 = greedy decoding
     top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = no nucleus filter

@@ -4,14 +4,14 @@
 
 `craft_tool_checks_per_s`: every gold call of the 500 CORD instances (1,051 calls: one per constraint, two for
 a word-count range) is parsed from its string and checked against the instance's original text with the
-reference counting rules (`eval.craft_text.REFERENCE`), i.e. what one tool-feedback round costs the search.
+reference counting rules (`eval.craft.text.REFERENCE`), i.e. what one tool-feedback round costs the search.
 Parsing is included; reading the files is not. The NLTK tokenizer is loaded before timing. Best of
 `--repeats` runs. Word counts dominate: NLTK's tokenizer takes a few milliseconds on a 700-token text, the
 other checks a fraction of that.
 
 `craft_search_model_calls_per_solved`: LLM calls the TG-MCTS search sent to a model (planner, reviser, E.8
 feedback; request-cache hits excluded) summed over the constrained instances of a finished `jobs/craft` run,
-divided by the instances whose search answer meets every gold constraint (`eval.craft_results.calls_per_solved`).
+divided by the instances whose search answer meets every gold constraint (`eval.craft.results.calls_per_solved`).
 It is read from that run's `runs` stage (`--run`, default `runs/craft/craft_demo`, the demo's run directory), not
 measured here: a search costs minutes of model time. With no such run the line is `info ... pending`; with no
 solved instance the value is `inf`.
@@ -29,9 +29,9 @@ import argparse
 import time
 from pathlib import Path
 
-from eval.cord import CordRow, read_cord
-from eval.craft_text import word_count
-from eval.craft_tools import check
+from eval.craft.cord import CordRow, read_cord
+from eval.craft.text import word_count
+from eval.craft.tools import check
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -61,7 +61,7 @@ def search_model_calls_per_solved(run_dir: Path) -> tuple[float, int, int, int] 
     """(calls per solved instance, solved, instances, calls) of the run's TG-MCTS rows; None without such a run."""
     import pandas as pd
 
-    from eval.craft_results import calls_per_solved, constraint_checks
+    from eval.craft.results import calls_per_solved, constraint_checks
 
     if not (run_dir / "runs").exists():
         return None

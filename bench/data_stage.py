@@ -10,7 +10,7 @@ share the CPU:
    `AsyncVLLMEngine` renders it) with `vllm.SamplingParams` from the same `SamplingParams`: the ceiling, one
    offline call with every prompt in vLLM's own scheduler;
 2. the generate stages' path: a Ray Data `map_batches(ChatWorker)` over the same rows, one actor holding an
-   `actors.vllm_async.AsyncVLLMEngine`, `pool.batches_in_flight` batches at the actor at once.
+   `actors.engines.vllm_async.AsyncVLLMEngine`, `pool.batches_in_flight` batches at the actor at once.
 
 Throughput is completion tokens per second from the moment the engine is ready (the `LLM` built; the actor's
 `worker_ready_at`) to the last output, so the one-off model load counts on neither side; the stage's time includes
@@ -29,7 +29,7 @@ import os
 import random
 import time
 
-from actors.engine import EngineSpec, SamplingParams
+from actors.engines.base import EngineSpec, SamplingParams
 from actors.models import resolve_model_dir
 
 WORDS = ("the", "committee", "postponed", "its", "deliberations", "because", "several", "members", "were",
@@ -58,7 +58,7 @@ def run_llm_generate(spec: EngineSpec, messages: list[list[dict]], sampling: Sam
     """Offline `LLM.generate` over all prompts in one call: tokens/s from the built engine to the last output."""
     import vllm
 
-    from actors.vllm_engine import build_llm_kwargs, to_vllm_sampling_kwargs
+    from actors.engines.vllm_sync import build_llm_kwargs, to_vllm_sampling_kwargs
 
     llm = vllm.LLM(**build_llm_kwargs(spec, spec.model), enforce_eager=True, disable_log_stats=True)
     tokenizer = llm.get_tokenizer()

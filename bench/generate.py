@@ -68,9 +68,9 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, render_prompt
-from actors.hf_weights import PackedLinear
+from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.engines.hf.engine import HFEngine, render_prompt
+from actors.engines.hf.weights import PackedLinear
 from actors.models import resolve_model_dir
 from bench.contention import competitors
 from bench.engines import add_engine_arguments, choose_engines

@@ -8,7 +8,7 @@ engine on the GPU, and a GRPO update step with chunked and with full log-probs s
 Needs only torch, transformers and peft (the GPU machine has no Ray, DeepSpeed or vLLM, and maybe no pytest or
 bundled SmolLM2): nothing here imports them, a test file that needs them is reported as skipped, a missing pytest
 skips the tests with a message, and without the bundled GGUF the update step runs on a random model of SmolLM2's
-shape (memory and speed depend on the shapes only). The update step is `train.grpo_micro.micro_loss`, the Ray
+shape (memory and speed depend on the shapes only). The update step is `train.grpo.micro.micro_loss`, the Ray
 Train loop's own micro-batch (LoRA on every linear, gradient checkpointing, AdamW, bf16 on the GPU), run on the same
 random rollouts and weights once with `logprob_chunk_tokens` 0 and once chunked. Prints `bench <name> = <value>`:
 
@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from train.config import GRPOConfig, LoraSection
-from train.grpo_micro import micro_loss, policy_logps
+from train.grpo.micro import micro_loss, policy_logps
 from train.memory_budget import KNOWN_MODELS, WorkerPlan, shape_from_hf_config, update_step_gib
-from train.pairs_data import collate_sequences
+from train.sequences import collate_sequences
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -120,7 +120,7 @@ def load_policy(model: str, device: torch.device, dtype: torch.dtype, lora: Lora
 
 
 class _Engine:
-    """What `train.grpo_micro` reads of the DeepSpeed engine: forward, `.module` and `.device`."""
+    """What `train.grpo.micro` reads of the DeepSpeed engine: forward, `.module` and `.device`."""
 
     def __init__(self, model, device: torch.device):
         self.module, self.device = model, device
@@ -218,8 +218,8 @@ def compare_update(args, device: torch.device) -> dict:
 
 def engine_smoke(model: str, prompts: int, max_tokens: int) -> float:
     """Tokens/s of the hf engine on the CPU for a few prompts (the smoke run's stand-in for bench.gpu_engine)."""
-    from actors.engine import EngineSpec
-    from actors.hf_engine import HFEngine
+    from actors.engines.base import EngineSpec
+    from actors.engines.hf.engine import HFEngine
     from actors.models import resolve_model_dir
     from bench.generate import build_requests
 

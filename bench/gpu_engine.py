@@ -27,8 +27,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.engine import EngineSpec
-from actors.hf_engine import HFEngine, render_prompt
+from actors.engines.base import EngineSpec
+from actors.engines.hf.engine import HFEngine, render_prompt
 from actors.models import resolve_model_dir
 from bench.generate import _count_until_eos, build_requests, count_useful_flops
 

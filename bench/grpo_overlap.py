@@ -40,7 +40,7 @@ def run(root: str, overlap: bool, args) -> dict[str, float]:
                  "grpo.num_workers=1", f"grpo.prompts_per_step={args.prompts}", f"grpo.max_steps={args.steps}",
                  f"grpo.rollout.prompts_per_generate={args.per_call}", f"reward.overlap={str(overlap).lower()}",
                  "grpo.checkpoint_every=1000"]
-    subprocess.run([sys.executable, "-m", "jobs.policy_grpo", "configs/policy_grpo_demo.yaml", *overrides],
+    subprocess.run([sys.executable, "-m", "jobs.policy.grpo", "configs/policy_grpo_demo.yaml", *overrides],
                    check=True)
     parts = glob.glob(os.path.join(root, "**", run_id, "**", "train", "**", "*.parquet"), recursive=True) or \
         glob.glob(os.path.join(root, "**", run_id, "train", "*.parquet"), recursive=True)

@@ -8,7 +8,7 @@ example, `configs/prompts/jury_pairwise_brief.yaml`) are the same for every row.
 
 - `judge_prefix_tokens_per_s`: completion tokens / wall seconds of one `HFEngine.generate` over all prompts
   (`max_batch_size` = the prompt count), the shared prefix run once and attended to once per group
-  (`actors.prefix_attention`), best of two calls;
+  (`actors.engines.hf.prefix_attention`), best of two calls;
 - `judge_unshared_tokens_per_s`: the same engine with `enable_prefix_caching: false` (every row prefills and
   attends over its own copy of the prefix), best of two calls;
 - `judge_prefix_vs_unshared`: the ratio, measured in one run.
@@ -25,8 +25,8 @@ import json
 import time
 from pathlib import Path
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.hf.engine import HFEngine
 from eval.prompts import load_template
 
 REPO = Path(__file__).resolve().parents[1]

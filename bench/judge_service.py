@@ -73,7 +73,7 @@ def service_config(model: str, mode: str, port: int, max_tokens: int):
 
 def chat_bodies(cfg, pairs: list[dict]) -> list[dict]:
     """What the service sends its engine for each /compare body, as an OpenAI request to `vllm serve`."""
-    from eval.judge_grammar import judge_grammar
+    from eval.judging.grammar import judge_grammar
     from serve import protocol as P
     from serve.config import load_prompts
 

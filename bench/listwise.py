@@ -6,8 +6,8 @@
 Groups come from the MENLO fixture (`configs/data/menlo_fixture.jsonl`): for a prompt, its own two responses plus
 the two responses of the next pair with the same dimension and locale (answers to another prompt, which a judge
 should place last), in a seeded random order. The judge is the GRM service's own code without HTTP: `configs/grm.yaml`'s templates
-(`menlo_pairwise`, `menlo_listwise`), `serve.judge_prompts` rendering, the verdict grammars (`eval.judge_grammar`
-pairwise, `eval.listwise` permutation), `serve.rewards` (all_pairs margins; listwise normalised ranks) and the
+(`menlo_pairwise`, `menlo_listwise`), `serve.judge_prompts` rendering, the verdict grammars (`eval.judging.grammar`
+pairwise, `eval.judging.listwise` permutation), `serve.rewards` (all_pairs margins; listwise normalised ranks) and the
 served engine (`serve.adapter.build_judge_engine`). Each group's requests go to the engine in one batched call on
 each side. Greedy, so both sides are deterministic.
 
@@ -37,10 +37,10 @@ import statistics
 import time
 from pathlib import Path
 
-from actors.engine import ChatRequest
+from actors.engines.base import ChatRequest
 from core.config import load_config
-from eval.judge_grammar import judge_grammar
-from eval.listwise import kendall_tau_b, listwise_grammar
+from eval.judging.grammar import judge_grammar
+from eval.judging.listwise import kendall_tau_b, listwise_grammar
 from serve import rewards as R
 from serve.adapter import build_judge_engine
 from serve.config import ServeConfig, load_prompts

@@ -29,8 +29,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from actors.engine import ChatRequest, Completion
-from actors.hf_engine import render_prompt
+from actors.engines.base import ChatRequest, Completion
+from actors.engines.hf.engine import render_prompt
 from bench.roofline import config_shapes, useful_flops
 
 INSTALL_HINT = ("llama_cpp is not installed: pip install 'quorum[llamacpp]' (llama-cpp-python 0.3.36, built from "
@@ -238,7 +238,7 @@ def measure_llamacpp_alone(args: argparse.Namespace, requests: list[ChatRequest]
     """`--engines llamacpp`: the llama.cpp lines without loading the hf model (its tokenizer and config only)."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from actors.hf_engine import collect_eos_ids
+    from actors.engines.hf.engine import collect_eos_ids
     from actors.models import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)

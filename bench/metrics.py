@@ -17,8 +17,8 @@ import argparse
 import time
 from pathlib import Path
 
-from eval.sari import corpus_sari
-from eval.textmetrics import corpus_bleu, corpus_fkgl, count_syllables
+from eval.metrics.sari import corpus_sari
+from eval.metrics.text import corpus_bleu, corpus_fkgl, count_syllables
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -14,7 +14,7 @@ import time
 import pandas as pd
 
 from actors.chat_worker import ChatWorker
-from actors.engine import ChatRequest, EngineSpec
+from actors.engines.base import ChatRequest, EngineSpec
 from actors.stage_config import PoolConfig
 from bench.contention import competitors
 from core.ray_env import RayConfig, init_ray

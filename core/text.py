@@ -10,7 +10,7 @@ Zero-width joiners and non-joiners (U+200D, U+200C), direction marks and the sof
 meaning inside words (Persian, Indic scripts, emoji sequences, bidirectional text) and are kept; but a text made
 only of them and whitespace holds nothing to read, so `is_blank` counts them as invisible.
 
-Pure: no I/O; the readers (`actors.corpus`, `eval.agentsimp_docs`, `eval.cord`, ...) call it.
+Pure: no I/O; the readers (`actors.corpus`, `eval.agentsimp.docs`, `eval.craft.cord`, ...) call it.
 """
 
 from __future__ import annotations

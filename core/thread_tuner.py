@@ -5,7 +5,7 @@ runs at the speed of the thread that shares its core with the competitor (bench.
 0.28 of idle, a fair share being 0.5), while 1 thread keeps a core to itself. On an idle machine 2 threads win. No
 fixed count is right for both, and which load a laptop or CI runner has is known only by measuring.
 
-How (pure logic; `actors.hf_decode` times the steps and applies the choice):
+How (pure logic; `actors.engines.hf.decode` times the steps and applies the choice):
 
 - candidates: the assigned maximum n, ceil(n / 2) and 1, distinct (`candidate_threads`); start at n;
 - exploit the current count; every `interval` steps run one step at an alternative (round robin) — a probe;

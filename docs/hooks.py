@@ -1,6 +1,6 @@
 """mkdocs hook: config key tables generated from the jobs' config dataclasses, so they cannot drift.
 
-A page marker `<!-- config-table: jobs.policy_simplify:Config -->` becomes a table of every key of that dataclass
+A page marker `<!-- config-table: jobs.policy.simplify:Config -->` becomes a table of every key of that dataclass
 tree: dotted key (list items as `N`, dict entries as `NAME`), type, default and what it does. The description is the
 field's comment (the `#` lines just above it, or a trailing one) or an attribute docstring under it.
 
@@ -169,7 +169,7 @@ def _is_none(node: ast.AST) -> bool:
 
 def dataclass_of(annotation: ast.expr, module: Module) -> tuple[Module, ast.ClassDef] | None:
     if isinstance(annotation, ast.Attribute) and isinstance(annotation.value, ast.Name):
-        # `md.Protocol` after `import eval.menlo_data as md` or `from eval import menlo_data as md`
+        # `md.Protocol` after `import eval.judging.menlo_data as md` or `from eval import menlo_data as md`
         alias = annotation.value.id
         target = module.modules.get(alias) or ".".join(module.imports.get(alias, ("", ""))).strip(".")
         try:
@@ -250,7 +250,7 @@ def rows(module: Module, cls: ast.ClassDef, prefix: str = "", stack: tuple[str, 
 
 
 def config_rows(target: str) -> list[Row]:
-    """The rows of `module:Class` (e.g. `jobs.policy_simplify:Config`)."""
+    """The rows of `module:Class` (e.g. `jobs.policy.simplify:Config`)."""
     module_name, _, class_name = target.partition(":")
     found = Module.get(module_name).resolve(class_name)
     if not found or not isinstance(found[2], ast.ClassDef) or not is_dataclass(found[2]):

@@ -8,10 +8,10 @@ Usage (files hold one sentence, or one document, per line, aligned line by line)
 
 The defaults are those of `easse evaluate` (lowercase=True, tokenizer 13a, BLEU lowercased too), so the
 scores match the numbers papers print; `--no-bleu-lowercase` gives cased BLEU (the Python default of
-`eval.textmetrics.corpus_bleu`, as in EASSE's own `corpus_bleu`).
+`eval.metrics.text.corpus_bleu`, as in EASSE's own `corpus_bleu`).
 
 The last line printed is one JSON object with the corpus scores (keys as in
-`eval.textmetrics`). `--sentence-level` also writes one JSON object per input line. Exit codes:
+`eval.metrics.text`). `--sentence-level` also writes one JSON object per input line. Exit codes:
 0 success, 2 bad input (a file missing, empty or not UTF-8, line counts that differ, an unknown
 metric or tokenizer, an unwritable --sentence-level path: checked before scoring), 3 a metric
 that cannot run here (e.g. LENS without a configured checkpoint).
@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 from core.files import read_utf8
-from eval.lens import MetricUnavailable
-from eval.textmetrics import METRICS, score_corpus, score_sentences
-from eval.textnorm import TOKENIZERS
+from eval.metrics.lens import MetricUnavailable
+from eval.metrics.text import METRICS, score_corpus, score_sentences
+from eval.metrics.textnorm import TOKENIZERS
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3

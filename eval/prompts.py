@@ -18,7 +18,7 @@ Placeholder rules (one pass over the text, so substituted values are never re-sc
   example such as ``{"a": 1}``, is left untouched.
 
 The pre-rendered blocks of the paper-000 judge prompt (``judge_policy.yaml``: candidates, word alignments and
-constituency parses) are built in `eval.judge_blocks`.
+constituency parses) are built in `eval.judging.blocks`.
 
 Example::
 

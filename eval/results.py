@@ -4,10 +4,10 @@ Pure (numpy/pandas, no Ray). Inputs are plain rows: one system output per (sourc
 references of each source.
 
 - Corpus SARI is not a mean of sentence scores, so its interval resamples *sentences* and rescores the summed
-  n-gram counts (`eval.sari.score_stats`) of each resample: exact corpus SARI per replicate, and cheap, since
+  n-gram counts (`eval.metrics.sari.score_stats`) of each resample: exact corpus SARI per replicate, and cheap, since
   the counts are computed once.
 - The gain of a system over the baseline is a paired bootstrap (the same resampled sentences for both).
-- BLEU, FKGL and compression come from `eval.textmetrics.score_corpus` as point estimates.
+- BLEU, FKGL and compression come from `eval.metrics.text.score_corpus` as point estimates.
 - Pairwise jury win rates resample source sentences (both orders of one source stay together).
 """
 
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from eval.aggregate import pairwise_winrate
 from eval.agreement import bootstrap_ci
-from eval.sari import compute_corpus_stats, score_stats
-from eval.textmetrics import refs_to_streams, score_corpus
+from eval.judging.aggregate import pairwise_winrate
+from eval.metrics.sari import compute_corpus_stats, score_stats
+from eval.metrics.text import refs_to_streams, score_corpus
 
 POINT_METRICS = ("bleu", "fkgl", "compression_ratio")
 

@@ -1,5 +1,5 @@
 """Wire format of the GRM service's group reward (`POST /reward/group`), shared by the server (`serve.rewards`) and
-the rollout-side client (`train.reward_client`), which sit side by side above this module.
+the rollout-side client (`train.grpo.reward.client`), which sit side by side above this module.
 
 Pure pydantic: no ray, no torch. The request model with the server's own limits is `serve.protocol.GroupRewardRequest`;
 its body is the client's `GroupRewardClient.body`.

@@ -1,7 +1,7 @@
-"""Stages shared by the GRPO jobs (`jobs/judge_grpo.py`, `jobs/policy_grpo.py`): rows -> train -> summary.
+"""Stages shared by the GRPO jobs (`jobs/judge/grpo.py`, `jobs/policy/grpo.py`): rows -> train -> summary.
 
     rows   one Parquet row per training prompt: id, prompt_messages (JSON), plus what the reward reads
-    train  `train.grpo_trainer.run_grpo` on Ray Train; the stage holds one row of final metrics and, under
+    train  `train.grpo.trainer.run_grpo` on Ray Train; the stage holds one row of final metrics and, under
            train/run/, the adapter (train/run/adapter), Ray Train's checkpoints and the workers' W&B files
 
 Both are skipped on resume when their config hash is unchanged, like every stage (`core/runstore.py`).
@@ -27,9 +27,9 @@ from core.config import ConfigError, fail, require_file
 from core.jobrun import record_stages
 from core.runstore import RunStore, StageResult, write_table
 from core.tracking import Tracker, WandbConfig, trainer_tracking
-from eval.menlo_data import SPLITS
+from eval.judging.menlo_data import SPLITS
 from train.config import GRPOConfig
-from train.grpo_monitoring import read_alerts
+from train.grpo.monitoring import read_alerts
 
 log = logging.getLogger("quorum.grpo")
 
@@ -46,7 +46,7 @@ SAMPLES = ("random", "head")
 class GRPOData:
     """The `data` section both GRPO jobs start from: MENLO-format pairs, training and held-out splits."""
 
-    # MENLO-format JSONL (fields: eval/menlo_data.py)
+    # MENLO-format JSONL (fields: eval/judging/menlo_data.py)
     path: str = "configs/data/menlo_grpo_train.jsonl"
     splits: list[str] = field(default_factory=lambda: ["train"])  # values of the rows' `split` field trained on
     # held-out rows validated every grpo.eval_every steps (best adapter kept); [] = no validation
@@ -125,7 +125,7 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
     """GRPO on the `rows` stage. `reward()` is entered only when the stage really runs and yields the reward spec
     and the secret worker environment (policy_grpo starts the Serve GRM there and stops it on exit)."""
     def produce(out_dir: str) -> dict:
-        from train.grpo_trainer import run_grpo
+        from train.grpo.trainer import run_grpo
 
         rows = store.read_stage("rows").to_pylist()
         train_rows = [r for r in rows if r["role"] == "train"]
@@ -153,7 +153,7 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
                 "best_step": result.best.get("step"), "best_score_key": result.best.get("score_key"),
                 "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir,
                 "worker_nodes": result.metrics.get("worker_nodes", []),
-                # the reward-hacking monitors' last values and every alert they raised (train.grpo_monitoring)
+                # the reward-hacking monitors' last values and every alert they raised (train.grpo.monitoring)
                 **({"monitor": {k: v for k, v in metrics.items() if k.startswith("monitor/")},
                     "monitor_alerts": read_alerts(alerts_path)} if spec.get("monitor") else {})}
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from core.config import ConfigError
 from core.files import json_object, read_utf8
-from eval import human_eval as he
+from eval.judging import human_eval as he
 
 
 def run_outputs(run_dir: Path) -> tuple[pd.DataFrame, tuple[str, ...]]:

@@ -1,7 +1,7 @@
 """The judge's weights: a base model plus an optional LoRA adapter from a training run.
 
 A vllm judge in `judge.engine_mode` async (the default for vllm) serves the adapter as a LoRA request per call
-(`actors.vllm_async.AsyncVLLMEngine`): nothing is merged, and a new adapter of a rank the engine's LoRA slot holds
+(`actors.engines.vllm_async.AsyncVLLMEngine`): nothing is merged, and a new adapter of a rank the engine's LoRA slot holds
 is swapped in without reloading the base model (`same_base_engine`).
 
 In batch mode, HFEngine (and VLLMEngine) load a model directory named by `EngineSpec.model` and offer no hook for a
@@ -24,8 +24,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from actors.engine import Engine, EngineSpec
-from actors.engines import build_engine
+from actors.engines.base import Engine, EngineSpec
+from actors.engines.factory import build_engine
 from serve.config import judge_engine_mode
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def build_judge_engine(judge) -> Engine:
 
 def _build(judge, spec: EngineSpec) -> Engine:
     if spec.kind == "vllm" and judge.vllm_args:
-        from actors.vllm_engine import VLLMEngine
+        from actors.engines.vllm_sync import VLLMEngine
 
         return VLLMEngine(spec, judge.vllm_args)
     return build_engine(spec)
@@ -83,7 +83,7 @@ def _build(judge, spec: EngineSpec) -> Engine:
 
 def build_async_judge_engine(judge):
     """Load a vllm judge for async mode: an `AsyncVLLMEngine` with the adapter as its LoRA request (not merged)."""
-    from actors.vllm_async import AsyncVLLMEngine
+    from actors.engines.vllm_async import AsyncVLLMEngine
 
     spec = dataclasses.replace(judge.engine, adapter=judge.adapter or judge.engine.adapter)
     return AsyncVLLMEngine(spec, judge.vllm_args)

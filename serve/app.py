@@ -29,8 +29,8 @@ from starlette.exceptions import HTTPException
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
 from core.config import ConfigError, build, with_defaults
-from eval.judge_grammar import judge_grammar
-from eval.listwise import listwise_grammar
+from eval.judging.grammar import judge_grammar
+from eval.judging.listwise import listwise_grammar
 from eval.reward_wire import GroupRewardResponse
 from serve import protocol as P
 from serve import rewards as R
@@ -196,7 +196,7 @@ class GRMServer(JudgeCore):
 
     async def reward_group_in_cluster(self, body: dict) -> tuple[int, dict]:
         """`POST /reward/group` through a DeploymentHandle, for GRPO's training workers: no HTTP proxy needed on
-        their nodes (train.reward_handle). Same validation, limits, deadline and bodies, as (HTTP status, JSON
+        their nodes (train.grpo.reward.handle). Same validation, limits, deadline and bodies, as (HTTP status, JSON
         body); no bearer token: only processes of the cluster hold a handle, and Ray's auth guards those."""
         self.counters["handle_requests"] += 1
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from actors.engine import Completion
+from actors.engines.base import Completion
 
 
 class LRUCache:

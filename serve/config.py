@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
+from actors.engines.vllm_sync import check_extra_args
 from actors.stage_config import SamplingConfig
-from actors.vllm_engine import check_extra_args
 from core.config import Section, check_tree, dotted, fail, in_range, one_of, positive
 from core.ray_env import RayConfig
 from serve import judge_prompts, protocol
@@ -53,7 +53,7 @@ class JudgeConfig:
     served_name: str = ""
     # drop <think>...</think> from policy responses before they are shown to the judge (MENLO §5)
     strip_think: bool = True
-    # decode verdicts under their format's grammar (eval.judge_grammar: /score's pointwise format, MENLO's grade
+    # decode verdicts under their format's grammar (eval.judging.grammar: /score's pointwise format, MENLO's grade
     # blocks for /compare and /reward/group), so every finished answer parses; false = free text, as the papers
     constrained: bool = True
     # how a replica runs the judge. async (vllm only): each judgment goes straight to vLLM's AsyncLLM and joins
@@ -77,7 +77,7 @@ class PromptsConfig:
     # request field -> template variable; fields: prompt, response and optionally reference
     pointwise_vars: dict[str, str] = field(
         default_factory=lambda: {"prompt": "base_sentence", "response": "new_sentence"})
-    # pairwise template, parsed with eval.menlo_parse.parse_menlo_grades
+    # pairwise template, parsed with eval.judging.menlo_parse.parse_menlo_grades
     pairwise: str = "jury_pairwise"
     # request field -> template variable; fields: prompt, response_a, response_b
     pairwise_vars: dict[str, str] = field(

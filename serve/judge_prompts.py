@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from eval.listwise import MODES as LISTWISE_MODES
-from eval.menlo_data import MenloDataError, load_rubrics, render_criteria
+from eval.judging.listwise import MODES as LISTWISE_MODES
+from eval.judging.menlo_data import MenloDataError, load_rubrics, render_criteria
 from eval.prompts import PromptError, PromptTemplate, load_template, prompt_path
 from serve.protocol import RequestError
 
@@ -33,7 +33,7 @@ class JudgePrompts:
     pairwise_vars: dict
     # "answer" (paper 001, parse_score) or "menlo" (<final_grade> block, parse_menlo_grade)
     pointwise_format: str = "answer"
-    # dimension key -> rubric (eval.menlo_data.load_rubrics); empty when no template declares rubric variables
+    # dimension key -> rubric (eval.judging.menlo_data.load_rubrics); empty when no template declares rubric variables
     rubrics: dict = dataclasses.field(default_factory=dict)
     with_rubric: bool = True
     # one call ranks ("rank") or grades ("grade") a whole group; None = this server has no listwise scheme
@@ -112,7 +112,7 @@ def render_responses(responses: list[str]) -> str:
 
 
 def output_format(n: int, mode: str) -> str:
-    """The verdict lines the listwise template asks for (the grammar of `eval.listwise` admits exactly these).
+    """The verdict lines the listwise template asks for (the grammar of `eval.judging.listwise` admits exactly these).
 
     >>> print(output_format(3, "rank"))
     RANKING: a > b > c  (the numbers 1 to 3, each exactly once, best response first)

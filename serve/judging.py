@@ -40,8 +40,8 @@ import time
 
 from ray import serve
 
-from actors.cache import request_key
-from actors.engine import ChatRequest, Completion, SamplingParams
+from actors.engines.base import ChatRequest, Completion, SamplingParams
+from actors.engines.cache import request_key
 from core.config import ConfigError, build, with_defaults
 from serve.adapter import (
     build_async_judge_engine,

@@ -2,11 +2,11 @@
 
 Requests are pydantic models (FastAPI answers a malformed body with 422 naming the field); the semantic checks
 below raise `RequestError` (-> 400 naming the field). Judge messages are rendered from `configs/prompts` templates
-with `eval.prompts`, judge text is read with `eval.judge_parse`: the offline jury and the online reward share both.
+with `eval.prompts`, judge text is read with `eval.judging.parse`: the offline jury and the online reward share both.
 
 Judge templates are filled from request fields through the config's field -> variable maps, plus MENLO's context
 variables: `locale` from the request, and `dimension` / `question` / `criteria` from the request's `dimension` key
-looked up in the rubrics file (`prompts.rubrics`, as in `jobs/judge_eval.py`; `serve.judge_prompts`). `/score` reads either paper 001's
+looked up in the rubrics file (`prompts.rubrics`, as in `jobs/judge/evaluate.py`; `serve.judge_prompts`). `/score` reads either paper 001's
 ``Answer: [k]`` or MENLO's pointwise ``<final_grade> FINAL GRADE: k - LABEL </final_grade>``
 (`prompts.pointwise_format`); `/compare` always reads MENLO's A/B grade blocks.
 
@@ -22,11 +22,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from actors.engine import SEED_MAX, Completion, SamplingParams, split_thinking
+from actors.engines.base import SEED_MAX, Completion, SamplingParams, split_thinking
 from core.config import Section, dotted, fail
-from eval.judge_parse import parse_score
-from eval.listwise import MAX_LISTWISE
-from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
+from eval.judging.listwise import MAX_LISTWISE
+from eval.judging.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
+from eval.judging.parse import parse_score
 from eval.reward_wire import Usage
 
 _RATIONALE_CHARS = 2000

@@ -13,7 +13,7 @@ the item's `errors`; an item with no parsed judgment gets ``reward = None``, nev
 
 - `listwise` (quorum's extension): one judge call ranks the whole group under a grammar that admits only a
   permutation of 1..n (or grades it, one grade per response); reward = the normalised rank, 1 for the best and 0
-  for the worst (or ``(grade - 1) / 4``), in [0, 1] (`eval.listwise`). An unparsed answer gives every response
+  for the worst (or ``(grade - 1) / 4``), in [0, 1] (`eval.judging.listwise`). An unparsed answer gives every response
   ``reward = None``, counted.
 
 Pure: no ray, no torch.
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import itertools
 
-from actors.engine import Completion
-from eval import listwise as L
-from eval.menlo_parse import parse_menlo_grades
+from actors.engines.base import Completion
+from eval.judging import listwise as L
+from eval.judging.menlo_parse import parse_menlo_grades
 from eval.reward_wire import (
     REWARD_DEFINITIONS,
     SCHEMES,

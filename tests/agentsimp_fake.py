@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import re
 
-from eval.agentsimp_outputs import Reply
-from eval.agentsimp_parse import role_fields
-from eval.agentsimp_roles import ROLE_IDS, join_paragraphs, load_role_book, split_paragraphs
+from eval.agentsimp.outputs import Reply
+from eval.agentsimp.parse import role_fields
+from eval.agentsimp.roles import ROLE_IDS, join_paragraphs, load_role_book, split_paragraphs
 
 OUTLINE = {"title": "T", "subheadings": ["S1", "S2"]}
 INVALID = "Sure! Here is the simplified paragraph, without any JSON."
@@ -55,7 +55,7 @@ def answer(role: str, inputs: dict, ma_none: bool = False, pf_fix: bool = False)
 
 
 class FakeTeam:
-    """A `complete` function (eval.agentsimp_run) that records every batch as (role, unit, attempt) triples."""
+    """A `complete` function (eval.agentsimp.run) that records every batch as (role, unit, attempt) triples."""
 
     def __init__(self, bad: dict | None = None, ma_none: bool = False, pf_fix: bool = False):
         self.bad = dict(bad or {})

@@ -6,9 +6,9 @@ table of (R_g, accuracy, n_checks). Pure: no model, no Ray.
 
 from __future__ import annotations
 
-from eval.craft_mcts import run_search
-from eval.craft_mcts_config import MCTSConfig
-from eval.craft_tree import Proposal, RewardTerms, SearchResult
+from eval.craft.mcts import run_search
+from eval.craft.mcts_config import MCTSConfig
+from eval.craft.tree import Proposal, RewardTerms, SearchResult
 
 INITIAL = [{"role": "system", "content": "framework"}, {"role": "user", "content": "instruction + text"}]
 FILLER = "w2 w3 w4 w5 w6 w7 w8 w9 w10."  # 9 words: every scripted text has 10 words, like the original

@@ -7,7 +7,7 @@ import random
 import torch
 from transformers import AutoTokenizer
 
-from actors.constrained import GrammarCompiler, advance, mask_logits
+from actors.engines.hf.constrained import GrammarCompiler, advance, mask_logits
 from actors.models import resolve_model_dir
 
 

@@ -1,4 +1,4 @@
-"""Hand-worked checks of the GRPO maths in train/advantages.py."""
+"""Hand-worked checks of the GRPO maths in train/grpo/advantages.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from train.advantages import aggregate_token_losses, group_advantages, grpo_policy_loss, kl_penalty
+from train.grpo.advantages import aggregate_token_losses, group_advantages, grpo_policy_loss, kl_penalty
 
 LN2 = math.log(2.0)
 

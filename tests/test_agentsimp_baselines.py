@@ -1,4 +1,4 @@
-"""Table 2's single-prompt LLM baselines (eval.agentsimp_baselines): Templates 1-3 (Figs. 6-8) on the same backbone
+"""Table 2's single-prompt LLM baselines (eval.agentsimp.baselines): Templates 1-3 (Figs. 6-8) on the same backbone
 as the agents, one call per document and template, scored like the configurations, plus the paper's averaged row."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from core.config import ConfigError, load_config
-from eval import agentsimp_baselines
-from eval.agentsimp_baselines import baseline_call, baseline_records, read_example, render_example
-from eval.agentsimp_outputs import Reply
-from eval.agentsimp_records import record_rows, score_rows, score_table, stage_rows
-from eval.agentsimp_run import resolve_calls
+from eval.agentsimp import baselines as agentsimp_baselines
+from eval.agentsimp.baselines import baseline_call, baseline_records, read_example, render_example
+from eval.agentsimp.outputs import Reply
+from eval.agentsimp.records import record_rows, score_rows, score_table, stage_rows
+from eval.agentsimp.run import resolve_calls
 from tests.agentsimp_fake import FakeTeam
 
 DOC = "# Fares\n\nThe council raised bus fares by a considerable amount.\n\nResidents objected."
@@ -66,7 +66,7 @@ def test_a_cut_baseline_falls_back_to_the_document_like_any_stage():
 
 
 def test_config_checks_the_baselines_and_template_3s_pair(tmp_path, monkeypatch):
-    from jobs.agentsimp_config import Config
+    from jobs.agentsimp.config import Config
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
 

@@ -1,4 +1,4 @@
-"""AgentSimp document inputs (eval.agentsimp_docs): each format segments as documented; bad input names file and line.
+"""AgentSimp document inputs (eval.agentsimp.docs): each format segments as documented; bad input names file and line.
 
 Fixtures: tests/fixtures/agentsimp/ (notice.txt, leaflet.md, explainer.html, corpus.jsonl); the demo documents in
 configs/data/agentsimp_demo/ are checked too (the job's demo reads them).
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import CorpusError
-from eval import agentsimp_docs
-from eval.agentsimp_docs import Block, read_corpus, read_document, read_documents, segment_html, segment_markdown
+from eval.agentsimp import docs as agentsimp_docs
+from eval.agentsimp.docs import Block, read_corpus, read_document, read_documents, segment_html, segment_markdown
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agentsimp"
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "data" / "agentsimp_demo"
@@ -177,7 +177,7 @@ def test_txt_heading_lines_are_headings_and_single_newline_text_has_a_paragraph_
 
 def test_a_jsonl_only_directory_is_read_and_an_empty_one_is_refused(tmp_path):
     from core.config import ConfigError
-    from jobs.agentsimp_config import InputsConfig
+    from jobs.agentsimp.config import InputsConfig
 
     (tmp_path / "c.jsonl").write_text(json.dumps({"id": "a", "text": "Fares rise."}) + "\n")
     inputs = InputsConfig(paths=[str(tmp_path)])

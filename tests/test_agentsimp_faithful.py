@@ -13,15 +13,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from eval.agentsimp_metrics import score_document
-from eval.agentsimp_outputs import Reply, settle
-from eval.agentsimp_parse import RoleValue, parse_output
-from eval.agentsimp_plan import PlanConfig, configurations, plan_document
-from eval.agentsimp_records import run_rows
-from eval.agentsimp_run import run_schedule
-from eval.dsari import compute_length_penalties, document_sari
-from eval.sari import score_xu2016
-from eval.textnorm import count_syllables, normalize
+from eval.agentsimp.metrics import score_document
+from eval.agentsimp.outputs import Reply, settle
+from eval.agentsimp.parse import RoleValue, parse_output
+from eval.agentsimp.plan import PlanConfig, configurations, plan_document
+from eval.agentsimp.records import run_rows
+from eval.agentsimp.run import run_schedule
+from eval.metrics.dsari import compute_length_penalties, document_sari
+from eval.metrics.sari import score_xu2016
+from eval.metrics.textnorm import count_syllables, normalize
 from tests.agentsimp_fake import FakeTeam, answer
 
 # a raw two-paragraph document, its simplification and one reference (ours)
@@ -87,8 +87,8 @@ def test_heading_lines_leave_the_sentence_penalty_at_one():
     assert slp == 1
     assert score.keep == pytest.approx(base.keep * lp2 * 1.0)
     assert score.keep != pytest.approx(base.keep * lp2 * math.exp(-3 / 8))
-    from eval.agentsimp_metrics import document_fkgl
-    from eval.textnorm import count_punkt_sentences
+    from eval.agentsimp.metrics import document_fkgl
+    from eval.metrics.textnorm import count_punkt_sentences
 
     assert count_punkt_sentences(headed) == count_punkt_sentences(plain) == count_punkt_sentences(reference) == 5
     # FKGL counts the same 5 sentences in the same output (EASSE's words and syllables, "#" tokens included)
@@ -102,8 +102,8 @@ def test_heading_lines_leave_the_sentence_penalty_at_one():
 
 
 def test_bertscore_of_the_job_sees_a_change_after_word_500():
-    from jobs.agentsimp import bertscore_fn
-    from jobs.agentsimp_config import Config
+    from jobs.agentsimp.config import Config
+    from jobs.agentsimp.simplify import bertscore_fn
 
     rng = random.Random(0)
     vocab = ["the", "city", "council", "voted", "to", "raise", "bus", "fares", "because", "fuel", "costs", "rose",
@@ -123,7 +123,7 @@ def test_bertscore_of_the_job_sees_a_change_after_word_500():
 
 
 def test_document_bertscore_equals_sentence_bertscore_on_short_texts():
-    from eval.bertscore import document_bertscore, sentence_bertscore
+    from eval.metrics.bertscore import document_bertscore, sentence_bertscore
 
     cands, refs = ["The cat sat on the mat.", "Stock prices fell."], [["A cat sat on a mat."], ["The cat sat."]]
     for whole, short in zip(document_bertscore(cands, refs), sentence_bertscore(cands, refs)):
@@ -172,7 +172,7 @@ def test_an_answer_cut_at_the_token_limit_falls_back_at_once():
 
 def test_a_cut_proofread_that_still_parses_falls_back():
     # under the grammar a string is closed when its token share runs out: the cut article is valid JSON
-    from eval.agentsimp_grammar import field_tokens, main_field_tokens
+    from eval.agentsimp.grammar import field_tokens, main_field_tokens
 
     budget = main_field_tokens("proofreader", 1024)
     assert budget == field_tokens("proofreader", 1024)[1] == 731
@@ -217,7 +217,7 @@ def test_cluster_config_needs_a_real_corpus_and_uses_the_shared_run_root():
     import yaml
 
     from core.config import ConfigError, load_config
-    from jobs.agentsimp_config import Config
+    from jobs.agentsimp.config import Config
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     with pytest.raises(ConfigError, match=r"inputs.paths.0: no such file or directory: /mnt/shared/data/newsela"):

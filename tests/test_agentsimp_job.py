@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from actors.agentsimp_worker import AgentSimpWorker
-from eval.agentsimp_docs import Block, Document
-from eval.agentsimp_parse import parse_output
-from eval.agentsimp_records import document_row
-from eval.agentsimp_roles import join_paragraphs
+from eval.agentsimp.docs import Block, Document
+from eval.agentsimp.parse import parse_output
+from eval.agentsimp.records import document_row
+from eval.agentsimp.roles import join_paragraphs
 from jobs.cli import main as cli_main
 from tests.agentsimp_fake import OUTLINE, ServerTeam
 from tests.fake_openai_server import FakeOpenAIServer
@@ -200,7 +200,7 @@ def test_simplify_doc_prints_side_by_side_and_writes_html(tmp_path, capsys):
 
 def test_hf_engine_decodes_every_json_role_under_its_grammar(tiny_model_dir):
     """A random 2-layer model never writes the roles' JSON by itself; under the grammars every JSON answer parses."""
-    from eval.agentsimp_roles import role_spec
+    from eval.agentsimp.roles import role_spec
 
     doc = Document("d", (Block("paragraph", "The council will resurface Mill Road."),
                          Block("paragraph", "Buses will divert via Station Street.")))

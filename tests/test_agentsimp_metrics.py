@@ -1,6 +1,6 @@
-"""AgentSimp evaluation helpers (eval.agentsimp_metrics): hand-worked coverage, length and compression numbers, the
+"""AgentSimp evaluation helpers (eval.agentsimp.metrics): hand-worked coverage, length and compression numbers, the
 per-reference mean of SARI / D-SARI; the paper's row names of every stage and the cost accounting of four runs
-(eval.agentsimp_records, what the job uses)."""
+(eval.agentsimp.records, what the job uses)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval import agentsimp_metrics, agentsimp_records
-from eval.agentsimp_metrics import (
+from eval.agentsimp import metrics as agentsimp_metrics
+from eval.agentsimp import records as agentsimp_records
+from eval.agentsimp.metrics import (
     content_recall,
     content_words,
     length_ratio,
@@ -19,11 +20,11 @@ from eval.agentsimp_metrics import (
     sentence_coverage,
     summary_check,
 )
-from eval.agentsimp_plan import configurations, plan_document
-from eval.agentsimp_run import run_schedules
-from eval.dsari import document_sari
-from eval.sari import corpus_sari
-from eval.textmetrics import sentence_fkgl
+from eval.agentsimp.plan import configurations, plan_document
+from eval.agentsimp.run import run_schedules
+from eval.metrics.dsari import document_sari
+from eval.metrics.sari import corpus_sari
+from eval.metrics.text import sentence_fkgl
 from tests.agentsimp_fake import FakeTeam
 
 SOURCE = "The council raised bus fares. Parks close at dusk."

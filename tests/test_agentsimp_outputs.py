@@ -1,4 +1,4 @@
-"""AgentSimp role outputs (eval.agentsimp_parse, eval.agentsimp_outputs) and their grammars (eval.agentsimp_grammar).
+"""AgentSimp role outputs (eval.agentsimp.parse, eval.agentsimp.outputs) and their grammars (eval.agentsimp.grammar).
 
 Tolerant extraction, strict schemas, "None" semantics, the retry policy as data, and the grammars checked with
 llguidance itself over a byte-level tokenizer (no model needed): answers in the fixed JSON layout are accepted,
@@ -15,11 +15,15 @@ import llguidance
 import llguidance.numpy
 import pytest
 
-from eval import agentsimp_grammar, agentsimp_outputs, agentsimp_parse, agentsimp_roles, agentsimp_run
-from eval.agentsimp_grammar import role_grammar
-from eval.agentsimp_outputs import FALL_BACK, Reply, decide, settle
-from eval.agentsimp_parse import RoleValue, extract_json_object, parse_output, role_schema
-from eval.agentsimp_roles import ROLE_IDS, role_spec
+from eval.agentsimp import grammar as agentsimp_grammar
+from eval.agentsimp import outputs as agentsimp_outputs
+from eval.agentsimp import parse as agentsimp_parse
+from eval.agentsimp import roles as agentsimp_roles
+from eval.agentsimp import run as agentsimp_run
+from eval.agentsimp.grammar import role_grammar
+from eval.agentsimp.outputs import FALL_BACK, Reply, decide, settle
+from eval.agentsimp.parse import RoleValue, extract_json_object, parse_output, role_schema
+from eval.agentsimp.roles import ROLE_IDS, role_spec
 from tests.byte_grammar import accepts, matcher
 
 JSON_ROLES = [r for r in ROLE_IDS if role_spec(r).output == "json"]

@@ -1,4 +1,4 @@
-"""AgentSimp schedules (eval.agentsimp_plan) driven by a deterministic fake team (tests/agentsimp_fake.py).
+"""AgentSimp schedules (eval.agentsimp.plan) driven by a deterministic fake team (tests/agentsimp_fake.py).
 
 The exact batches of each of the four configurations on a 5-paragraph document with C = 2, the window contents and
 carry-over, the keys shared between configurations, retries and fallbacks, and the knobs where the paper is silent.
@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from eval.agentsimp_parse import RoleValue
-from eval.agentsimp_plan import PlanConfig, RoleCall, configurations, plan_document
-from eval.agentsimp_roles import load_role_book
-from eval.agentsimp_run import Attempt, attempt_sampling, resolve_calls, run_record, run_schedule, run_schedules
+from eval.agentsimp.parse import RoleValue
+from eval.agentsimp.plan import PlanConfig, RoleCall, configurations, plan_document
+from eval.agentsimp.roles import load_role_book
+from eval.agentsimp.run import Attempt, attempt_sampling, resolve_calls, run_record, run_schedule, run_schedules
 from tests.agentsimp_fake import OUTLINE, FakeTeam
 
 PARAS = ["P1", "P2", "P3", "P4", "P5"]

@@ -1,4 +1,4 @@
-"""AgentSimp role prompts (configs/prompts/agentsimp_*.yaml) and the role registry (eval.agentsimp_roles).
+"""AgentSimp role prompts (configs/prompts/agentsimp_*.yaml) and the role registry (eval.agentsimp.roles).
 
 Every role's template loads and renders with `eval.prompts.load_template`; the eight prompts the paper prints are
 compared line by line with the paper's text (../shared/papers, skipped where absent), allowing only the documented
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.agentsimp_roles import ROLE_IDS, ROLE_SPECS, load_role_book, role_spec
+from eval.agentsimp.roles import ROLE_IDS, ROLE_SPECS, load_role_book, role_spec
 from eval.prompts import PromptError, find_placeholders, load_template, prompt_path
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "papers" / \

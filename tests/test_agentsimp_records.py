@@ -1,4 +1,4 @@
-"""eval.agentsimp_records: run-store rows of AgentSimp runs, the cost table and the score table, by hand."""
+"""eval.agentsimp.records: run-store rows of AgentSimp runs, the cost table and the score table, by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from eval import agentsimp_records as records
-from eval.agentsimp_plan import configurations, plan_document
-from eval.agentsimp_run import run_schedules
+from eval.agentsimp import records
+from eval.agentsimp.plan import configurations, plan_document
+from eval.agentsimp.run import run_schedules
 from tests.agentsimp_fake import FakeTeam
 
 PARAS = ["P0", "P1", "P2"]

@@ -1,4 +1,4 @@
-"""Tests for eval.aggregate on hand-made vote tables (working in the comments)."""
+"""Tests for eval.judging.aggregate on hand-made vote tables (working in the comments)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from eval import aggregate
-from eval.aggregate import (
+from eval.judging import aggregate
+from eval.judging.aggregate import (
     BestWorstVote,
     ScoreAggregate,
     aggregate_scores,
@@ -184,7 +184,7 @@ def test_shuffle_order_derivation_is_pinned():
 
 
 def test_shuffle_order_ignores_python_hash_salt():
-    code = "from eval.aggregate import shuffle_order; print(shuffle_order(6, 1234, 'asset-17/judge=qwen'))"
+    code = "from eval.judging.aggregate import shuffle_order; print(shuffle_order(6, 1234, 'asset-17/judge=qwen'))"
     repo = Path(__file__).resolve().parents[1]
     outputs = set()
     for salt in ("1", "987"):

@@ -1,4 +1,4 @@
-"""Tests for eval/align.py: the OT maths on hand-made matrices, then the real MiniLM aligner."""
+"""Tests for eval/metrics/align.py: the OT maths on hand-made matrices, then the real MiniLM aligner."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from eval.align import (
+from eval.judging.blocks import render_alignments_section, tokenize_for_alignment
+from eval.metrics.align import (
     WordAligner,
     cosine_cost,
     extract_alignments,
@@ -18,7 +19,6 @@ from eval.align import (
     subword_to_word,
     word_spans,
 )
-from eval.judge_blocks import render_alignments_section, tokenize_for_alignment
 
 CLOAK_SRC = "We'll slip you through with our cloaking device."
 CLOAK_TGT = "We will hide you using our cloaking device."

@@ -108,8 +108,8 @@ def test_jsonl_row_with_a_key_twice_is_refused_naming_file_and_line(tmp_path, ca
 
 def test_duplicate_keys_are_refused_in_nested_objects_and_every_jsonl_reader(tmp_path):
     from core.errors import CorpusError
-    from eval.agentsimp_docs import read_corpus as read_documents_jsonl
-    from eval.menlo_data import MenloDataError, read_menlo_jsonl
+    from eval.agentsimp.docs import read_corpus as read_documents_jsonl
+    from eval.judging.menlo_data import MenloDataError, read_menlo_jsonl
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"id": "d", "paragraphs": ["p"], "references": ["r"], "id": "e"}\n')
@@ -218,7 +218,7 @@ def test_training_worker_group_too_big_for_the_cluster_is_refused_at_once(ray_lo
     """ray_local has 2 CPUs and no autoscaler: 3 workers × 1 CPU can never be placed (Ray Train would wait)."""
     from core.config import ConfigError
     from train.config import TrainConfig
-    from train.trainer import run_training
+    from train.preference.trainer import run_training
 
     cfg = TrainConfig(num_workers=3, micro_batch_size=1, max_steps=1)
     rows = [{"prompt_messages": [{"role": "user", "content": "x"}], "chosen": "a", "rejected": "b"}] * 3

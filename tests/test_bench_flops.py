@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.engine import Completion, EngineSpec
-from actors.hf_engine import HFEngine
+from actors.engines.base import Completion, EngineSpec
+from actors.engines.hf.engine import HFEngine
 from bench.generate import count_useful_flops, model_shapes
 from bench.roofline import config_shapes
 

@@ -82,7 +82,7 @@ def test_llamacpp_decodes_several_sequences_as_it_decodes_each_alone(smollm2_dir
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (optional extra 'llamacpp')")
     from transformers import AutoTokenizer
 
-    from actors.hf_engine import render_prompt
+    from actors.engines.hf.engine import render_prompt
     from bench.llamacpp import LlamaCppDecoder, find_gguf
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)

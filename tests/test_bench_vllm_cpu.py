@@ -38,7 +38,7 @@ def test_a_child_that_fails_is_an_error_with_its_stderr(smollm2_dir):
 def test_vllm_cpu_decodes_the_prompt_ids_greedily(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from actors.hf_engine import render_prompt
+    from actors.engines.hf.engine import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     texts = ("Simplify: the committee postponed its decision.", "What is two plus two?", "Name a colour.")

@@ -1,7 +1,7 @@
 """CachedEngine: only cache misses reach the engine; usage counts calls, tokens and hits; errors never cached."""
 
-from actors.cached_engine import CachedEngine, Usage
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams
+from actors.engines.cached import CachedEngine, Usage
 
 
 class CountingEngine:

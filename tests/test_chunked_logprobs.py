@@ -91,8 +91,8 @@ def test_the_grpo_loss_on_a_real_model_is_the_same_chunked_or_not(tiny_model_dir
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from train.grpo_micro import micro_loss, policy_logps
-    from train.pairs_data import collate_sequences
+    from train.grpo.micro import micro_loss, policy_logps
+    from train.sequences import collate_sequences
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -162,12 +162,12 @@ def test_chunks_hold_less_cuda_memory_than_full_logits():
 
 
 def test_the_preference_trainer_s_log_probs_are_the_same_chunked_or_not(tiny_model_dir):
-    """`train.loop._logps` (every preference loss and SFT): summed log-probs, token counts and LoRA gradients."""
+    """`train.preference.loop._logps` (every preference loss and SFT): summed log-probs, token counts and LoRA gradients."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from train.loop import _logps
-    from train.pairs_data import collate_sequences
+    from train.preference.loop import _logps
+    from train.sequences import collate_sequences
 
     torch.manual_seed(1)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
@@ -201,7 +201,7 @@ def test_the_preference_trainer_s_log_probs_are_the_same_chunked_or_not(tiny_mod
 def test_a_model_whose_last_hidden_state_is_not_normed_is_refused():
     from types import SimpleNamespace
 
-    from train.grpo_micro import final_hidden
+    from train.logprobs import final_hidden
 
     engine = SimpleNamespace(module=SimpleNamespace(config=SimpleNamespace(tie_last_hidden_states=False)))
     with pytest.raises(ValueError, match="logprob_chunk_tokens: 0"):
@@ -216,7 +216,7 @@ def test_zero3_trains_the_same_adapter_chunked_or_not(ray_local, tiny_model_dir,
     from test_train_ray import lora_weights, make_rows, tiny_config
 
     from train.config import DeepSpeedSection
-    from train.trainer import run_training
+    from train.preference.trainer import run_training
 
     adapters = []
     for chunk in (0, 7):

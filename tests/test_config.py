@@ -108,7 +108,7 @@ def test_cli_exit_code_2_names_the_key(tmp_path, capsys):
 
 
 def test_console_script_exit_code_is_2_for_missing_config(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "jobs.policy_simplify", str(tmp_path / "missing.yaml")],
+    proc = subprocess.run([sys.executable, "-m", "jobs.policy.simplify", str(tmp_path / "missing.yaml")],
                           capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode == 2
     assert "missing.yaml" in proc.stderr

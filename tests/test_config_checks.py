@@ -135,8 +135,8 @@ def test_config_sections_share_one_validation_style():
 
     offenders = []
     for package in ("core", "eval", "actors", "train", "serve", "jobs"):
-        for info in pkgutil.iter_modules([str(REPO / package)]):
-            module = importlib.import_module(f"{package}.{info.name}")
+        for info in pkgutil.walk_packages([str(REPO / package)], prefix=f"{package}."):
+            module = importlib.import_module(info.name)
             for obj in vars(module).values():
                 if not (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__):
                     continue

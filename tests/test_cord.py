@@ -1,4 +1,4 @@
-"""Tests for eval.cord: all 500 CORD instances as typed rows, their gold calls, and errors by file and line."""
+"""Tests for eval.craft.cord: all 500 CORD instances as typed rows, their gold calls, and errors by file and line."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from eval import cord
-from eval.cord import PROMPT_END, Constraint, CordError, CordRow, failed_rows, read_cord
-from eval.craft_tools import check, constraint_accuracy
+from eval.craft import cord
+from eval.craft.cord import PROMPT_END, Constraint, CordError, CordRow, failed_rows, read_cord
+from eval.craft.tools import check, constraint_accuracy
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_gold_calls_on_the_original_text(rows):
     # (regression numbers from the tally's rules; a revision system has to beat them)
     copy = {level: [constraint_accuracy(r.gold_calls, r.text, r.text)[0] for r in rows if r.level == level]
             for level in range(5)}
-    # C0 has nothing to check: accuracy 0 (never 1; eval.craft_tools), and no C0 instance counts as solved
+    # C0 has nothing to check: accuracy 0 (never 1; eval.craft.tools), and no C0 instance counts as solved
     assert [round(sum(acc) / 100, 4) for acc in copy.values()] == [0.0, 0.39, 0.4733, 0.4908, 0.5]
     assert [sum(a == 1.0 for a in acc) for acc in copy.values()] == [0, 39, 16, 7, 3]
 

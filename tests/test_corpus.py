@@ -296,7 +296,7 @@ def test_cord_ids_and_sources(shared_data):
     frame = read_cord(shared_data / "cord" / "cord.constraint_2.jsonl")
     assert len(frame) == 100
     assert frame["id"][0] == "cord-c2-000000" and frame["id"][99] == "cord-c2-000099"
-    # the text to revise, not the planner prompt around it (eval.cord splits them)
+    # the text to revise, not the planner prompt around it (eval.craft.cord splits them)
     assert not frame["source"][0].startswith("You are an agent") and frame["level"][0] == 2
     assert all(len(calls) >= 2 for calls in frame["gold_calls"])
 

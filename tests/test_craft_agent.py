@@ -1,12 +1,12 @@
-"""eval.craft_agent: Direct, Iter, the planner/reviser agent and TG-MCTS wiring, with a scripted fake model."""
+"""eval.craft.agent: Direct, Iter, the planner/reviser agent and TG-MCTS wiring, with a scripted fake model."""
 
 
 import pytest
 
-from eval.craft_agent import AgentConfig, Systems, expander, quality, scorer
-from eval.craft_mcts import run_search
-from eval.craft_mcts_config import MCTSConfig
-from eval.craft_tree import Proposal
+from eval.craft.agent import AgentConfig, Systems, expander, quality, scorer
+from eval.craft.mcts import run_search
+from eval.craft.mcts_config import MCTSConfig
+from eval.craft.tree import Proposal
 from tests.craft_fake import Script
 
 TEXT = "The cat sat. It was happy."

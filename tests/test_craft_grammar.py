@@ -1,4 +1,4 @@
-"""The CRAFT planner's grammar (eval.craft_grammar) against llguidance, our ReAct parser and the tools' call parser."""
+"""The CRAFT planner's grammar (eval.craft.grammar) against llguidance, our ReAct parser and the tools' call parser."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from eval.craft_calls import CallError, parse_call
-from eval.craft_grammar import planner_grammar
-from eval.craft_react import parse_planner_output
+from eval.craft.calls import CallError, parse_call
+from eval.craft.grammar import planner_grammar
+from eval.craft.react import parse_planner_output
 from tests.grammar_check import accepts, random_walk
 
 SENTENCES = ["The team have finished there project last week.", "It was a big relief.",

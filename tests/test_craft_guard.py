@@ -1,14 +1,14 @@
-"""The degenerate guard of TG-MCTS (eval.craft_guard): its reasons, and that the search never selects, expands or
+"""The degenerate guard of TG-MCTS (eval.craft.guard): its reasons, and that the search never selects, expands or
 chooses a degenerate child. Split from tests/test_craft_mcts.py; the scripted policy is tests/craft_script.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from eval.craft_guard import GuardConfig, degenerate_reason
-from eval.craft_mcts import run_search
-from eval.craft_mcts_config import MCTSConfig
-from eval.craft_tree import Proposal, RewardTerms
+from eval.craft.guard import GuardConfig, degenerate_reason
+from eval.craft.mcts import run_search
+from eval.craft.mcts_config import MCTSConfig
+from eval.craft.tree import Proposal, RewardTerms
 from tests.craft_script import INITIAL, NO_STOPS, nodes
 
 PARENT20 = " ".join(f"word{i}" for i in range(1, 20)) + " end."  # 20 words

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from eval.cord import read_cord
-from eval.craft_agent import quality
-from eval.craft_tools import constraint_accuracy
+from eval.craft.agent import quality
+from eval.craft.cord import read_cord
+from eval.craft.tools import constraint_accuracy
 from jobs.cli import main as cli_main
 from tests.fake_openai_server import FakeOpenAIServer
 

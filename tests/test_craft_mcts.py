@@ -1,4 +1,4 @@
-"""TG-MCTS (eval.craft_mcts, eval.craft_tree) on hand-worked trees (the degenerate guard: tests/test_craft_guard.py).
+"""TG-MCTS (eval.craft.mcts, eval.craft.tree) on hand-worked trees (the degenerate guard: tests/test_craft_guard.py).
 
 The fake policy is a script (tests/craft_script.py): node id -> the children ``expand`` returns; the fake scorer looks
 each revision up in a table of (R_g, accuracy, n_checks). With the paper's reward R = R_g + 100 * accuracy every
@@ -16,10 +16,12 @@ import pytest
 
 from core.config import build
 from core.errors import ConfigError
-from eval import craft_guard, craft_mcts, craft_tree
-from eval.craft_mcts import TGMCTS, combine_reward, run_search, uct
-from eval.craft_mcts_config import MCTSConfig
-from eval.craft_tree import Node, Proposal, RewardTerms, SearchResult
+from eval.craft import guard as craft_guard
+from eval.craft import mcts as craft_mcts
+from eval.craft import tree as craft_tree
+from eval.craft.mcts import TGMCTS, combine_reward, run_search, uct
+from eval.craft.mcts_config import MCTSConfig
+from eval.craft.tree import Node, Proposal, RewardTerms, SearchResult
 from tests.craft_script import FILLER, INITIAL, NO_STOPS, ORIGINAL, SCENARIO_A, Script, nodes, search, text
 
 

@@ -1,4 +1,4 @@
-"""CRAFT planner ReAct I/O (eval.craft_react, eval.craft_render) and the prompt files configs/prompts/craft_*.yaml. Pure."""
+"""CRAFT planner ReAct I/O (eval.craft.react, eval.craft.render) and the prompt files configs/prompts/craft_*.yaml. Pure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eval import craft_react
-from eval.craft_react import (
+from eval.craft import react as craft_react
+from eval.craft.react import (
     PlanLine,
     PlannerStep,
     Suggestion,
@@ -20,7 +20,7 @@ from eval.craft_react import (
     parse_planner_output,
     parse_suggestions,
 )
-from eval.craft_render import build_observation, render_history, render_plan_input, render_step, render_transcript
+from eval.craft.render import build_observation, render_history, render_plan_input, render_step, render_transcript
 from eval.prompts import PROMPTS_DIR, find_placeholders, load_template, prompt_path
 
 PAPER = Path(__file__).resolve().parents[2] / "shared" / "papers" / "002-craft-constrained-revision.paper.txt"
@@ -335,7 +335,7 @@ def test_no_stray_craft_files():
 
 
 def test_splice_keeps_the_sentences_the_plan_does_not_quote():
-    from eval.craft_react import PlanLine, splice_revision
+    from eval.craft.react import PlanLine, splice_revision
 
     text = "One is here. Two is there. Three is far. Four ends."
     plan = [PlanLine("Two is there.", "p"), PlanLine("Four ends.", "q")]

@@ -1,11 +1,11 @@
-"""eval.craft_results on a hand-worked results table (two CORD-like instances, three systems)."""
+"""eval.craft.results on a hand-worked results table (two CORD-like instances, three systems)."""
 
 import json
 import math
 
 import pandas as pd
 
-from eval.craft_results import (
+from eval.craft.results import (
     accuracy_by_level,
     accuracy_by_type,
     calls_per_solved,

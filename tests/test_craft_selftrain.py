@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from eval.craft_agent import AgentConfig, Systems
-from eval.craft_instances import KINDS, first_sentences, instruction_text, make_instance, sample_constraint
-from eval.craft_react import parse_planner_output
-from eval.craft_selftrain import (
+from eval.craft.agent import AgentConfig, Systems
+from eval.craft.instances import KINDS, first_sentences, instruction_text, make_instance, sample_constraint
+from eval.craft.react import parse_planner_output
+from eval.craft.selftrain import (
     ActionScore,
     Pair,
     ScoreWeights,
@@ -23,7 +23,7 @@ from eval.craft_selftrain import (
     sft_rows,
     stop_decision,
 )
-from eval.craft_tools import constraint_accuracy, tool_f1
+from eval.craft.tools import constraint_accuracy, tool_f1
 from tests.craft_fake import Script
 
 # 19 NLTK words (punctuation counts), 3 sentences of 6, 4 and 6 whitespace words

@@ -90,7 +90,7 @@ def test_config_errors_exit_2_naming_the_key(override, named, capsys):
 
 def test_cluster_config_loads_with_the_papers_settings(tmp_path):
     from core.config import ConfigError, check_tree, load_config
-    from jobs.craft_selftrain import Config
+    from jobs.craft.selftrain import Config
 
     cluster = REPO / "configs" / "craft_selftrain_cluster.yaml"
     steps = tmp_path / "trajectories.jsonl"
@@ -100,7 +100,7 @@ def test_cluster_config_loads_with_the_papers_settings(tmp_path):
     cfg.validate()
     # SFT is on the trajectories D_s, not the demo's oracle step: without a file the job refuses to start
     assert cfg.sft.source == "jsonl"
-    from jobs.craft_selftrain import require_sft_path
+    from jobs.craft.selftrain import require_sft_path
 
     with pytest.raises(ConfigError, match="sft.path"):
         require_sft_path(load_config(Config, cluster).sft)
@@ -119,8 +119,8 @@ def test_more_rounds_or_another_stop_rule_reuse_the_finished_rounds():
     import dataclasses
 
     from core.config import load_config
-    from jobs.craft_selftrain import Config
-    from jobs.craft_selftrain_stages import candidates_key
+    from jobs.craft.selftrain import Config
+    from jobs.craft.selftrain_stages import candidates_key
 
     cfg = load_config(Config, DEMO)
     base = candidates_key(cfg, 1, "a")
@@ -135,7 +135,7 @@ def test_more_rounds_or_another_stop_rule_reuse_the_finished_rounds():
 
 def test_bad_sft_jsonl_lines_name_file_and_line(tmp_path):
     from core.errors import CorpusError
-    from jobs.craft_selftrain_stages import _read_sft_jsonl
+    from jobs.craft.selftrain_stages import _read_sft_jsonl
 
     good = '{"prompt_messages": [{"role": "user", "content": "u"}], "target": "t"}'
     path = tmp_path / "steps.jsonl"

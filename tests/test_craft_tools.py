@@ -1,4 +1,4 @@
-"""Tests for CRAFT's constraint tools (eval.craft_text, eval.craft_calls, eval.craft_tools).
+"""Tests for CRAFT's constraint tools (eval.craft.text, eval.craft.calls, eval.craft.tools).
 
 The checker cases live in tests/fixtures/craft_tool_cases.jsonl: one hand-checked (original, revised, call,
 satisfied, value) per line, with the arithmetic in its ``why`` field, covering every Table 14 template.
@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from eval import craft_calls, craft_text, craft_tools
-from eval.craft_calls import CallError, ToolCall, canonical, extract_calls, parse_call, template_type
-from eval.craft_text import TextRules
-from eval.craft_tools import (
+from eval.craft import calls as craft_calls
+from eval.craft import text as craft_text
+from eval.craft import tools as craft_tools
+from eval.craft.calls import CallError, ToolCall, canonical, extract_calls, parse_call, template_type
+from eval.craft.text import TextRules
+from eval.craft.tools import (
     CheckResult,
     check,
     constraint_accuracy,

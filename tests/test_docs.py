@@ -54,7 +54,7 @@ def test_mkdocs_build_strict_passes(tmp_path):
 
 def test_the_docs_hook_imports_neither_ray_nor_torch():
     code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('h', 'docs/hooks.py'); "
-            "h = importlib.util.module_from_spec(s); s.loader.exec_module(h); h.render('jobs.policy_simplify:Config'); "
+            "h = importlib.util.module_from_spec(s); s.loader.exec_module(h); h.render('jobs.policy.simplify:Config'); "
             "print(sorted(m for m in ('ray', 'torch', 'transformers', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          check=False)

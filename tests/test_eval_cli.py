@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eval.cli import main
-from eval.textmetrics import score_corpus
+from eval.metrics.text import score_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 ORIG = ["The cat perched on the mat.", "He came and he saw the town.", "It is big."]

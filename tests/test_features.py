@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from actors.features import AlignWorker, distinct_sentences, finish_parses, join_parses
-from eval.judge_blocks import tokenize_for_alignment
+from eval.judging.blocks import tokenize_for_alignment
 
 SOURCE = "The committee postponed the decision indefinitely."
 

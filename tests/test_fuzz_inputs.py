@@ -22,10 +22,10 @@ from actors.corpus import read_corpus
 from core.config import ConfigError, load_config
 from core.errors import CorpusError
 from core.text import normalise_text
-from eval import human_eval
 from eval.cli import main as eval_main
-from eval.cord import CordError, read_cord
-from jobs.policy_simplify import Config as PolicyConfig
+from eval.craft.cord import CordError, read_cord
+from eval.judging import human_eval
+from jobs.policy.simplify import Config as PolicyConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -319,7 +319,7 @@ good_menlo = st.builds(lambda i, dim, ga, gb: {"pair_id": f"p{i}", "dimension": 
                                                   menlo_value, min_size=6), min_size=1, max_size=3)),
        junk=st.sampled_from([b"", b"", b"\xff\xfe", b"{bad", b"[]"]))
 def test_menlo_jsonl_is_read_or_names_file_and_line(records, junk):
-    from eval.menlo_data import MenloDataError, read_menlo_jsonl
+    from eval.judging.menlo_data import MenloDataError, read_menlo_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "menlo.jsonl"

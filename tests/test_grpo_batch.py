@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from train.config import GRPOConfig
-from train.grpo_batch import (
+from train.grpo.batch import (
     GroupOutcome,
     completion_logps,
     failed,
@@ -19,8 +19,8 @@ from train.grpo_batch import (
     outcome_sums,
     trim_completion,
 )
-from train.grpo_rewards import JudgeGroupReward, check_reward_spec, check_rows
-from train.judge_reward import JudgeRewardConfig
+from train.grpo.reward.build import JudgeGroupReward, check_reward_spec, check_rows
+from train.grpo.reward.judge_training import JudgeRewardConfig
 
 
 def test_failed_groups_get_zero_advantage_and_leave_the_loss():
@@ -142,8 +142,8 @@ def test_windowed_left_padded_logps_equal_the_full_right_padded_ones(tiny_model_
     # completion log-probs must be those of the plain right-padded full forward
     from transformers import AutoModelForCausalLM
 
-    from train.grpo_batch import completion_window
-    from train.pairs_data import collate_sequences
+    from train.grpo.batch import completion_window
+    from train.sequences import collate_sequences
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     prompts, completions = [[1, 50, 60, 70, 80], [1, 90]], [[300, 301], [400, 401, 402]]
@@ -167,11 +167,11 @@ def test_windowed_left_padded_logps_equal_the_full_right_padded_ones(tiny_model_
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Validation (train.grpo_batch / train.grpo_validate pure parts)
+# Validation (train.grpo.batch / train.grpo.validate pure parts)
 
 
 def test_validation_metrics_are_the_reward_means_under_val():
-    from train.grpo_batch import VAL_SCORE, validation_metrics
+    from train.grpo.batch import VAL_SCORE, validation_metrics
 
     # two groups of 2 rollouts scored (rewards 1, 0 and 0.5, 0.5), one group failed: mean over scored rollouts
     totals = {"groups": 3.0, "groups_failed": 1.0, "rollouts_scored": 4.0, "reward_sum": 2.0,
@@ -185,7 +185,7 @@ def test_validation_metrics_are_the_reward_means_under_val():
 
 
 def test_only_a_strictly_better_finite_score_is_a_new_best():
-    from train.grpo_batch import improved
+    from train.grpo.batch import improved
 
     assert improved(-1.2, None) and improved(0.1, -0.5)
     assert not improved(0.1, 0.1)  # a tie keeps the earlier adapter
@@ -193,7 +193,7 @@ def test_only_a_strictly_better_finite_score_is_a_new_best():
 
 
 def test_baseline_answers_are_kept_on_disk_for_a_restarted_worker(tmp_path):
-    from train.grpo_validate import BaselineAnswers
+    from train.grpo.validate import BaselineAnswers
 
     rank0, rank1 = BaselineAnswers(str(tmp_path / "b"), 0), BaselineAnswers(str(tmp_path / "b"), 1)
     assert rank0.answers == {}
@@ -206,7 +206,7 @@ def test_baseline_answers_are_kept_on_disk_for_a_restarted_worker(tmp_path):
 
 
 def test_validation_shards_cover_every_row_once_with_equal_lengths():
-    from train.grpo_validate import validation_shard
+    from train.grpo.validate import validation_shard
 
     for n, world in ((5, 2), (4, 2), (1, 3), (7, 1)):
         shards = [validation_shard(n, rank, world) for rank in range(world)]
@@ -216,12 +216,12 @@ def test_validation_shards_cover_every_row_once_with_equal_lengths():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Policy validation against the baseline (train.grpo_batch versus_*), through the GRM's real reward maths
+# Policy validation against the baseline (train.grpo.batch versus_*), through the GRM's real reward maths
 
 
 def _served(texts: dict[int, str], pairs: list[tuple[int, int]], n: int, scheme: str, grade_of) -> dict:
     """The /reward/group body the Serve app computes (serve.rewards) when the judge grades each text grade_of(t)."""
-    from actors.engine import Completion
+    from actors.engines.base import Completion
     from serve import rewards as R
 
     judgments, completions = [], []
@@ -239,8 +239,8 @@ def test_zero_sum_margins_cannot_rank_policies_but_the_win_rate_against_the_base
     import httpx
 
     from serve import rewards as R
-    from train.grpo_batch import VAL_SCORE, VAL_SCORES, outcome_sums, validation_metrics, versus_metrics, versus_sums
-    from train.reward_client import parse_group_response
+    from train.grpo.batch import VAL_SCORE, VAL_SCORES, outcome_sums, validation_metrics, versus_metrics, versus_sums
+    from train.grpo.reward.client import parse_group_response
 
     def grade_of(text: str) -> int:  # the judge's taste: the baseline's style earns 3, a good answer 5, a bad one 1
         return {"good": 5, "bad": 1}.get(text.split()[0], 3)
@@ -274,7 +274,7 @@ def test_zero_sum_margins_cannot_rank_policies_but_the_win_rate_against_the_base
 
 
 def test_versus_metrics_count_failed_prompts_apart():
-    from train.grpo_batch import GroupOutcome, failed, versus_metrics, versus_sums
+    from train.grpo.batch import GroupOutcome, failed, versus_metrics, versus_sums
 
     def judged(margin: float, grade: float) -> GroupOutcome:
         return GroupOutcome(rewards=[grade], components={"grm_margin": [margin], "grm_mean_grade": [grade]},
@@ -306,7 +306,7 @@ def _chars(messages: list[dict]) -> list[str]:
 
 
 def test_fit_prompt_shortens_the_user_turn_never_the_system_turn():
-    from train.grpo_batch import fit_prompt
+    from train.sequences import fit_prompt
 
     messages = [{"role": "system", "content": "RUBRIC"}, {"role": "user", "content": "abcdefghij"}]
     # s:RUBRIC (8) + u:abcdefghij (12) + a: (2) = 22 ids
@@ -323,7 +323,7 @@ def test_encode_prompt_truncates_the_user_turn_and_passes_the_thinking_switch(ti
     from transformers import AutoTokenizer
 
     from train.config import GRPOConfig
-    from train.pairs_data import encode_prompt
+    from train.sequences import encode_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     # Qwen3's switch, reduced to its effect: non-thinking mode opens the answer with an empty think block

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import jobs.judge_grpo as judge_job
-import jobs.policy_grpo as policy_job
+import jobs.judge.grpo as judge_job
+import jobs.policy.grpo as policy_job
 from core.config import ConfigError, load_config
 from jobs.cli import job_module
 
@@ -136,7 +136,7 @@ def test_the_served_grm_prompt_is_the_judge_training_prompt(judge_config, policy
     """What GRMServer renders for a policy row's request (`JudgePrompts.compare_messages`, as /compare and
     /reward/group do) equals the judge_grpo row of the same pair in the A-then-B order; the Serve app itself is
     checked the same way in tests/test_grpo_ray.py."""
-    from eval.menlo_data import read_menlo_jsonl
+    from eval.judging.menlo_data import read_menlo_jsonl
     from serve.config import load_prompts
 
     policy_cfg = load_config(policy_job.Config, REPO / "configs" / policy_config, ["data.limit=0"])
@@ -158,7 +158,7 @@ def test_the_served_grm_prompt_is_the_judge_training_prompt(judge_config, policy
 def test_policy_configs_probe_the_judge_on_pairs_it_was_not_trained_on(judge_config, policy_config):
     """Both policy GRPO configs measure the served judge's accuracy on a labelled probe set (monitor.probe_path),
     and no probe pair is one the matching judge_grpo config trains the judge on."""
-    from eval.menlo_data import read_menlo_jsonl
+    from eval.judging.menlo_data import read_menlo_jsonl
 
     cfg = load_config(policy_job.Config, REPO / "configs" / policy_config, ["data.limit=0"])
     assert cfg.monitor.enabled and cfg.monitor.probe_path

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import jobs.policy_grpo as job
-from actors.engine import Completion
+import jobs.policy.grpo as job
+from actors.engines.base import Completion
 from core.config import load_config
 from serve.rewards import group_response, plan_pairs, read_judgment
-from train.grpo_monitoring import LoopMonitors, read_alerts, sample_groups
-from train.reward_client import parse_group_body
-from train.reward_monitors import JudgeMarkers
+from train.grpo.monitoring import LoopMonitors, read_alerts, sample_groups
+from train.grpo.reward.client import parse_group_body
+from train.grpo.reward.monitors import JudgeMarkers
 
 REPO = Path(__file__).resolve().parents[1]
 GRADES = "<think>x</think><final_grade_A> FINAL GRADE: {} - X </final_grade_A><final_grade_B> FINAL GRADE: {} - X " \

@@ -1,4 +1,4 @@
-"""Rewards that overlap rollouts (train.grpo_overlap): the order of events and identical outcomes either way.
+"""Rewards that overlap rollouts (train.grpo.overlap): the order of events and identical outcomes either way.
 
 The rollout engine and the reward service's transport are scripted (the edge of the world); everything between
 them is the real code: `rollout_and_reward`, `GRMGroupReward`'s thread pool, `GroupRewardClient`'s retries and
@@ -19,12 +19,12 @@ from test_vllm_rollout import RecordingLLM, fake_vllm  # noqa: F401 (the fake vl
 
 from core.config import ConfigError
 from train.config import GRPOConfig, RolloutSection
-from train.grpo_batch import outcome_advantages
-from train.grpo_overlap import generation_calls, reward_overlaps, rollout_and_reward
-from train.grpo_rewards import GRMGroupReward, JudgeGroupReward
-from train.judge_reward import JudgeRewardConfig
-from train.reward_client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig
-from train.vllm_rollout import VLLMRollout
+from train.grpo.batch import outcome_advantages
+from train.grpo.overlap import generation_calls, reward_overlaps, rollout_and_reward
+from train.grpo.reward.build import GRMGroupReward, JudgeGroupReward
+from train.grpo.reward.client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig
+from train.grpo.reward.judge_training import JudgeRewardConfig
+from train.grpo.rollout_vllm import VLLMRollout
 
 G = 4
 

@@ -26,10 +26,10 @@ from fake_openai_server import FakeOpenAIServer
 from safetensors.torch import load_file
 from wandb_reader import find_run_files, read_run
 
-import jobs.policy_grpo as job
+import jobs.policy.grpo as job
 from core.config import load_config
-from eval.menlo_data import read_menlo_jsonl
-from eval.menlo_parse import MENLO_LABELS
+from eval.judging.menlo_data import read_menlo_jsonl
+from eval.judging.menlo_parse import MENLO_LABELS
 from jobs.cli import main as cli_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -220,9 +220,9 @@ def scripted_grm(judge: FakeOpenAIServer, app: str) -> list[str]:
 def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_cleanup, tmp_path, monkeypatch):
     from ray import serve
 
-    import jobs.judge_grpo as judge_job
-    from train.grpo_rewards import GRMGroupReward
-    from train.reward_client import RewardServiceConfig
+    import jobs.judge.grpo as judge_job
+    from train.grpo.reward.build import GRMGroupReward
+    from train.grpo.reward.client import RewardServiceConfig
 
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     serve.shutdown()  # a Serve instance left by an earlier test keeps its HTTP port; the job starts its own

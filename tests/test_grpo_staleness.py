@@ -1,4 +1,4 @@
-"""Bounded staleness of GRPO rollouts (train.grpo_staleness, ``grpo.rollout.max_staleness``): the order of a step's
+"""Bounded staleness of GRPO rollouts (train.grpo.staleness, ``grpo.rollout.max_staleness``): the order of a step's
 work, the policy each batch comes from and the staleness counter.
 
 A scripted policy (a version number the update bumps), rollout engine and judge stand at the edge of the world;
@@ -19,9 +19,9 @@ import pytest
 
 from core.config import ConfigError
 from train.config import GRPOConfig, RolloutSection
-from train.grpo_batch import GroupOutcome
-from train.grpo_overlap import start_rollouts
-from train.grpo_staleness import StepPipeline
+from train.grpo.batch import GroupOutcome
+from train.grpo.overlap import start_rollouts
+from train.grpo.staleness import StepPipeline
 
 G, PROMPTS = 2, 3
 
@@ -171,7 +171,7 @@ def test_a_grpo_run_one_step_off_policy_trains_on_behaviour_log_probs(ray_local,
     completes, logs grpo/staleness 0 then 1 and counts the off-policy steps. With one pass per step the PPO ratio of
     an on-policy step is exactly 1 (approx_kl 0); a stale step's "old" log-probs are the previous policy's, taken
     before the update, so once the entropy bonus has moved the LoRA its ratio is not 1."""
-    from train.grpo_trainer import run_grpo
+    from train.grpo.trainer import run_grpo
 
     rows = [{"id": f"r{i}", "prompt_messages": [{"role": "user", "content": f"Compare answers {i} and {i + 1}."}],
              "gold_a": 4, "gold_b": 2} for i in range(4)]

@@ -1,5 +1,5 @@
-"""The per-step statistics GRPO logs beside the mean reward (train/grpo_stats.py) and the clip fraction's two
-sides (train/advantages.py), with hand-worked numbers."""
+"""The per-step statistics GRPO logs beside the mean reward (train/grpo/stats.py) and the clip fraction's two
+sides (train/grpo/advantages.py), with hand-worked numbers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from train.advantages import grpo_policy_loss
-from train.grpo_stats import extrema_sums, finish_stats, rank_metrics, step_stat_sums
+from train.grpo.advantages import grpo_policy_loss
+from train.grpo.stats import extrema_sums, finish_stats, rank_metrics, step_stat_sums
 
 
 def test_score_advantage_and_length_statistics():

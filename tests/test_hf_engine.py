@@ -21,11 +21,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, collect_eos_ids, merge_system_into_user, render_prompt
-from actors.hf_weights import PackedLinear
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.hf.engine import HFEngine, collect_eos_ids, merge_system_into_user, render_prompt
+from actors.engines.hf.token_sampling import sample_token
+from actors.engines.hf.weights import PackedLinear
 from actors.models import build_tiny_random_model, resolve_model_dir
-from actors.token_sampling import sample_token
 from tests.engine_prompts import PROMPTS
 
 DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
@@ -312,7 +312,7 @@ def test_smollm2_chat_completion_matches_generate():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Grammar-constrained decoding (actors.constrained)
+# Grammar-constrained decoding (actors.engines.hf.constrained)
 
 
 def test_grammar_keeps_the_models_choice_where_it_is_allowed_and_overrides_it_where_not(thinking_model_dir):
@@ -330,8 +330,8 @@ def test_grammar_keeps_the_models_choice_where_it_is_allowed_and_overrides_it_wh
 
 
 def test_thinking_judge_reasons_freely_then_gives_a_constrained_score(thinking_model_dir):
-    from eval.judge_grammar import score_grammar
-    from eval.judge_parse import parse_score
+    from eval.judging.grammar import score_grammar
+    from eval.judging.parse import parse_score
 
     engine = HFEngine(EngineSpec(model=thinking_model_dir, dtype="float32", device=DEVICE, thinking=True))
     [done] = engine.generate([ask("Rate it.", max_tokens=64, grammar=score_grammar(64, thinking=True))])
@@ -341,8 +341,8 @@ def test_thinking_judge_reasons_freely_then_gives_a_constrained_score(thinking_m
 
 
 def test_constrained_rows_parse_in_a_mixed_batch_and_a_bad_grammar_fails_alone(tiny_engine):
-    from eval.judge_grammar import best_worst_grammar
-    from eval.judge_parse import parse_best_worst
+    from eval.judging.grammar import best_worst_grammar
+    from eval.judging.parse import parse_best_worst
 
     grammar = best_worst_grammar(4, 48)
     plain = [ask(p, max_tokens=12) for p in PROMPTS[:2]]

@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections (actors.hf_fused): bit-identical to transformers' own Llama layers."""
+"""Fused q/k/v and gate/up projections (actors.engines.hf.fused): bit-identical to transformers' own Llama layers."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine
-from actors.hf_fused import FusedLlamaAttention, FusedLlamaMLP, concat_linears, fuse_decoder_layers
-from actors.hf_weights import pack_linear_layers, packing_is_exact
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.hf.engine import HFEngine
+from actors.engines.hf.fused import FusedLlamaAttention, FusedLlamaMLP, concat_linears, fuse_decoder_layers
+from actors.engines.hf.weights import pack_linear_layers, packing_is_exact
 from bench.generate import model_shapes
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from eval import human_eval as he
+from eval.judging import human_eval as he
 from jobs.cli import main as cli_main
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PURE = sorted(
-    [f"eval.{p.stem}" for p in (REPO / "eval").glob("*.py") if p.stem != "__init__"]
-    + ["train.losses", "train.preference_loss", "train.logprobs", "train.advantages", "train.pairs", "train.pairs_data", "train.ds_config",
-       "train.judge_reward", "train.grpo_batch",
-       "train.config", "train.reward_client", "train.precision",
-       "actors.engine", "actors.token_sampling", "actors.corpus", "actors.corpus_files", "actors.ratings",
-       "actors.cache", "serve.protocol", "serve.judge_prompts", "serve.rewards"]
+    [".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "eval").rglob("*.py") if p.stem != "__init__"]
+    + ["train.preference.losses", "train.preference.objective", "train.logprobs", "train.grpo.advantages", "train.preference.pairs", "train.sequences", "train.ds_config",
+       "train.grpo.reward.judge_training", "train.grpo.batch",
+       "train.config", "train.grpo.reward.client", "train.precision",
+       "actors.engines.base", "actors.engines.hf.token_sampling", "actors.corpus", "actors.corpus_files", "actors.ratings",
+       "actors.engines.cache", "serve.protocol", "serve.judge_prompts", "serve.rewards"]
     + [f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if p.stem != "__init__"]
 )
 FORBIDDEN = ("ray", "vllm", "deepspeed")

@@ -25,8 +25,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from eval.menlo_data import read_menlo_jsonl
-from eval.menlo_parse import MENLO_LABELS
+from eval.judging.menlo_data import read_menlo_jsonl
+from eval.judging.menlo_parse import MENLO_LABELS
 from jobs.cli import main as cli_main
 from tests.fake_openai_server import FakeOpenAIServer
 from tests.wandb_reader import read_run

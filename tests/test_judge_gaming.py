@@ -10,7 +10,7 @@ from each answer, but
 
 Policies: honest (similar lengths, qualities that vary), length-gaming (padding, lengths spread), position-gaming
 (one answer, repeated: every pair is a tie the first slot wins) and format-gaming (quotes the judge's output tags).
-Each run goes through the same per-worker sums and monitors as `train.grpo_loop`, two workers' sums added as
+Each run goes through the same per-worker sums and monitors as `train.grpo.loop`, two workers' sums added as
 `reduce_sums` adds them.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from eval.prompts import load_template, prompt_path
 from eval.reward_wire import JudgmentOut
 from serve.rewards import compute_rewards, plan_pairs
-from train.reward_monitors import MonitorConfig, RewardMonitors, judge_markers, step_sums
+from train.grpo.reward.monitors import MonitorConfig, RewardMonitors, judge_markers, step_sums
 
 GROUP, GROUPS_PER_STEP, STEPS = 4, 4, 6
 WORDS = ("river", "lantern", "orchard", "pebble", "harbor", "meadow", "violet", "copper", "maple", "candle")

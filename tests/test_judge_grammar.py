@@ -1,4 +1,4 @@
-"""Judge grammars (eval.judge_grammar) against llguidance and our parsers.
+"""Judge grammars (eval.judging.grammar) against llguidance and our parsers.
 
 Hand-written verdicts in the papers' formats are accepted and malformed ones rejected; random walks through each
 grammar with the real SmolLM2 tokenizer (any allowed token, including free text cut at its token budget) always
@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from actors.constrained import GrammarCompiler, mask_logits, unpack_bitmask
+from actors.engines.hf.constrained import GrammarCompiler, mask_logits, unpack_bitmask
 from actors.models import resolve_model_dir
-from eval.judge_grammar import (
+from eval.judging.grammar import (
     best_worst_grammar,
     free_budget,
     judge_grammar,
@@ -26,8 +26,8 @@ from eval.judge_grammar import (
     reserve_tokens,
     score_grammar,
 )
-from eval.judge_parse import parse_best_worst, parse_score
-from eval.menlo_parse import parse_menlo_grade, parse_menlo_grades
+from eval.judging.menlo_parse import parse_menlo_grade, parse_menlo_grades
+from eval.judging.parse import parse_best_worst, parse_score
 from tests.grammar_check import accepts, random_walk
 
 

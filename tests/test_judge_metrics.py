@@ -1,4 +1,4 @@
-"""eval.judge_metrics on hand-made judgment tables; every expected number is worked out in the comments."""
+"""eval.judging.metrics on hand-made judgment tables; every expected number is worked out in the comments."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import eval.judge_metrics as jm
-from eval.jury_meta import Bootstrap
+import eval.judging.metrics as jm
+from eval.judging.jury_meta import Bootstrap
 
 NAN = math.nan
 NO_BOOT = Bootstrap(n_boot=0)
@@ -151,7 +151,7 @@ def test_unknown_failure_policy_is_refused():
 
 
 def test_doctests():
-    import eval.menlo_data as md
+    import eval.judging.menlo_data as md
 
     assert doctest.testmod(md).failed == 0
 

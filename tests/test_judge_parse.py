@@ -1,4 +1,4 @@
-"""Tests for eval.judge_parse: tables of well-formed and malformed judge outputs and their defined results."""
+"""Tests for eval.judging.parse: tables of well-formed and malformed judge outputs and their defined results."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import doctest
 
 import pytest
 
-from eval import judge_parse
-from eval.judge_parse import Parsed, parse_best_worst, parse_score, split_think
-from eval.menlo_parse import MENLO_LABELS, check_menlo_tags, parse_menlo_grades, parse_pairwise
+from eval.judging import parse as judge_parse
+from eval.judging.menlo_parse import MENLO_LABELS, check_menlo_tags, parse_menlo_grades, parse_pairwise
+from eval.judging.parse import Parsed, parse_best_worst, parse_score, split_think
 
 
 def test_doctests_pass():
@@ -291,7 +291,7 @@ POINT_CASES = [
 
 @pytest.mark.parametrize("text, grade, tags_ok, format_ok, error", POINT_CASES)
 def test_menlo_pointwise_table(text, grade, tags_ok, format_ok, error):
-    from eval.menlo_parse import parse_menlo_grade
+    from eval.judging.menlo_parse import parse_menlo_grade
 
     g = parse_menlo_grade(text)
     assert (g.grade_a, g.grade_b, g.tags_ok, g.format_ok, g.error) == (grade, None, tags_ok, format_ok, error)
@@ -299,7 +299,7 @@ def test_menlo_pointwise_table(text, grade, tags_ok, format_ok, error):
 
 
 def test_menlo_pointwise_tag_messages():
-    from eval.menlo_parse import MENLO_POINTWISE_TAGS
+    from eval.judging.menlo_parse import MENLO_POINTWISE_TAGS
 
     pairwise_answer = GOOD_MENLO
     errors = check_menlo_tags(pairwise_answer, MENLO_POINTWISE_TAGS)
@@ -313,7 +313,7 @@ def test_menlo_pointwise_tag_messages():
 def test_a_truncated_rationale_quoting_the_rubric_is_not_a_score():
     """Paper 001's rubric lists "[5]: The sentence is fully simplified ..."; a rationale cut off while quoting it used
     to parse as 5 (the fallback took the last bracketed integer)."""
-    from eval.judge_parse import parse_score
+    from eval.judging.parse import parse_score
 
     cut = "The output keeps the meaning and reads well, matching [5]: The sentence is fully simplified, entirely"
     assert parse_score(cut).value is None and parse_score(cut).error == "no_score"

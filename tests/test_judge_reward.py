@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward, mean_components, pointwise_reward
+from train.grpo.reward.judge_training import (
+    COMPONENTS,
+    JudgeRewardConfig,
+    judge_reward,
+    mean_components,
+    pointwise_reward,
+)
 
 THINK = "<think>A answers the question; B drifts.</think>\n"
 

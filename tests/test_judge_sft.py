@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from eval.menlo_parse import parse_menlo_grades
+from eval.judging.menlo_parse import parse_menlo_grades
 from jobs.cli import main as cli_main
-from jobs.judge_sft import verdict_target
+from jobs.judge.sft import verdict_target
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = str(REPO / "configs" / "judge_sft_demo.yaml")
@@ -56,7 +56,7 @@ def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir,
     fresh LoRA, scores its rollouts with the MENLO reward and keeps the best adapter by validation reward."""
     from safetensors.torch import load_file
 
-    import jobs.judge_grpo as judge_job
+    import jobs.judge.grpo as judge_job
     from core.config import load_config
 
     root = tmp_path / "runs"
@@ -118,10 +118,10 @@ def test_sft_then_rl_starts_grpo_from_the_sft_adapter(ray_local, tiny_model_dir,
 def test_pointwise_judge_sft_and_rl(ray_local, tiny_model_dir, tmp_path):
     """Paper 003 Table 19: pointwise SFT rows and pointwise RL, each judge prompt one response with its own gold
     grade."""
-    import jobs.judge_grpo as judge_job
-    import jobs.judge_sft as sft_job
+    import jobs.judge.grpo as judge_job
+    import jobs.judge.sft as sft_job
     from core.config import load_config
-    from eval.menlo_parse import parse_menlo_grade
+    from eval.judging.menlo_parse import parse_menlo_grade
 
     root, pointwise = tmp_path / "runs", ["prompt.mode=pointwise", "prompt.template=menlo_pointwise"]
     # the SFT rows the job trains on (its training stage is the one the pairwise test above runs end to end)

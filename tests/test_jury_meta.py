@@ -10,9 +10,8 @@ import pandas as pd
 import pytest
 
 from core.errors import CorpusError
-from eval import jury_meta as meta
-from eval.report_html import Figure, Section, build_report, fmt, pivot_cells, render_html
-from eval.synth_bench import (
+from eval.judging import jury_meta as meta
+from eval.judging.synth_bench import (
     asset_pairs,
     finalize_complex,
     read_word_list,
@@ -20,6 +19,7 @@ from eval.synth_bench import (
     sample_prompt_pairs,
     simpeval_pairs,
 )
+from eval.report_html import Figure, Section, build_report, fmt, pivot_cells, render_html
 
 NO_BOOT = meta.Bootstrap(n_boot=0)
 

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from actors.engine import SamplingParams
+from actors.engines.base import SamplingParams
 from actors.jury import render_judge_requests
 from actors.menlo import attach_judge
 

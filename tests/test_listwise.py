@@ -1,4 +1,4 @@
-"""Listwise judging's pure part (eval/listwise.py): the grammar admits exactly the permutations (checked by
+"""Listwise judging's pure part (eval/judging/listwise.py): the grammar admits exactly the permutations (checked by
 llguidance over a byte-level tokenizer), parsing refuses what is not one, and the rewards by hand."""
 
 import itertools
@@ -7,7 +7,7 @@ import math
 import llguidance
 import pytest
 
-from eval.listwise import (
+from eval.judging.listwise import (
     MAX_LISTWISE,
     grade_rewards,
     kendall_tau_b,

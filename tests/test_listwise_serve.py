@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from actors.engine import Completion
+from actors.engines.base import Completion
 from core.config import ConfigError, load_config
 from serve import protocol as P
 from serve import rewards as R
 from serve.judge_prompts import load_judge_prompts, output_format, render_responses
-from train.reward_client import parse_group_body
+from train.grpo.reward.client import parse_group_body
 
 REPO = Path(__file__).resolve().parents[1]
 RUBRICS = str(REPO / "configs" / "data" / "menlo_rubrics.yaml")
@@ -120,7 +120,7 @@ def test_rollout_client_reads_listwise_rewards_whatever_the_signal():
 
 
 def test_policy_grpo_refuses_listwise_for_a_group_it_cannot_rank():
-    from jobs.policy_grpo import Config
+    from jobs.policy.grpo import Config
 
     with pytest.raises(ConfigError, match=re.escape("reward.scheme: listwise ranks 2..9 responses")):
         load_config(Config, REPO / "configs" / "policy_grpo_demo.yaml",

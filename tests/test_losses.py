@@ -1,4 +1,4 @@
-"""Hand-worked checks of train/logprobs.py and train/losses.py, plus parity with TRL's CPOTrainer loss."""
+"""Hand-worked checks of train/logprobs.py and train/preference/losses.py, plus parity with TRL's CPOTrainer loss."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from train.config_sections import PreferenceLossConfig
 from train.logprobs import sequence_logps, token_entropy, token_logps
-from train.losses import (
+from train.preference.losses import (
     arpo_loss,
     arpo_penalty,
     compute_nll,
@@ -21,7 +22,7 @@ from train.losses import (
     sft_loss,
     simpo_loss,
 )
-from train.preference_loss import PreferenceLossConfig, compute_preference_loss
+from train.preference.objective import compute_preference_loss
 
 LN2 = math.log(2.0)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import jobs.judge_grpo as judge_job
-import jobs.policy_grpo as policy_job
+import jobs.judge.grpo as judge_job
+import jobs.policy.grpo as policy_job
 from core.config import ConfigError, load_config
 from jobs.cli import main as cli_main
 from train.config import GRPOConfig
@@ -94,14 +94,14 @@ def test_each_remedy_moves_the_budget_the_right_way():
 
 
 def test_the_budget_assumes_the_rollout_engine_s_own_sleep_level():
+    from train.grpo.rollout_vllm import SLEEP_LEVEL
     from train.memory_budget import ROLLOUT_SLEEP_LEVEL
-    from train.vllm_rollout import SLEEP_LEVEL
 
     assert ROLLOUT_SLEEP_LEVEL == SLEEP_LEVEL
 
 
 def test_the_lora_slot_is_the_one_the_engine_asks_for():
-    from actors import vllm_engine
+    from actors.engines import vllm_sync as vllm_engine
     from train import memory_budget
 
     assert memory_budget.VLLM_LORA_RANK_SLOTS == vllm_engine.VLLM_LORA_RANK_SLOTS

@@ -1,4 +1,4 @@
-"""eval.menlo_data: the MENLO-format reader, rubric rendering, exemplars, protocol items; the protocol templates."""
+"""eval.judging.menlo_data: the MENLO-format reader, rubric rendering, exemplars, protocol items; the protocol templates."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from eval import menlo_data as md
-from eval.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
+from eval.judging import menlo_data as md
+from eval.judging.menlo_parse import MENLO_LABELS, parse_menlo_grade, parse_menlo_grades
 from eval.prompts import load_template, prompt_path
 
 REPO = Path(__file__).resolve().parents[1]

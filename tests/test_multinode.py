@@ -105,7 +105,7 @@ def cache_entries(root: Path) -> int:
 
 
 def train_job_args(root: Path, model_dir: str) -> list[str]:
-    """judge_sft through its own trainer path (rows stage -> `train.trainer.train_stage` -> Ray Train + DeepSpeed +
+    """judge_sft through its own trainer path (rows stage -> `train.preference.trainer.train_stage` -> Ray Train + DeepSpeed +
     LoRA): the tiny random model, one worker, one step on 2 MENLO pairs in both orders; the worker asks for
     `gpu_slot` beside its CPU, as a GPU job's would ask for a GPU."""
     return ["run", str(REPO / "configs" / "judge_sft_demo.yaml"), f"run.root={root}", "run.id=t",

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.engines import build_engine
-from actors.openai_engine import (
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.factory import build_engine
+from actors.engines.openai_api import (
     OpenAIEngine,
     build_chat_body,
     compute_backoff_s,

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval.oracle import (
+from eval.judging.oracle import (
     ORACLE_JUDGE,
     candidate_sari,
     judge_signal,
@@ -16,7 +16,7 @@ from eval.oracle import (
     oracle_verdict_rows,
     signal_rows,
 )
-from train.pairs import build_pairs, panel_choices
+from train.preference.pairs import build_pairs, panel_choices
 
 SOURCE = "About 95 species are currently accepted."
 REFS = ["About 95 species are currently known.", "About 95 species are now accepted.", "95 species are now accepted."]

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from train.pairs import assign_split, build_pairs, judge_disagreement, preference_distribution, subsample
+from train.preference.pairs import assign_split, build_pairs, judge_disagreement, preference_distribution, subsample
 
 MODELS = ["m0", "m1", "m2", "m3"]
 PROMPTS = {"lexical": "simplify_lexical_zeroshot", "overall": "simplify_overall_zeroshot"}
@@ -88,7 +88,7 @@ def test_preference_distribution_table():
 
 
 def test_sft_think_rows_are_the_chosen_candidates():
-    from train.pairs import sft_rows_from_pairs
+    from train.preference.pairs import sft_rows_from_pairs
 
     judgments = pd.DataFrame([row("a", "lexical", "j", verdict(lex=(1, 3)))])
     pairs, _ = build_pairs(judgments, PROMPTS, dev_fraction=0.0)
@@ -100,7 +100,7 @@ def test_sft_think_rows_are_the_chosen_candidates():
 def test_parallel_rows_take_the_first_reference_or_all_and_refuse_a_source_without_one():
     import pytest
 
-    from train.pairs import sft_rows_from_references
+    from train.preference.pairs import sft_rows_from_references
 
     sources = pd.DataFrame({"id": ["a", "b"], "source": ["The big cat sat.", "Rain fell."],
                             "references": [["A cat sat.", "The cat sat."], ["", "It rained."]]})

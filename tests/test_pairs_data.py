@@ -1,4 +1,4 @@
-"""train/pairs_data.py on SmolLM2's real tokenizer and chat template: prompts, masks, truncation, padding, plan."""
+"""train/sequences.py on SmolLM2's real tokenizer and chat template: prompts, masks, truncation, padding, plan."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from train.logprobs import sequence_logps
-from train.pairs_data import (
+from train.sequences import (
     collate_pairs,
     collate_targets,
     encode_pair,

@@ -1,4 +1,4 @@
-"""Cascade attention over shared prefixes (actors/prefix_attention.py) against plain SDPA over the whole columns."""
+"""Cascade attention over shared prefixes (actors/engines/hf/prefix_attention.py) against plain SDPA over the whole columns."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from actors.prefix_attention import PrefixGroup, prefix_attention, prefix_groups_active
-from actors.shared_prefix import hold_prefix
+from actors.engines.hf.prefix_attention import PrefixGroup, prefix_attention, prefix_groups_active
+from actors.engines.hf.shared_prefix import hold_prefix
 
 KV, REP, DIM = 2, 3, 8
 

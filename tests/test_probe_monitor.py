@@ -13,9 +13,9 @@ from typing import ClassVar
 import pytest
 
 from core.config import ConfigError, load_config
-from train.grpo_batch import GroupOutcome
-from train.grpo_monitoring import LoopMonitors, probe_verdict
-from train.reward_monitors import MonitorConfig, gold_preference
+from train.grpo.batch import GroupOutcome
+from train.grpo.monitoring import LoopMonitors, probe_verdict
+from train.grpo.reward.monitors import MonitorConfig, gold_preference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def test_probe_pairs_go_through_the_reward_service_and_drop_alerts(judge_url, tm
 
 
 def test_probe_keys_are_checked_under_their_name():
-    from jobs.policy_grpo import Config
+    from jobs.policy.grpo import Config
 
     with pytest.raises(ConfigError, match=re.escape("monitor.probe_path")):
         load_config(Config, REPO / "configs" / "policy_grpo_demo.yaml", ["monitor.probe_path=/no/such/probe.jsonl"])
@@ -111,7 +111,7 @@ def test_probe_keys_are_checked_under_their_name():
 
 
 def test_the_demo_sends_its_probe_pairs_with_gold_to_the_workers():
-    from jobs.policy_grpo import Config, probe_pairs
+    from jobs.policy.grpo import Config, probe_pairs
 
     cfg = load_config(Config, REPO / "configs" / "policy_grpo_demo.yaml")
     pairs = probe_pairs(cfg)

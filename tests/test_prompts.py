@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from eval import judge_blocks, prompts
-from eval.judge_blocks import (
+from eval import prompts
+from eval.judging import blocks as judge_blocks
+from eval.judging.blocks import (
     ALIGNMENTS_ABSENT,
     PARSES_ABSENT,
     flatten_parse,
@@ -21,8 +22,8 @@ from eval.judge_blocks import (
     render_parses_section,
     tokenize_for_alignment,
 )
-from eval.judge_parse import parse_best_worst, parse_score
-from eval.menlo_parse import MENLO_LABELS, parse_menlo_grades
+from eval.judging.menlo_parse import MENLO_LABELS, parse_menlo_grades
+from eval.judging.parse import parse_best_worst, parse_score
 from eval.prompts import (
     PROMPTS_DIR,
     PromptError,
@@ -39,7 +40,7 @@ EXPECTED_TEMPLATES = {
     "menlo_grpo_grm", "menlo_pairwise_fewshot", "menlo_listwise", "jury_score_1shot", "jury_score_norationale",
     "craft_planner", "craft_planner_brief", "craft_reviser", "craft_feedback_fluency",
     "craft_feedback_grammaticality", "craft_feedback_coherence", "craft_direct", "craft_iter",
-    # paper 004 (AgentSimp): one template per role id (eval.agentsimp_roles)
+    # paper 004 (AgentSimp): one template per role id (eval.agentsimp.roles)
     "agentsimp_project_director", "agentsimp_article_logic_analyst", "agentsimp_content_simplifier",
     "agentsimp_content_simplifier_revise", "agentsimp_simplify_supervisor", "agentsimp_metaphorical_analyst",
     "agentsimp_terminology_interpreter", "agentsimp_content_integrator", "agentsimp_article_architect_direct",
@@ -298,7 +299,7 @@ def test_flatten_parse_escapes_newlines():
 
 def test_modules_stay_pure():
     code = (
-        "import sys, eval.prompts, eval.judge_parse, eval.aggregate\n"
+        "import sys, eval.prompts, eval.judging.parse, eval.judging.aggregate\n"
         "bad = [m for m in ('ray', 'torch', 'vllm', 'deepspeed') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from eval.judge_parse import extract_ptb_tree
+from eval.judging.parse import extract_ptb_tree
+from eval.metrics.sari import corpus_sari
 from eval.results import outcome_for, results_table, sari_counts, sari_of_counts, winrate_with_ci
-from eval.sari import corpus_sari
 
 SOURCES = ["the cat perched on the mat .", "he departed prior to dawn .", "the edifice was demolished ."]
 REFS = [["the cat sat on the mat .", "a cat sat on the mat ."], ["he left before dawn .", "he went before dawn ."],

@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from actors.engine import Completion
+from actors.engines.base import Completion
 from serve import rewards as R
-from train.reward_client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig, backoff_delay
+from train.grpo.reward.client import GroupRewardClient, RewardServiceAuthError, RewardServiceConfig, backoff_delay
 
 MENLO = ("<think>ok</think><final_grade_A> FINAL GRADE: {a} - X </final_grade_A>"
          "<final_grade_B> FINAL GRADE: {b} - X </final_grade_B>")
@@ -139,7 +139,7 @@ def test_reward_signal_own_grade_or_margin_and_the_context_sent(sleeps):
 
 
 def test_grm_reward_sends_each_rows_context_and_judges_versus_the_baseline_in_both_orders(sleeps):
-    from train.grpo_rewards import GRMGroupReward
+    from train.grpo.reward.build import GRMGroupReward
 
     server = FlakyServer([], group_body(2))
     row = {"judge_prompt": "Wie geht's?", "dimension": "fluency", "locale": "de_DE"}
@@ -209,7 +209,7 @@ def test_backoff_is_exponential_and_capped():
         assert base <= delay <= base * 1.1
 
 
-# -- the Serve-handle transport (train.reward_handle): the same retries and error kinds, without HTTP ------------
+# -- the Serve-handle transport (train.grpo.reward.handle): the same retries and error kinds, without HTTP ------------
 
 HANDLE_APP = "reward-handle-test"
 
@@ -251,7 +251,7 @@ def scripted_app(ray_local):
 
 @pytest.mark.slow
 def test_handle_transport_keeps_the_http_clients_retries_and_error_kinds(scripted_app, sleeps):
-    from train.reward_handle import reward_transport
+    from train.grpo.reward.handle import reward_transport
 
     cfg = RewardServiceConfig(url="http://unused.invalid:1", app=HANDLE_APP, retries=2, backoff_s=0.5,
                               backoff_max_s=1.5, timeout_s=1.0)
@@ -280,7 +280,7 @@ def test_handle_transport_keeps_the_http_clients_retries_and_error_kinds(scripte
 
 
 def test_an_app_name_needs_the_handle_transport():
-    from train.reward_handle import reward_transport
+    from train.grpo.reward.handle import reward_transport
 
     with pytest.raises(ValueError, match="reward.app"):
         GroupRewardClient(RewardServiceConfig(url="http://h:1", app="grm"))

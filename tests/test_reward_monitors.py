@@ -1,4 +1,4 @@
-"""Reward-hacking monitors (train/reward_monitors.py): statistics, sums, windows and alerts, by hand-worked numbers."""
+"""Reward-hacking monitors (train/grpo/reward/monitors.py): statistics, sums, windows and alerts, by hand-worked numbers."""
 
 import math
 
@@ -6,8 +6,7 @@ import pytest
 
 from core.config import ConfigError
 from eval.prompts import load_template, prompt_path
-from train.judge_family import ModelIdentity, family_key, same_family
-from train.reward_monitors import (
+from train.grpo.reward.monitors import (
     Alert,
     JudgeMarkers,
     MonitorConfig,
@@ -20,6 +19,7 @@ from train.reward_monitors import (
     spearman,
     step_sums,
 )
+from train.grpo.reward.same_family import ModelIdentity, family_key, same_family
 
 
 def test_pearson_and_spearman_by_hand():

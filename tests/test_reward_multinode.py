@@ -4,7 +4,7 @@ A fake multi-node cluster (tests/fake_cluster.py): a head with no CPUs, a `grm_n
 CPU request can only land on, and a `gpu_worker` (no CPU, 4 `gpu_slot`s standing in for GPUs) where the stand-in
 training worker runs. Its driver (a subprocess: this process keeps the session's own Ray) deploys the real GRM app
 through policy_grpo's own `served_reward` (the scripted hosted judge of tests/fake_openai_server.py behind the
-app's `openai` engine, bearer-token auth on), and the worker builds its reward exactly as `train.grpo_loop` does
+app's `openai` engine, bearer-token auth on), and the worker builds its reward exactly as `train.grpo.loop` does
 (`build_reward(spec)`), then scores three groups with the `concurrency` pool.
 
 Why Serve's HTTP proxies are disabled here: on a real cluster a GPU node without a replica runs no proxy (Ray 2.60:
@@ -35,12 +35,12 @@ import dataclasses, json, sys
 import ray
 from ray import serve
 
-import jobs.policy_grpo as job
+import jobs.policy.grpo as job
 from actors.secrets import Secrets
 from core.config import load_config
 from core.ray_env import RayConfig, init_ray
 from fake_openai_server import FakeOpenAIServer
-from train.grpo_rewards import build_reward
+from train.grpo.reward.build import build_reward
 
 GRADES = ("<final_grade_A> FINAL GRADE: 5 - EXCELLENT </final_grade_A>"
           "<final_grade_B> FINAL GRADE: 2 - MINOR FAILURE </final_grade_B>")
@@ -48,7 +48,7 @@ GRADES = ("<final_grade_A> FINAL GRADE: 5 - EXCELLENT </final_grade_A>"
 
 @ray.remote(num_cpus=0, resources={{"gpu_slot": 1}})
 def training_worker(spec, secrets, rows, completions):
-    secrets.install()  # what train.grpo_loop does on every rank, then builds its reward from the spec
+    secrets.install()  # what train.grpo.loop does on every rank, then builds its reward from the spec
     reward = build_reward(spec, seed=0)
     try:
         outcomes = reward(rows, completions)
@@ -71,7 +71,7 @@ with FakeOpenAIServer(reply=lambda message: GRADES) as judge:
     rows = [{{"judge_prompt": f"prompt {{i}}", "dimension": "tone", "locale": "de_DE"}} for i in range(3)]
     completions = [[f"answer {{i}} a", f"answer {{i}} b"] for i in range(3)]
     with job.served_reward(cfg) as (spec, secret):
-        # the secret worker env travels as run_grpo sends it (train.grpo_trainer: Secrets in the loop config)
+        # the secret worker env travels as run_grpo sends it (train.grpo.trainer: Secrets in the loop config)
         node, outcomes = ray.get(training_worker.remote(spec, Secrets(secret), rows, completions), timeout=300)
     print("RESULT " + json.dumps({{"spec": spec, "secret_names": sorted(secret), "worker_node": node,
                                    "outcomes": outcomes, "judge_calls": len(judge.calls)}}), flush=True)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from eval.dsari import compute_length_penalties, corpus_dsari, document_sari
-from eval.sari import corpus_sari, score_xu2016, sentence_sari, sentence_sari_scores, sentence_sari_xu2016
+from eval.metrics.dsari import compute_length_penalties, corpus_dsari, document_sari
+from eval.metrics.sari import corpus_sari, score_xu2016, sentence_sari, sentence_sari_scores, sentence_sari_xu2016
 
 
 def read_lines(path):

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from actors.selector import ScoreWorker, SelectorConfig, scorer_verdicts
-from eval.lens import MetricUnavailable
-from train.pairs import build_pairs
+from eval.metrics.lens import MetricUnavailable
+from train.preference.pairs import build_pairs
 
 SOURCE = ("Notwithstanding the considerable reservations expressed by several committee members, the municipal "
           "authorities ultimately ratified the controversial proposal.")

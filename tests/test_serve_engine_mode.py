@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pytest
 
-from actors.engine import ChatRequest, Completion, SamplingParams
+from actors.engines.base import ChatRequest, Completion, SamplingParams
 from core.config import ConfigError, load_config
 from serve.config import JudgeConfig, ServeConfig, judge_engine_mode
 
@@ -209,7 +209,7 @@ def test_judge_config_default_is_auto():
 def test_doctests_pass():
     import doctest
 
-    from actors import vllm_engine
+    from actors.engines import vllm_sync as vllm_engine
     from serve import config
 
     assert doctest.testmod(config).failed == 0 and doctest.testmod(vllm_engine).failed == 0

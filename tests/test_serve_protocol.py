@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from actors.engine import Completion, SamplingParams
+from actors.engines.base import Completion, SamplingParams
 from core.config import ConfigError, load_config
 from eval.reward_wire import JudgmentOut
 from serve import protocol as P
@@ -28,7 +28,7 @@ def judgment(a: int, b: int, grade_a: int | None, grade_b: int | None) -> Judgme
 
 
 def menlo(a: int, b: int, why: str = "because") -> Completion:
-    from eval.menlo_parse import MENLO_LABELS
+    from eval.judging.menlo_parse import MENLO_LABELS
 
     text = MENLO_OK.format(why=why, a=a, b=b, la=MENLO_LABELS[a], lb=MENLO_LABELS[b])
     return Completion(text=text.split("</think>")[1].strip(), raw_text=text, reasoning=why, prompt_tokens=10,

@@ -4,7 +4,7 @@ One app of two tiny-random-Llama replicas (0.5 CPU each) with auth on and `healt
 notices a dead replica within a second. Every wait polls with a deadline; nothing sleeps for a fixed time.
 
 - A replica killed (`ray.kill`) while it holds requests is replaced: a new replica actor reaches RUNNING. Clients
-  use the GRPO trainer's own `train.reward_client.GroupRewardClient` (retries with back-off): every group gets its
+  use the GRPO trainer's own `train.grpo.reward.client.GroupRewardClient` (retries with back-off): every group gets its
   rewards; only requests that were on the dead replica are retried, at most once each (`MAX_RETRIED` below).
 - Clients that send a slow generation and close the socket do not wedge a replica: the next requests all succeed
   within a bound, and the replicas stay the same (health checks kept passing).
@@ -149,7 +149,7 @@ def test_client_disconnects_mid_request_do_not_wedge_a_replica(faults_app):
 def test_a_replica_killed_under_load_is_replaced_and_clients_only_retry(faults_app):
     import ray
 
-    from train.reward_client import GroupRewardClient, RewardServiceConfig
+    from train.grpo.reward.client import GroupRewardClient, RewardServiceConfig
 
     cfg = RewardServiceConfig(url=faults_app["base"], token_env=TOKEN_ENV, timeout_s=60, retries=3, backoff_s=0.2,
                               backoff_max_s=2.0, concurrency=1)

@@ -1,4 +1,4 @@
-"""Prompt prefixes shared by a call's rows (actors.shared_prefix): when they are shared, and that sharing gives the
+"""Prompt prefixes shared by a call's rows (actors.engines.hf.shared_prefix): when they are shared, and that sharing gives the
 tokens of the engine without it. Split from tests/test_hf_engine.py; tests/test_hf_engine_cuda.py runs both on a
 GPU (`QUORUM_TEST_DEVICE=cuda`)."""
 
@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.hf_engine import HFEngine, min_held_prefix_columns
-from actors.shared_prefix import common_prefix_length, hold_prefix, plan_prefixes
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.hf.engine import HFEngine, min_held_prefix_columns
+from actors.engines.hf.shared_prefix import common_prefix_length, hold_prefix, plan_prefixes
 from tests.engine_prompts import PROMPTS
 
 DEVICE = os.environ.get("QUORUM_TEST_DEVICE", "cpu")
@@ -78,7 +78,7 @@ def test_plan_leaves_every_row_its_last_token():
     assert plan_prefixes([[5]], 1, 0) == [] and plan_prefixes([], 1, 0) == []
 
 
-# a shared prefix held once (cascade attention) or copied into every row (actors.shared_prefix.hold_prefix): the
+# a shared prefix held once (cascade attention) or copied into every row (actors.engines.hf.shared_prefix.hold_prefix): the
 # engine picks by the attention it saves; both must give the tokens of the engine without prefix reuse
 HELD_OR_COPIED = pytest.mark.parametrize("min_held_columns", [0, 10**9], ids=["held", "copied"])
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from actors.chat_worker import ChatWorker
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
 from actors.stage_config import PoolConfig, SamplingConfig
 
 pytestmark = pytest.mark.slow

@@ -10,11 +10,11 @@ import time
 import pandas as pd
 import pytest
 
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
 from actors.generate import build_generate_dataset, group_by_engine
 from actors.jury import JudgeConfig, JuryConfig, build_jury_dataset
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
-from eval.aggregate import shuffle_order
+from eval.judging.aggregate import shuffle_order
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +144,7 @@ def test_identical_pairwise_candidates_are_ties_without_a_judge_call(ray_local, 
 
 
 def test_best_worst_order_can_be_shuffled_reproducibly(ray_local, tiny_model_dir):
-    """Shuffled per (seed, source, judge) by eval.aggregate.shuffle_order, whose reproducibility across processes is
+    """Shuffled per (seed, source, judge) by eval.judging.aggregate.shuffle_order, whose reproducibility across processes is
     pinned in test_aggregate; the fixed default order is checked on the too-few-candidates run below."""
     import ray.data
 

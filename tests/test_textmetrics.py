@@ -8,8 +8,8 @@ import random
 import pandas as pd
 import pytest
 
-from eval import lens
-from eval.textmetrics import (
+from eval.metrics import lens
+from eval.metrics.text import (
     compression_ratio,
     corpus_bleu,
     corpus_fkgl,
@@ -23,7 +23,7 @@ from eval.textmetrics import (
     sentence_bleu,
     sentence_fkgl,
 )
-from eval.textnorm import split_sentences
+from eval.metrics.textnorm import split_sentences
 
 
 def read_lines(path):
@@ -143,7 +143,7 @@ REFS = [["The cat sat on the mat.", "He came. He saw the city.", "It is large."]
 
 
 def test_score_corpus_matches_the_single_metric_functions():
-    from eval.sari import corpus_sari
+    from eval.metrics.sari import corpus_sari
 
     scores = score_corpus(["sari", "bleu", "fkgl", "exact_copy", "split_rate", "compression_ratio", "levenshtein"],
                           ORIG, SYS, REFS)
@@ -212,7 +212,7 @@ def test_score_table_errors_name_the_row_and_column(tmp_path):
 
 
 def test_bertscore_with_the_bundled_minilm():
-    from eval.bertscore import corpus_bertscore, sentence_bertscore
+    from eval.metrics.bertscore import corpus_bertscore, sentence_bertscore
 
     scores = sentence_bertscore(
         ["The cat sat on the mat.", "A cat was sitting on the mat.", "Stock prices fell sharply today.", ""],

@@ -138,8 +138,8 @@ def restore_torch_threads():
 def test_engine_records_thread_counts_and_greedy_tokens_do_not_change(tiny_model_dir, restore_torch_threads):
     import dataclasses
 
-    from actors.engine import ChatRequest, EngineSpec, SamplingParams
-    from actors.hf_engine import HFEngine
+    from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+    from actors.engines.hf.engine import HFEngine
 
     spec = EngineSpec(model=tiny_model_dir, dtype="float32", device="cpu", max_batch_size=4, num_threads=2)
     tuned = HFEngine(spec)
@@ -163,8 +163,8 @@ def test_engine_records_thread_counts_and_greedy_tokens_do_not_change(tiny_model
 
 
 def test_adaptive_threads_must_be_a_bool():
-    from actors.engine import EngineSpec
-    from actors.hf_engine import validate_spec
+    from actors.engines.base import EngineSpec
+    from actors.engines.hf.engine import validate_spec
 
     with pytest.raises(ValueError, match="engine.adaptive_threads"):
         validate_spec(EngineSpec(adaptive_threads="yes"))

@@ -46,8 +46,8 @@ init_ray(RayConfig(num_cpus=2, env_vars={"OMP_NUM_THREADS": "2"}))
 class Holder:
     def probe(self, model_dir):
         import torch
-        from actors.engine import EngineSpec
-        from actors.hf_engine import HFEngine
+        from actors.engines.base import EngineSpec
+        from actors.engines.hf.engine import HFEngine
         before = torch.get_num_threads()
         engine = HFEngine(EngineSpec(model=model_dir, dtype="float32", device="cpu"))
         return before, engine.threads, torch.get_num_threads(), os.nice(0)

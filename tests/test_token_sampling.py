@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import actors.token_sampling as ts
-from actors.engine import SamplingParams
-from actors.token_sampling import candidates, choose_tokens
+import actors.engines.hf.token_sampling as ts
+from actors.engines.base import SamplingParams
+from actors.engines.hf.token_sampling import candidates, choose_tokens
 
 
 def nucleus_by_full_sort(scores: torch.Tensor, top_k: int, top_p: float) -> list[int]:

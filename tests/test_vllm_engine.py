@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actors.engine import ChatRequest, EngineSpec, SamplingParams
-from actors.engines import build_engine
-from actors.vllm_engine import (
+from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+from actors.engines.factory import build_engine
+from actors.engines.vllm_sync import (
     VLLMEngine,
     adapter_lora_rank,
     build_llm_kwargs,
@@ -144,7 +144,7 @@ def test_to_completion_splits_thinking_and_maps_finish_reasons():
 
 
 def test_module_imports_without_vllm():
-    code = "import sys, actors.vllm_engine; assert 'vllm' not in sys.modules"
+    code = "import sys, actors.engines.vllm_sync; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -197,8 +197,8 @@ def test_bad_rows_fail_alone(engine):
 @needs_cuda
 def test_grammar_constrained_verdict_parses(engine):
     """vLLM's guidance backend reads the judge grammar: a free-running model's MENLO verdict always parses."""
-    from eval.judge_grammar import judge_grammar
-    from eval.menlo_parse import parse_menlo_grades
+    from eval.judging.grammar import judge_grammar
+    from eval.judging.menlo_parse import parse_menlo_grades
 
     grammar = judge_grammar("pairwise", 96)
     requests = [ask(f"Grade two answers to question {i}.", temperature=1.0, max_tokens=96, seed=i) for i in range(8)]

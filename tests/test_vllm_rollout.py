@@ -1,4 +1,4 @@
-"""train.vllm_rollout: the pure mappings on CPU; a real colocated vLLM engine with adapter sync on a CUDA machine.
+"""train.grpo.rollout_vllm: the pure mappings on CPU; a real colocated vLLM engine with adapter sync on a CUDA machine.
 
 GPU run: `python -m pytest tests/test_vllm_rollout.py -m gpu -q` (needs `pip install -e '.[gpu]'`).
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from train.config import GRPOConfig, LoraSection, RolloutSection
-from train.vllm_rollout import (
+from train.grpo.rollout_vllm import (
     SLEEP_LEVEL,
     VLLMRollout,
     adapter_version_dir,
@@ -35,7 +35,7 @@ def test_sampling_kwargs_ask_for_the_whole_group_in_one_request():
     assert rollout_sampling_kwargs(0.9, 0.95, 0, 48, 4, 123) == {
         "n": 4, "temperature": 0.9, "top_p": 0.95, "top_k": 0, "max_tokens": 48, "seed": 123,
         "skip_special_tokens": True}
-    # validation samples one answer per prompt (train/grpo_validate.py, val_metric vs_baseline)
+    # validation samples one answer per prompt (train/grpo/validate.py, val_metric vs_baseline)
     assert rollout_sampling_kwargs(0.9, 0.95, 0, 48, 1, 5)["n"] == 1
     with pytest.raises(ValueError, match="group_size >= 1"):
         rollout_sampling_kwargs(1.0, 1.0, 0, 48, 0, 0)
@@ -229,7 +229,7 @@ def test_synced_adapter_changes_the_rollouts(smollm2_dir, tmp_path, monkeypatch)
         monkeypatch.setenv(name, value)
 
     from train.engine import build_lora_model
-    from train.vllm_rollout import VLLMRollout
+    from train.grpo.rollout_vllm import VLLMRollout
 
     cfg = GRPOConfig(model=smollm2_dir, use_gpu=True, group_size=2, max_prompt_length=64, max_completion_length=8)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)

@@ -1,4 +1,4 @@
-"""Checkpoints, reports and W&B of every trainer's Ray Train worker (`train.loop`, `train.grpo_loop`).
+"""Checkpoints, reports and W&B of every trainer's Ray Train worker (`train.preference.loop`, `train.grpo.loop`).
 
 A checkpoint (Ray Train merges the workers' directories into one) holds:
     deepspeed/step_<k>/...   DeepSpeed `save_checkpoint` per rank: LoRA weights, optimizer, LR scheduler (frozen

@@ -25,12 +25,12 @@ from train.config_sections import (
     LoraSection,
     ModelFields,
     OptimiserFields,
+    PreferenceLossConfig,
     RolloutSection,
     TrackingFields,
     WorkerFields,
 )
 from train.memory_budget import WorkerPlan, grpo_plan, problems
-from train.preference_loss import PreferenceLossConfig
 
 # the sections are declared in train.config_sections; callers import them from here with the trainers
 __all__ = ["DeepSpeedSection", "GRPOConfig", "LoraSection", "RolloutSection", "TrainConfig", "TrainerBase"]
@@ -163,7 +163,7 @@ class GRPOConfig(TrainerBase):
 
     @property
     def optimizer_steps_per_step(self) -> int:
-        """`num_iterations` optimizer steps on each GRPO step's rollouts (`train.grpo_loop.policy_update`)."""
+        """`num_iterations` optimizer steps on each GRPO step's rollouts (`train.grpo.loop.policy_update`)."""
         return self.num_iterations
 
     @property

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Literal
 
 from core.config import Section, check_custom_resources, dotted, fail, in_range, one_of, positive
 from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
 from train.memory_budget import GPU_MEMORY_MIB
 
 ROLLOUT_KINDS = ("hf", "vllm")
-# rollout.max_staleness: 0 = on-policy, 1 = one step off-policy (train.grpo_staleness)
+# rollout.max_staleness: 0 = on-policy, 1 = one step off-policy (train.grpo.staleness)
 STALENESS = (0, 1)
 
 
@@ -63,8 +64,8 @@ class DeepSpeedSection(Section):
 class RolloutSection(Section):
     """How each GRPO worker samples its rollouts from its current policy."""
 
-    # hf: `generate` on the worker's own (LoRA) policy (train.hf_rollout.HFRollout); vllm: a vLLM engine colocated
-    # on each worker's GPU that receives the LoRA adapter after every optimizer step (train.vllm_rollout)
+    # hf: `generate` on the worker's own (LoRA) policy (train.grpo.rollout_hf.HFRollout); vllm: a vLLM engine colocated
+    # on each worker's GPU that receives the LoRA adapter after every optimizer step (train.grpo.rollout_vllm)
     kind: str = "hf"
     temperature: float = 1.0  # rollout sampling temperature (> 0: GRPO needs varied rollouts)
     top_p: float = 1.0  # rollout nucleus mass in (0, 1]; 1 = no nucleus filter
@@ -77,7 +78,7 @@ class RolloutSection(Section):
     prompts_per_generate: int = 0
     # 0 = on-policy (the paper): each step samples with the policy it updates. 1 = the next step's rollouts are
     # generated while this step's last groups are judged, with the policy before this step's update (one step
-    # off-policy; the PPO ratio uses that policy's log-probs, the clip bounds it: train/grpo_staleness.py)
+    # off-policy; the PPO ratio uses that policy's log-probs, the clip bounds it: train/grpo/staleness.py)
     max_staleness: int = 0
 
     def check(self, where: str = "") -> None:
@@ -238,3 +239,36 @@ class TrackingFields:
     def _check_tracking(self, where: str) -> None:
         one_of(self.wandb_mode, ("auto", "online", "offline", "disabled"), dotted(where, "wandb_mode"))
 
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceLossConfig:
+    """Knobs for `compute_preference_loss`; defaults are the ARPO-SimPO values of paper 000 (§2.2 Step 3).
+
+    Attributes:
+        beta: Temperature β of the sigmoid preference term (paper 000: 0.1; TRL CPOConfig default 0.1).
+        label_smoothing: Conservative-label ε (cDPO); 0 disables it.
+        simpo_gamma: SimPO target margin γ in reward units (TRL ``simpo_gamma``; paper 000: 1.5). The logit margin
+            subtracted from the avg-logp difference is γ/β (= 15 for β=0.1, γ=1.5).
+        cpo_alpha: Weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000 "α fixed to 1").
+        arpo_c1: ARPO relax coefficient 1 (authors' default 0.9).
+        arpo_c2: ARPO relax coefficient 2 (authors' default 0.4).
+        reproduce_double_normalisation: ARPO only; the authors' extra division of the already averaged
+            log-probs by the token counts in the gap (see `arpo_loss`). True by default: it is what paper 000 ran;
+            False gives the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations).
+        nll_reduction: "token_mean" = one mean over all chosen tokens of the batch (TRL/ALMA
+            ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
+    """
+
+    beta: float = 0.1  # temperature β of the sigmoid preference term (paper 000: 0.1)
+    label_smoothing: float = 0.0  # conservative-label ε of cDPO; 0 = off
+    # SimPO target margin γ in reward units (TRL simpo_gamma; paper 000: 1.5): the logit margin is γ/β
+    simpo_gamma: float = 1.5
+    cpo_alpha: float = 1.0  # weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000: fixed to 1)
+    arpo_c1: float = 0.9  # ARPO relax coefficient 1 (the authors' default 0.9)
+    arpo_c2: float = 0.4  # ARPO relax coefficient 2 (the authors' default 0.4)
+    # ARPO only: the authors' extra division of the averaged log-probs by the token counts in the gap, as paper 000
+    # ran it; false = the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations)
+    reproduce_double_normalisation: bool = True
+    # token_mean = one mean over all chosen tokens of the batch (TRL/ALMA, HF SFT) | seq_mean = mean over examples
+    # of each example's per-token mean
+    nll_reduction: Literal["token_mean", "seq_mean"] = "token_mean"

@@ -22,7 +22,7 @@ SCHEDULERS = ("constant", "linear", "cosine")
 
 def resolve_precision(precision: str, use_gpu: bool, cpu_bf16: bool = False) -> str:
     """Map "auto" to bf16 on GPU workers, to bf16-autocast on CPU workers whose CPU has native bf16 dot products
-    (`cpu_bf16`: AVX512-BF16 or AMX, `actors.hf_weights.cpu_has_native_bf16`) and to fp32 on other CPUs, where bf16
+    (`cpu_bf16`: AVX512-BF16 or AMX, `actors.engines.hf.weights.cpu_has_native_bf16`) and to fp32 on other CPUs, where bf16
     would be emulated and slower; other values pass through.
 
     >>> [resolve_precision("auto", use_gpu=False), resolve_precision("auto", False, cpu_bf16=True)]

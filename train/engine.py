@@ -1,5 +1,5 @@
-"""The model and DeepSpeed engine of every trainer's Ray Train worker (preference training: `train.loop`; GRPO:
-`train.grpo_loop`): the LoRA policy on its frozen base, `deepspeed.initialize`, the output head for chunked
+"""The model and DeepSpeed engine of every trainer's Ray Train worker (preference training: `train.preference.loop`; GRPO:
+`train.grpo.loop`): the LoRA policy on its frozen base, `deepspeed.initialize`, the output head for chunked
 log-probs, and the trainable weights as plain tensors (checkpoints, the vLLM rollout engine's adapter sync).
 """
 

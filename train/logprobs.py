@@ -1,6 +1,6 @@
 """Per-token and per-sequence log-probabilities from causal-LM logits (pure torch).
 
-Every preference loss in `train/losses.py` and the GRPO maths in `train/advantages.py` consume the outputs of
+Every preference loss in `train/preference/losses.py` and the GRPO maths in `train/grpo/advantages.py` consume the outputs of
 these functions, so the shift-by-one convention lives here and nowhere else:
 
     logits[:, t] is the model's prediction for token labels[:, t + 1].
@@ -163,3 +163,19 @@ def sequence_logps(
     if average:
         return total / n_tokens.clamp(min=1), n_tokens
     return total, n_tokens
+
+
+def final_hidden(engine, inputs: dict, grad: bool) -> torch.Tensor:
+    """The final (post-norm) hidden states of a forward, without the vocabulary projection of every position.
+
+    With autograd the forward must go through the DeepSpeed engine, whose hooks on its outputs start the backward
+    (ZeRO's backward prologue): the model returns its hidden states (HF ties the last one to the normed
+    ``last_hidden_state``) and projects only one position. Without autograd the decoder is called directly, so the
+    per-layer hidden states are never all held at once.
+    """
+    if grad:
+        if getattr(engine.module.config, "tie_last_hidden_states", True) is False:
+            raise ValueError("logprob_chunk_tokens: this model's last hidden state is not its normed output "
+                             "(config.tie_last_hidden_states is false); set logprob_chunk_tokens: 0")
+        return engine(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+    return engine.module.get_decoder()(**inputs).last_hidden_state

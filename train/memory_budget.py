@@ -13,7 +13,7 @@ of a micro-batch at `max_prompt_length + max_completion_length`, since one batch
   activations - saved layer inputs and one layer's recomputation under gradient checkpointing, every layer's
   otherwise - the attention mask, and the logits of the completion window, or one chunk of them with
   `logprob_chunk_tokens`), while the rollout engine holds only what vLLM's sleep mode leaves on the GPU
-  (`train.vllm_rollout` sleeps it between rollouts: weights and KV cache released), or its whole share without
+  (`train.grpo.rollout_vllm` sleeps it between rollouts: weights and KV cache released), or its whole share without
   sleep mode (`WorkerPlan.sleep_level` 0).
 
 The constants are reserves, not measurements of one machine; `python -m bench.gpu_check` prints the peak memory of
@@ -41,7 +41,7 @@ TRAIN_RESERVE_GIB = 1.0
 VLLM_RESERVE_GIB = 2.0
 # what a sleeping vLLM engine keeps on the GPU (its CUDA graphs and context; weights and KV cache are released)
 VLLM_ASLEEP_GIB = 1.0
-# the sleep level of the colocated rollout engine (train.vllm_rollout.SLEEP_LEVEL; a test keeps them equal)
+# the sleep level of the colocated rollout engine (train.grpo.rollout_vllm.SLEEP_LEVEL; a test keeps them equal)
 ROLLOUT_SLEEP_LEVEL = 1
 # ZeRO-3 keeps this many decoder layers gathered at once (the current one and the prefetched next)
 ZERO3_LIVE_LAYERS = 2
@@ -138,13 +138,13 @@ def model_shape(model: str) -> ModelShape | None:
     return KNOWN_MODELS.get(spec.rstrip("/").rsplit("/", 1)[-1].lower())
 
 
-# vLLM's max_lora_rank choices (actors.vllm_engine.VLLM_LORA_RANK_SLOTS, a module that imports vLLM where it runs;
+# vLLM's max_lora_rank choices (actors.engines.vllm_sync.VLLM_LORA_RANK_SLOTS, a module that imports vLLM where it runs;
 # a test keeps the two equal)
 VLLM_LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def lora_rank_slot(r: int) -> int:
-    """The LoRA slot the rollout engine asks vLLM for (`actors.vllm_engine.lora_rank_slot`): the smallest slot that
+    """The LoRA slot the rollout engine asks vLLM for (`actors.engines.vllm_sync.lora_rank_slot`): the smallest slot that
     holds rank r (the largest slot for a rank vLLM refuses, which the engine reports itself)."""
     return next((slot for slot in VLLM_LORA_RANK_SLOTS if r <= slot), VLLM_LORA_RANK_SLOTS[-1])
 

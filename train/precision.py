@@ -1,5 +1,5 @@
 """The numerics of a training worker's forward: its precision with `auto` resolved (native bf16 asked of
-`actors.hf_weights.cpu_has_native_bf16`, as the engine asks it), and the autocast context that
+`actors.engines.hf.weights.cpu_has_native_bf16`, as the engine asks it), and the autocast context that
 `precision: bf16-autocast` runs the forward in (`train.ds_config.PRECISIONS`). Torch only, no Ray or DeepSpeed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 
-from actors.hf_weights import cpu_has_native_bf16
+from actors.engines.hf.weights import cpu_has_native_bf16
 from train.ds_config import resolve_precision
 
 

@@ -1,7 +1,7 @@
 """Preference pairs (and SFT targets) -> token ids -> padded tensors, plus the deterministic per-rank batch plan.
 
 Pure: torch and a Hugging Face tokenizer passed in by the caller; no ray, no deepspeed. The Ray Train loop
-(`train/loop.py`) calls these per micro-batch:
+(`train/preference/loop.py`) calls these per micro-batch:
 
     pair = encode_pair(tokenizer, row, max_prompt_length=256, max_completion_length=128, system_instruction=s_p)
     batch = collate_pairs([pair, ...], pad_id=tokenizer.pad_token_id)      # chosen rows first, then rejected
@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -277,12 +278,11 @@ def step_row_indices(
 
 def encode_prompt(tokenizer, row: dict, cfg) -> tuple[list[int], bool]:
     """Chat-templated prompt ids within `max_prompt_length`, and whether the user turn had to be shortened
-    (`train.grpo_batch.fit_prompt`: the system turn, e.g. a judge's rubric, is never cut).
+    (`fit_prompt`: the system turn, e.g. a judge's rubric, is never cut).
 
     `cfg` is a GRPO trainer config (`train.config`): its `system_instruction`, `max_prompt_length` and `thinking`
     (passed to the chat template as ``enable_thinking``) are read.
     """
-    from train.grpo_batch import fit_prompt
 
     def encode(messages: list[dict]) -> list[int]:
         text = render_prompt(tokenizer, messages, cfg.system_instruction, enable_thinking=cfg.thinking)
@@ -293,3 +293,42 @@ def encode_prompt(tokenizer, row: dict, cfg) -> tuple[list[int], bool]:
 
     return fit_prompt(parse_messages(row["prompt_messages"]), encode, content_ids, tokenizer.decode,
                       cfg.max_prompt_length)
+
+
+def fit_prompt(messages: list[dict], encode: Callable[[list[dict]], list[int]],
+               content_ids: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+               max_len: int) -> tuple[list[int], bool]:
+    """Prompt ids within `max_len`, shortening only the last user turn's content (its tail goes).
+
+    Cutting the rendered ids from the left, as before, dropped the system turn first: the judge lost its rubric
+    and output format, the policy its instruction. The system turn and every earlier turn stay whole here.
+
+    Args:
+        messages: The prompt's turns (the last user turn is the one shortened).
+        encode: Chat-templated ids of a message list (generation prompt included).
+        content_ids / decode: Tokenize / detokenize a turn's content (no special tokens).
+        max_len: The prompt budget (``grpo.max_prompt_length``).
+
+    Returns:
+        ``(ids, truncated)``.
+
+    Raises:
+        ValueError: the turns other than the last user turn alone exceed `max_len`.
+    """
+    ids = encode(messages)
+    if len(ids) <= max_len:
+        return ids, False
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    content = content_ids(messages[last]["content"])
+    keep = len(content) - (len(ids) - max_len)
+    # re-tokenizing a cut text can merge or split tokens at the seam: shrink by the remaining excess, a few times
+    for _ in range(8):
+        if keep <= 0:
+            break
+        shortened = [*messages[:last], {**messages[last], "content": decode(content[:keep])}, *messages[last + 1:]]
+        ids = encode(shortened)
+        if len(ids) <= max_len:
+            return ids, True
+        keep -= len(ids) - max_len
+    raise ValueError(f"max_prompt_length: {max_len} tokens cannot hold this prompt's system turn and template "
+                     f"even with an empty user turn; raise grpo.max_prompt_length")

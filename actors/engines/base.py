@@ -1,8 +1,8 @@
 """The one interface every model engine implements: chat requests + sampling params in, completions out.
 
 Pure module (no ray, no torch at import time) so that parsers, caches and tests can use the types freely.
-Implementations: `actors.hf_engine.HFEngine` (transformers, CPU/GPU), `actors.vllm_engine.VLLMEngine` (GPU),
-`actors.openai_engine.OpenAIEngine` (any OpenAI-compatible endpoint). `actors.engines.build_engine` picks one from an
+Implementations: `actors.engines.hf.engine.HFEngine` (transformers, CPU/GPU), `actors.engines.vllm_sync.VLLMEngine` (GPU),
+`actors.engines.openai_api.OpenAIEngine` (any OpenAI-compatible endpoint). `actors.engines.factory.build_engine` picks one from an
 `EngineSpec`; the implementations import this module, never the factory.
 """
 
@@ -28,7 +28,7 @@ class SamplingParams:
     max_tokens: int = 128
     seed: int = 0
     stop: tuple[str, ...] = ()
-    # a grammar the completion must match (llguidance's Lark dialect, e.g. from eval.judge_grammar); "" = free
+    # a grammar the completion must match (llguidance's Lark dialect, e.g. from eval.judging.grammar); "" = free
     # text. hf decodes under it with llguidance, vllm with its `guidance` structured-output backend, openai sends
     # it as vLLM's `structured_outputs.grammar` request field
     grammar: str = ""

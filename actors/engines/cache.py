@@ -15,7 +15,7 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from actors.engine import ChatRequest, Completion
+from actors.engines.base import ChatRequest, Completion
 
 
 def request_key(model_identity: str, request: ChatRequest) -> str:

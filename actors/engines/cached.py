@@ -3,7 +3,7 @@
 `ChatWorker` completes one request per row; multi-step agents (the CRAFT planner + reviser, TG-MCTS) ask the same
 engine many times per row. Both go through this class, so the cache logic lives in one place: every request is
 looked up under `request_key(spec.cache_identity(), request)`, only the misses reach the engine, and fresh
-successful completions are stored (failed ones never are: see actors.cache).
+successful completions are stored (failed ones never are: see actors.engines.cache).
 
 `Usage` counts what a caller spent: engine calls (requests sent to the model, cache hits excluded), prompt and
 completion tokens of those calls, seconds spent in the engine, and cache hits. `take_usage()` returns the counts
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors.cache import RequestCache, request_key
-from actors.engine import ChatRequest, Completion, EngineSpec
-from actors.engines import build_engine
+from actors.engines.base import ChatRequest, Completion, EngineSpec
+from actors.engines.cache import RequestCache, request_key
+from actors.engines.factory import build_engine
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Usage:
 
 class CachedEngine:
     """One engine + optional request cache. Not thread-safe: one per actor, called from one thread (the sync path)
-    or one event loop (the async path, for an engine with `async complete_many`, e.g. actors.vllm_async)."""
+    or one event loop (the async path, for an engine with `async complete_many`, e.g. actors.engines.vllm_async)."""
 
     def __init__(self, spec: EngineSpec | dict, cache_dir: str = "",
                  build: Callable[[EngineSpec], Any] = build_engine):

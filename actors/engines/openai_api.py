@@ -26,7 +26,7 @@ from typing import NamedTuple, Self
 
 import httpx
 
-from actors.engine import ChatRequest, Completion, EngineSpec, split_thinking
+from actors.engines.base import ChatRequest, Completion, EngineSpec, split_thinking
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
     completions = await engine.complete_many(requests)   # order kept
     engine.close()
 
-`actors.vllm_engine.VLLMEngine` runs one offline `LLM.chat` per batch: a caller waits for the batch's slowest row,
+`actors.engines.vllm_sync.VLLMEngine` runs one offline `LLM.chat` per batch: a caller waits for the batch's slowest row,
 and rows that arrive meanwhile wait for the next batch. Here every `complete` is its own `AsyncLLM.generate`
 request: vLLM's scheduler adds it to the running batch at the next step and returns it as soon as it finishes, so
 a short judgment never waits behind a long one. The engine core runs in its own process (AsyncLLM's multiprocess
@@ -31,9 +31,9 @@ import asyncio
 import itertools
 import uuid
 
-from actors.constrained import special_tags
-from actors.engine import ChatRequest, Completion, EngineSpec
-from actors.vllm_engine import (
+from actors.engines.base import ChatRequest, Completion, EngineSpec
+from actors.engines.hf.constrained import special_tags
+from actors.engines.vllm_sync import (
     adapter_lora_rank,
     build_llm_kwargs,
     build_sampling_params,

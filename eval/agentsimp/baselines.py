@@ -5,7 +5,7 @@ outputs from Template 1, Template 2, and Template 3" (Figs. 6-8, `configs/prompt
 Each baseline is a system of its own beside the four AgentSimp configurations, on the same backbone, sampling,
 retries and guards (a cut answer falls back to the document, counted): `llm_t1`, `llm_t2`, `llm_t3`, and
 `llm_mean`, the per-document mean of their scores (the paper's averaged row; built in
-`eval.agentsimp_records.score_rows`). The raw text a template gets is the document as the planners see it (headings
+`eval.agentsimp.records.score_rows`). The raw text a template gets is the document as the planners see it (headings
 as "#" lines). Template 3 needs "a pair of complete complex-simple documents", which the paper does not print:
 `render_example` lays out the pair the job is given.
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
-from eval.agentsimp_outputs import RoleOutcome
-from eval.agentsimp_parse import RoleValue
-from eval.agentsimp_plan import RoleCall
-from eval.agentsimp_run import call_record
+from eval.agentsimp.outputs import RoleOutcome
+from eval.agentsimp.parse import RoleValue
+from eval.agentsimp.plan import RoleCall
+from eval.agentsimp.run import call_record
 
 # baseline system -> (role id, row label)
 BASELINES = {"llm_t1": ("baseline_template_1", "LLM T1"), "llm_t2": ("baseline_template_2", "LLM T2"),
@@ -69,7 +69,7 @@ def baseline_call(name: str, document: str, example: str = "") -> RoleCall:
 
 
 def baseline_record(name: str, call: RoleCall, outcome: RoleOutcome) -> dict:
-    """A baseline's run as the record shape of `eval.agentsimp_run.run_record` (one stage, `STAGE`)."""
+    """A baseline's run as the record shape of `eval.agentsimp.run.run_record` (one stage, `STAGE`)."""
     text = outcome.value.text_or(call.fallback.text or "")
     return {"config": name, "label": LABELS[name], "settings": {"template": BASELINES[name][0]}, "guideline": None,
             "outline": None, "stages": {STAGE: text}, "final": text, "paragraphs": [], "windows": [],

@@ -51,7 +51,7 @@ from markdown_it import MarkdownIt
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
 from core.text import is_blank
-from eval.agentsimp_roles import join_paragraphs
+from eval.agentsimp.roles import join_paragraphs
 
 FORMATS = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html",
            ".htm": "html", ".jsonl": "jsonl"}

@@ -1,9 +1,9 @@
 """Grammars for AgentSimp (paper 004) JSON role answers, for constrained decoding.
 
-`role_grammar(role, max_tokens)` turns a role's JSON schema (`eval.agentsimp_parse.role_schema`) into a grammar
+`role_grammar(role, max_tokens)` turns a role's JSON schema (`eval.agentsimp.parse.role_schema`) into a grammar
 in llguidance's Lark dialect, the format every engine already takes in `SamplingParams.grammar` (hf decodes under
 it with llguidance, vllm with its `guidance` backend, a vLLM-served openai engine gets it as
-`structured_outputs.grammar`; see `eval.judge_grammar`). Free-text roles (project director, content integrator,
+`structured_outputs.grammar`; see `eval.judging.grammar`). Free-text roles (project director, content integrator,
 article architect) get "" (no grammar).
 
 The grammar writes the object the way `json.dumps` does: keys in the prompt's order, ``", "`` and ``": "`` as
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 
-from eval.agentsimp_parse import role_fields
-from eval.judge_grammar import MIN_FREE_TOKENS, lark_string, up_to
+from eval.agentsimp.parse import role_fields
+from eval.lark_text import MIN_FREE_TOKENS, lark_string, up_to
 
 MAX_ITEMS = 12
 ITEM_TOKENS = 16
@@ -59,7 +59,7 @@ def main_field_tokens(role: str, max_tokens: int) -> int:
     """The largest field share of a JSON role's grammar (its main text); 0 for a free-text role.
 
     An answer whose completion reaches this many tokens may have had its main text closed by the grammar
-    (`eval.agentsimp_outputs.guard_error` treats it as truncated).
+    (`eval.agentsimp.outputs.guard_error` treats it as truncated).
     """
     return max(field_tokens(role, max_tokens), default=0) if role_fields(role) else 0
 

@@ -3,7 +3,7 @@ and cost accounting. All pure; model-based metrics come in as callables.
 
 **Document scores** (`score_document`), each over the whole document (its paragraphs joined with blank lines):
 
-- SARI (`eval.sari.corpus_sari` with the document as one segment) and D-SARI (`eval.dsari.document_sari`) against
+- SARI (`eval.metrics.sari.corpus_sari` with the document as one segment) and D-SARI (`eval.metrics.dsari.document_sari`) against
   each reference *alone*, then the mean over references: Appendix A, "averaging the results from all four
   reference documents per document" (not multi-reference SARI). None without references. D-SARI is the
   reference script's computation on the raw text (`dsari_tokenizer="script"`: `lower().split(" ")`, Punkt
@@ -13,15 +13,15 @@ and cost accounting. All pure; model-based metrics come in as callables.
   (lowercased '13a' tokens) over the sentences D-SARI counts (Punkt on the raw text), so both metrics see the same
   number of sentences in one output.
 - BERTScore F1 (the issue asks for it; the paper uses BARTScore): `bertscore(candidate, reference)` from the caller
-  (the job uses `eval.bertscore.document_bertscore`, whole documents in windows, with the bundled MiniLM), mean over
+  (the job uses `eval.metrics.bertscore.document_bertscore`, whole documents in windows, with the bundled MiniLM), mean over
   references.
-- compression: characters of output / source (`eval.textmetrics.compression_ratio`).
+- compression: characters of output / source (`eval.metrics.text.compression_ratio`).
 
 **Summary check** (§3.2.2: ChatGPT "tends to generate summaries instead of simplifying long texts"; the paper has no
 test for it). Ours, with two numbers:
 
 - ``length_ratio`` = words(output) / words(source) (words: runs of letters/digits, apostrophes inside).
-- ``coverage`` = the share of source sentences (eval.textnorm.split_sentences) that the output covers: a sentence is
+- ``coverage`` = the share of source sentences (eval.metrics.textnorm.split_sentences) that the output covers: a sentence is
   covered when at least ``min_overlap`` (0.5) of its content-word types occur anywhere in the output. Content
   words are lowercased words that are not in `STOPWORDS`, with "'s" dropped and a plural reduced by
   suffix ("residents" -> "resident", "policies" -> "policy", "buses" -> "bus"; crude: "houses" -> "hous").
@@ -33,7 +33,7 @@ test for it). Ours, with two numbers:
 
 **Stage names** (Tables 3-4 are built by "evaluating intermediate results"): `PAPER_ROWS` names the stage
 behind each row of the paper's tables; the job's tables (per stage, with CIs) and its cost accounting are in
-`eval.agentsimp_records`.
+`eval.agentsimp.records`.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from eval.dsari import document_sari
-from eval.sari import corpus_sari
-from eval.textmetrics import compression_ratio
-from eval.textnorm import count_punkt_sentences, count_syllables, normalize, split_sentences
+from eval.metrics.dsari import document_sari
+from eval.metrics.sari import corpus_sari
+from eval.metrics.text import compression_ratio
+from eval.metrics.textnorm import count_punkt_sentences, count_syllables, normalize, split_sentences
 
 _STOPWORDS = (
     "a about above after again against all also am an and any are as at be because been before being below between "
@@ -179,7 +179,7 @@ def score_document(source: str, output: str, references: Sequence[str] = (),
         output: The simplified document.
         references: Reference simplifications; each scored alone, then averaged.
         bertscore: (candidate, reference) -> F1, or None to skip.
-        dsari_tokenizer: "script" (the reference script's) or "13a" (`eval.dsari.document_sari`).
+        dsari_tokenizer: "script" (the reference script's) or "13a" (`eval.metrics.dsari.document_sari`).
         **check: Thresholds for `summary_check`.
     """
     refs = [r for r in references if r is not None]

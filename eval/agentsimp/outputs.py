@@ -1,6 +1,6 @@
 """AgentSimp (paper 004) role calls: retry-or-fall-back and the guards, as pure data.
 
-Each answer is parsed and validated by `eval.agentsimp_parse` (tolerant extraction, strict schemas, "None"
+Each answer is parsed and validated by `eval.agentsimp.parse` (tolerant extraction, strict schemas, "None"
 findings); this module decides what happens to a call whose answer fails there, or trips a guard.
 
 **Retries** (`decide`, `settle`): an answer that fails extraction or validation, or an engine error, is retried
@@ -13,7 +13,7 @@ same budget is cut again), recorded in `RoleOutcome.guard`:
 
 - ``truncated``: the engine stopped at the token limit (``finish_reason == "length"``, any role), or a JSON answer
   decoded under its grammar used at least its main field's token share (`Reply.budget`, from
-  `eval.agentsimp_grammar.main_field_tokens`): the grammar closes a string when its share runs out, so a cut
+  `eval.agentsimp.grammar.main_field_tokens`): the grammar closes a string when its share runs out, so a cut
   article still parses, and that is the only trace it leaves.
 - ``collapsed``: a call with ``min_ratio`` > 0 (the architect and the proofreader: document-level rewrites that
   must not shorten the article) answered with fewer than ``min_ratio`` × the words of its input, or with one
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from eval.agentsimp_parse import RoleValue, parse_output
-from eval.textnorm import count_punkt_sentences
+from eval.agentsimp.parse import RoleValue, parse_output
+from eval.metrics.textnorm import count_punkt_sentences
 
 ACCEPT, RETRY, FALL_BACK = "accept", "retry", "fallback"
 TRUNCATED, COLLAPSED = "truncated", "collapsed"
@@ -39,7 +39,7 @@ RETRY_MIN_TEMPERATURE = 0.7
 
 @dataclass(frozen=True)
 class Reply:
-    """One engine answer to one attempt (the fields of `actors.engine.Completion` the plan needs, plus timing)."""
+    """One engine answer to one attempt (the fields of `actors.engines.base.Completion` the plan needs, plus timing)."""
 
     text: str
     prompt_tokens: int = 0

@@ -28,7 +28,7 @@ found, no changes are applied"): when the analysis (``"analyzed result"``) or th
 "None", the role changes nothing (value.text None: the plan keeps its input), whatever text the answer carries in
 its other field; a "None" text with a finding also keeps the input.
 
-Retrying or falling back when an answer fails here is `eval.agentsimp_outputs`.
+Retrying or falling back when an answer fails here is `eval.agentsimp.outputs`.
 
 Pure: no ray, vllm, deepspeed or torch.
 """
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import jsonschema
 
-from eval.agentsimp_roles import render_outline, role_spec, split_paragraphs
-from eval.judge_parse import Parsed, split_think
+from eval.agentsimp.roles import render_outline, role_spec, split_paragraphs
+from eval.answers import Parsed, split_think
 
 # (key, kind, may_decline): kind "text" is a string, "list" a list of strings; a declining role may answer "None"
 _FIELDS = {
@@ -180,7 +180,7 @@ def parse_output(role: str, text: str | None, expect_paragraphs: int = 0) -> Par
     """Parse one answer of `role`: `Parsed(RoleValue)` or `Parsed(None, error)`; the raw text is kept.
 
     Args:
-        role: A role id (eval.agentsimp_roles).
+        role: A role id (eval.agentsimp.roles).
         text: The model's answer.
         expect_paragraphs: For the iterative architect, the number of paragraphs its answer must have
             (0 = any number >= 1).

@@ -2,7 +2,7 @@
 
 `plan_document(article, paragraphs, config)` is a generator: it yields a batch of independent `RoleCall`s, is sent
 back their `RoleOutcome`s (a mapping key -> outcome), and finally returns a `DocumentRun` with every stage's text.
-It never calls a model: `eval.agentsimp_run` drives it with a completion function (a Ray engine pool in the job, a
+It never calls a model: `eval.agentsimp.run` drives it with a completion function (a Ray engine pool in the job, a
 deterministic fake in the tests). Four configurations, communication x reconstruction (§3.3, §3.2.4)::
 
     plan:        PD(article) -> G          ALA(article) -> O        (ALA only for direct reconstruction)
@@ -37,7 +37,7 @@ Where the paper is silent or wrong (each a `PlanConfig` knob; docs/papers/004-ag
 - **Proofreader** (in §3.2.4, missing from both algorithms): on by default (`proofreader`).
 - **Cut or collapsed rewrites**: an answer cut at the token limit falls back to the stage's input (every role); an
   architect's or proofreader's answer with fewer than `collapse_ratio` (0.5) x its input's words, or one sentence
-  where the input had three or more, falls back too (`eval.agentsimp_outputs.guard_error`; 0 turns the collapse
+  where the input had three or more, falls back too (`eval.agentsimp.outputs.guard_error`; 0 turns the collapse
   check off). Both are counted per configuration in the run rows and the report.
 - **Fallbacks** (a call whose answers all fail): PD -> generic guideline, ALA -> empty outline, CS/CS'/MA/TI -> the
   paragraph they were given, SS -> no suggestions, CI -> the basic (CS) version, AA -> its paragraphs unchanged,
@@ -59,9 +59,9 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from core.config import Section, dotted, fail, one_of
-from eval.agentsimp_outputs import RoleOutcome
-from eval.agentsimp_parse import RoleValue
-from eval.agentsimp_roles import GENERIC_GUIDELINE, join_paragraphs, render_outline, role_spec, split_paragraphs
+from eval.agentsimp.outputs import RoleOutcome
+from eval.agentsimp.parse import RoleValue
+from eval.agentsimp.roles import GENERIC_GUIDELINE, join_paragraphs, render_outline, role_spec, split_paragraphs
 
 COMMUNICATIONS = ("pipeline", "sync")
 RECONSTRUCTIONS = ("direct", "iterative")
@@ -137,7 +137,7 @@ class RoleCall:
     """One model call a plan needs.
 
     Attributes:
-        role: Role id (eval.agentsimp_roles); names the prompt template.
+        role: Role id (eval.agentsimp.roles); names the prompt template.
         inputs: (variable, text) pairs, exactly the template's variables.
         fallback: The value used when every attempt fails (the stage's input).
         unit: What it works on, for records: "doc", "p<i>" (0-based paragraph) or "w<k>" (window).

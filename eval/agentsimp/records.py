@@ -1,10 +1,10 @@
 """AgentSimp (paper 004) run-store rows: documents, stage outputs, calls, scores, costs, as plain dicts.
 
-The job (`jobs/agentsimp.py`) keeps one Parquet table per kind; everything here is pure so tests hand-check it:
+The job (`jobs/agentsimp/simplify.py`) keeps one Parquet table per kind; everything here is pure so tests hand-check it:
 
-- `document_row` / `document_inputs`: a `eval.agentsimp_docs.Document` <-> one row of the `documents` stage.
+- `document_row` / `document_inputs`: a `eval.agentsimp.docs.Document` <-> one row of the `documents` stage.
 - `run_rows(doc_id, runs, outcomes_seen)`: the worker's output for one document, one row per configuration with the
-  DocumentRun as JSON (`eval.agentsimp_run.run_record`) and its call counts; `shared` counts the calls whose
+  DocumentRun as JSON (`eval.agentsimp.run.run_record`) and its call counts; `shared` counts the calls whose
   key an earlier configuration of the same document already settled (the paragraph stage shared through the
   request cache / the lockstep driver).
 - `stage_rows(record)`: every stage's text per document (`paragraph` = -1) and per paragraph, plus each window of
@@ -27,15 +27,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from eval.agentsimp_baselines import BASELINES
-from eval.agentsimp_baselines import LABELS as BASELINE_LABELS
-from eval.agentsimp_baselines import MEAN as BASELINE_MEAN
-from eval.agentsimp_baselines import STAGE as BASELINE_STAGE
-from eval.agentsimp_docs import Document
-from eval.agentsimp_metrics import PAPER_ROWS, SCORE_KEYS, score_document
-from eval.agentsimp_plan import CONFIGURATIONS, DocumentRun
-from eval.agentsimp_roles import STEPS
-from eval.agentsimp_run import run_record
+from eval.agentsimp.baselines import BASELINES
+from eval.agentsimp.baselines import LABELS as BASELINE_LABELS
+from eval.agentsimp.baselines import MEAN as BASELINE_MEAN
+from eval.agentsimp.baselines import STAGE as BASELINE_STAGE
+from eval.agentsimp.docs import Document
+from eval.agentsimp.metrics import PAPER_ROWS, SCORE_KEYS, score_document
+from eval.agentsimp.plan import CONFIGURATIONS, DocumentRun
+from eval.agentsimp.roles import STEPS
+from eval.agentsimp.run import run_record
 from eval.agreement import bootstrap_ci
 
 # the scores that get a bootstrap CI in the tables (the others are reported as means)
@@ -65,14 +65,14 @@ def run_rows(doc_id: str, runs: Mapping[str, DocumentRun]) -> list[dict]:
 
     `shared` = calls of this configuration already made for an earlier one (counted once in the run), `cached` =
     attempts served by the request cache (a resumed or repeated run), `fallbacks` = calls that fell back, of which
-    `truncated` / `collapsed` fell back through a guard (eval.agentsimp_outputs: cut at the token limit, or an
+    `truncated` / `collapsed` fell back through a guard (eval.agentsimp.outputs: cut at the token limit, or an
     architect / proofreader rewrite that shrank its input).
     """
     return record_rows(doc_id, {name: run_record(run) for name, run in runs.items()})
 
 
 def record_rows(doc_id: str, records: Mapping[str, Mapping]) -> list[dict]:
-    """`run_rows` from run records (`run_record`, or a baseline's `eval.agentsimp_baselines.baseline_record`)."""
+    """`run_rows` from run records (`run_record`, or a baseline's `eval.agentsimp.baselines.baseline_record`)."""
     seen: set[str] = set()
     rows = []
     for name, record in records.items():

@@ -2,7 +2,7 @@
 
 The paper's nine roles (§3.1) become twelve *role ids*, one per prompt template, because three roles have two
 prompts each in our reading of the paper; three more ids are the single-prompt LLM baselines of Table 2 (Appendix B,
-templates 1-3), run beside the agents on the same backbone (eval.agentsimp_baselines):
+templates 1-3), run beside the agents on the same backbone (eval.agentsimp.baselines):
 
 =====================================  =====  ===========  ======  =============================================
 role id                                abbr.  step (§3.2)  output  template (configs/prompts/agentsimp_<id>.yaml)

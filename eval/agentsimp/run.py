@@ -1,4 +1,4 @@
-"""Driving AgentSimp schedules (eval.agentsimp_plan) with any completion function, retries included.
+"""Driving AgentSimp schedules (eval.agentsimp.plan) with any completion function, retries included.
 
 `run_schedules(schedules, complete, max_retries)` advances many schedules in lockstep (e.g. the four
 configurations of one document, or of every document of a corpus): each round it gathers the calls all waiting
@@ -6,7 +6,7 @@ schedules need, drops duplicates by key (and calls already settled in an earlier
 
     attempts = [Attempt(call, 0) for each new call]
     repeat: replies = complete(attempts)                      # one batch: the job's engine pool, or a fake
-            each call: eval.agentsimp_outputs.settle(...)      # accept / retry (Attempt(call, n)) / fall back
+            each call: eval.agentsimp.outputs.settle(...)      # accept / retry (Attempt(call, n)) / fall back
     until every call is settled; then every schedule is sent its outcomes and yields its next batch
 
 `complete` receives `Attempt`s and returns one `Reply` per attempt, in order. It renders the prompt
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from eval.agentsimp_grammar import role_grammar
-from eval.agentsimp_outputs import Reply, RoleOutcome, retry_sampling, settle
-from eval.agentsimp_plan import DocumentRun, RoleCall, Schedule
+from eval.agentsimp.grammar import role_grammar
+from eval.agentsimp.outputs import Reply, RoleOutcome, retry_sampling, settle
+from eval.agentsimp.plan import DocumentRun, RoleCall, Schedule
 
 # §4.2 / Appendix B: "We set the temperature parameter to 0.6 for all models"
 PAPER_TEMPERATURE = 0.6
@@ -115,14 +115,14 @@ def run_schedule(schedule: Schedule, complete: Complete, max_retries: int = 2) -
 
 def attempt_sampling(attempt: Attempt, max_tokens: int | Mapping[str, int], temperature: float = PAPER_TEMPERATURE,
                      seed: int = 0, constrained: bool = True) -> dict:
-    """Sampling fields of one attempt (the keyword arguments of `actors.engine.SamplingParams`).
+    """Sampling fields of one attempt (the keyword arguments of `actors.engines.base.SamplingParams`).
 
     Args:
         attempt: The attempt (its number picks the retry's seed and temperature).
         max_tokens: Completion tokens, one number or role id -> number (document-level roles need more).
         temperature: Of the first attempt (retries run at least at 0.7).
         seed: Of the first attempt (retry n uses seed + n).
-        constrained: Decode a JSON role under its grammar (`eval.agentsimp_grammar`); free-text roles never are.
+        constrained: Decode a JSON role under its grammar (`eval.agentsimp.grammar`); free-text roles never are.
 
     >>> call = RoleCall("simplify_supervisor", (("guidelines", "G"), ("simplified_paragraph", "P")), None)
     >>> s = attempt_sampling(Attempt(call, 1), {"simplify_supervisor": 128}, seed=5)

@@ -3,21 +3,21 @@
 - **Direct** (§6.1 (a)): one call, ``craft_direct`` (instruction + text).
 - **Iter** (§6.1 (d)): Direct, then ``iter_rounds - 1`` rounds of ``craft_iter`` (instruction, original, previous
   revision); no tool feedback. Paper: 5 rounds.
-- **Agent** (§5.1-5.2): planner -> tool calls + per-sentence plan (``eval.craft_react``) -> reviser (E.7) ->
-  tools check the planner's calls (``eval.craft_tools``) -> observation (``eval.craft_render``) fed back, at most
+- **Agent** (§5.1-5.2): planner -> tool calls + per-sentence plan (``eval.craft.react``) -> reviser (E.7) ->
+  tools check the planner's calls (``eval.craft.tools``) -> observation (``eval.craft.render``) fed back, at most
   ``max_steps`` (paper 5). The paper's stop (D.2, D.5): when revision quality stops improving: the step reward
   (the search's, R_g + 100 x accuracy on the planner's first tool list) has not risen for ``patience`` steps.
   ``stop_when_all_met`` also stops once every call of that list holds (off: a planner that misreads a constraint
   satisfies its own wrong check at once).
 
-**One guard rule for every system** (``eval.craft_guard``): a revision the guard flags is replaced by the text it
+**One guard rule for every system** (``eval.craft.guard``): a revision the guard flags is replaced by the text it
 revised (Direct: the input; an Iter round or an agent step: the previous text; a TG-MCTS child is never chosen, so
 the answer is a usable node or the input) and counted by reason in ``guard_flags``.
-- **TG-MCTS** (§5.3): ``eval.craft_mcts.run_search`` with :func:`expander` (the agent's step, K samples per node) and
+- **TG-MCTS** (§5.3): ``eval.craft.mcts.run_search`` with :func:`expander` (the agent's step, K samples per node) and
   :func:`scorer`.
 
 Models sit behind ``llm(batch) -> replies``: ``batch`` is a list of ``(messages, sampling)`` pairs (``sampling`` =
-keyword arguments of ``actors.engine.SamplingParams``), each reply has ``.text`` and ``.finish_reason``. The Ray
+keyword arguments of ``actors.engines.base.SamplingParams``), each reply has ``.text`` and ``.finish_reason``. The Ray
 actor (``actors.craft_worker``) backs it with a cached engine; tests back it with a scripted fake. Nothing here
 raises on model output: parse errors and guard flags are counted in the result.
 
@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from core.config import Section, dotted, fail, one_of, positive
-from eval.craft_grammar import planner_grammar
-from eval.craft_guard import GuardConfig, degenerate_reason
-from eval.craft_react import (
+from eval.craft.grammar import planner_grammar
+from eval.craft.guard import GuardConfig, degenerate_reason
+from eval.craft.react import (
     PlanLine,
     PlannerStep,
     join_revision,
@@ -45,10 +45,10 @@ from eval.craft_react import (
     parse_suggestions,
     splice_revision,
 )
-from eval.craft_render import build_observation, render_history, render_plan_input
-from eval.craft_text import sentence_pieces
-from eval.craft_tools import CallError, constraint_accuracy
-from eval.craft_tree import ExpandRequest, Proposal, RewardTerms
+from eval.craft.render import build_observation, render_history, render_plan_input
+from eval.craft.text import sentence_pieces
+from eval.craft.tools import CallError, constraint_accuracy
+from eval.craft.tree import ExpandRequest, Proposal, RewardTerms
 from eval.prompts import TemplateName, load_template, prompt_path
 
 LLM = Callable[[list[tuple[list[dict], dict]]], list[Any]]
@@ -73,12 +73,12 @@ class AgentConfig(Section):
             (3 more calls per step; the paper does; off keeps a CPU demo affordable).
         tool_feedback: Show the tools' feedback (constraint checks, the text_eval() score, E.8 suggestions) in the
             observation; off = the revised text alone (the paper's "w/o Feedback" ablation, Tables 6-7).
-        planner_grammar: Decode the planner under ``eval.craft_grammar.planner_grammar`` (Table 17 layout, the
+        planner_grammar: Decode the planner under ``eval.craft.grammar.planner_grammar`` (Table 17 layout, the
             E.2 tools with typed arguments, plan lines that quote the current text's sentences verbatim), so every
             finished answer parses. Not the paper's (a trained 8B planner needs none); on in the CPU demo.
         unplanned_sentences: ``drop`` (the paper: the reviser sees only the plan, E.7, and its output is the
             revision) or ``keep`` (sentences the plan does not quote stay in place:
-            ``eval.craft_react.splice_revision``; for planners that quote only a few sentences).
+            ``eval.craft.react.splice_revision``; for planners that quote only a few sentences).
         patience: Agent steps without a rise of the step reward before it stops (0 = run ``max_steps``).
         stop_when_all_met: Also stop the agent once every call of its first tool list holds (off: not the paper's).
         guard: The degenerate-revision guard, one rule for Direct, Iter and the agent (see the module docstring).
@@ -106,12 +106,12 @@ class AgentConfig(Section):
     # show the tools' feedback (constraint checks, the text_eval() score, E.8 suggestions) in the observation; off =
     # the revised text alone (the paper's "w/o Feedback" ablation, Tables 6-7)
     tool_feedback: bool = True
-    # decode the planner under `eval.craft_grammar.planner_grammar` (Table 17 layout, the E.2 tools with typed
+    # decode the planner under `eval.craft.grammar.planner_grammar` (Table 17 layout, the E.2 tools with typed
     # arguments, plan lines that quote the current text's sentences verbatim), so every finished answer parses. Not the
     # paper's (a trained 8B planner needs none); on in the CPU demo
     planner_grammar: bool = False
     # `drop` (the paper: the reviser sees only the plan, E.7, and its output is the revision) or `keep` (sentences the
-    # plan does not quote stay in place: `eval.craft_react.splice_revision`; for planners that quote only a few
+    # plan does not quote stay in place: `eval.craft.react.splice_revision`; for planners that quote only a few
     # sentences)
     unplanned_sentences: Literal["drop", "keep"] = "drop"
     patience: int = 2  # agent steps without a rise of the step reward before it stops (0 = run `max_steps`)
@@ -303,14 +303,14 @@ def _plan_for_reviser(plan: list[PlanLine], unplanned: str) -> list[PlanLine]:
 
 
 def expander(systems: Systems, original: str) -> Callable[[ExpandRequest], list[Proposal]]:
-    """TG-MCTS expansion: K of the agent's steps on the node's history (``eval.craft_mcts.Expander``)."""
+    """TG-MCTS expansion: K of the agent's steps on the node's history (``eval.craft.mcts.Expander``)."""
     def expand(request: ExpandRequest) -> list[Proposal]:
         return systems.steps(request.history, request.text, original, request.k, request.seed)
     return expand
 
 
 def scorer(original: str, revisions: list[str], tool_calls: list[list[str]]) -> list[RewardTerms]:
-    """TG-MCTS evaluation (``eval.craft_mcts.Scorer``): R_g = :func:`quality`, accuracy over real checks only."""
+    """TG-MCTS evaluation (``eval.craft.mcts.Scorer``): R_g = :func:`quality`, accuracy over real checks only."""
     out = []
     for revision, calls in zip(revisions, tool_calls):
         accuracy, results = constraint_accuracy(calls, original, revision)

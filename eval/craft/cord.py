@@ -43,7 +43,7 @@ from pathlib import Path
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
 from core.text import is_blank
-from eval.craft_calls import CallError, ToolCall, extract_calls, parse_call, template_type
+from eval.craft.calls import CallError, ToolCall, extract_calls, parse_call, template_type
 
 log = logging.getLogger(__name__)
 

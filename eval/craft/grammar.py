@@ -2,9 +2,9 @@
 
 Why: a small planner (SmolLM2-135M on CPU) almost never writes the Table 17 layout on its own, so every step has
 no plan, the reviser gets nothing and the agent and the search return the input. Decoding under this grammar (the
-judges' treatment, ``eval.judge_grammar``; hf: llguidance masks, vLLM: its ``guidance`` backend) makes every
-finished answer parse with ``eval.craft_react.parse_planner_output``: a bounded thought, 1 to ``max_calls`` tool
-calls that pass the whitelisting parser (``eval.craft_calls``: known names, literal arguments of the right types,
+judges' treatment, ``eval.judging.grammar``; hf: llguidance masks, vLLM: its ``guidance`` backend) makes every
+finished answer parse with ``eval.craft.react.parse_planner_output``: a bounded thought, 1 to ``max_calls`` tool
+calls that pass the whitelisting parser (``eval.craft.calls``: known names, literal arguments of the right types,
 the E.2 relation words), and 1 to ``max_plan_lines`` plan lines. With ``sentences`` given (the current text's
 sentences), a plan line can only quote one of them verbatim, so every plan line points at a real sentence. What
 the model writes in the thought, the call arguments and the improvement plans stays free, within token bounds
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eval.judge_grammar import lark_string, up_to
+from eval.lark_text import lark_string, up_to
 
 RELATIONS = '"\\"less than\\"" | "\\"more than\\"" | "\\"equal\\""'
 _HEAD = "###THOUGHT: "
@@ -92,7 +92,7 @@ def planner_grammar(max_tokens: int, sentences: Sequence[str] = (), *, max_calls
     return "\n".join(rules) + "\n"
 
 
-# the eight E.2 tools with typed arguments, in the form eval.craft_calls parses (ints, quoted keywords, relations)
+# the eight E.2 tools with typed arguments, in the form eval.craft.calls parses (ints, quoted keywords, relations)
 _CALLS = (
     '"text_eval()"',
     '"detect_keyword()"',

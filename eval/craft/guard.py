@@ -7,8 +7,8 @@ two-sentence outputs for long inputs that still pass a per-sentence-length const
 
 One rule for every system, so no system "wins" by being judged more kindly: a revision the guard flags is replaced
 by the text it revised and counted by reason. Direct falls back to the input, an Iter round or an agent step to the
-previous text (``eval.craft_agent``), and a TG-MCTS child is never expanded or chosen and gets a floor reward
-(``eval.craft_mcts``), so the search answers with a usable node or the input. The CRAFT job refuses an
+previous text (``eval.craft.agent``), and a TG-MCTS child is never expanded or chosen and gets a floor reward
+(``eval.craft.mcts``), so the search answers with a usable node or the input. The CRAFT job refuses an
 ``agent.guard`` (Direct, Iter, agent) that differs from ``mcts.guard``.
 
 Checks, in this order (the first that fires is the reason):
@@ -25,7 +25,7 @@ Checks, in this order (the first that fires is the reason):
 =============  =========================================================================================
 
 Words are whitespace-separated tokens: the guard needs a robust size measure, not the constraint tools' counter
-(``eval.craft_tools``), so it does not depend on it. The reference text is the parent node's text
+(``eval.craft.tools``), so it does not depend on it. The reference text is the parent node's text
 (``length_reference: parent``, catches one-step collapse) or the original (``original``, also catches a slow
 shrink over many levels).
 

@@ -12,7 +12,7 @@ unrendered template text ("Polish the following text." + one Table 14 sentence p
     instance = make_instance("d1", text, rng, n_constraints=2)
     instance.instruction, instance.gold_calls                 # what the planner reads / the predefined tool usage
 
-Numbers: counts come from ``eval.craft_text`` (the tools' own counting rules); a count bound leaves a margin of
+Numbers: counts come from ``eval.craft.text`` (the tools' own counting rules); a count bound leaves a margin of
 ``slack`` (fraction of the observed count, at least 1) and is rounded outward to a multiple of ``round_to``, so a
 revision has room to change the text (CORD's thresholds are multiples of 20; a short demo text needs 1 or 5).
 
@@ -30,9 +30,9 @@ from pathlib import Path
 
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
-from eval.cord import Constraint
-from eval.craft_calls import canonical
-from eval.craft_text import REFERENCE, TextRules, keyword_count, sentence_lengths, split_sentences, word_count
+from eval.craft.calls import canonical
+from eval.craft.cord import Constraint
+from eval.craft.text import REFERENCE, TextRules, keyword_count, sentence_lengths, split_sentences, word_count
 
 BASE_INSTRUCTION = "Polish the following text."
 # the Table 14 sub-groups the sampler draws from (all eight)
@@ -295,7 +295,7 @@ def contradictions(instance: Instance, rules: TextRules = REFERENCE) -> list[str
     stay verbatim, the keyword must vanish), or a removed keyword inside a keyword that must stay or occur (removing
     "Smith" removes every "Smithson"). Such instances are counted (stage summaries), not dropped.
 
-    >>> from eval.cord import Constraint
+    >>> from eval.craft.cord import Constraint
     >>> keep = Constraint("keep_sentence", "unchange", {"ids": [1]}, "", "")
     >>> drop = Constraint("remove_keyword", "remove", {"keyword": "Smith"}, "", "")
     >>> contradictions(Instance("x", "Smith came. He left.", "", [keep, drop]))

@@ -1,7 +1,7 @@
 """The knobs of TG-MCTS, CRAFT's tool-guided tree search (paper 002, App. D.6): :class:`MCTSConfig`.
 
 The search itself (selection, expansion, rewards, backpropagation, stops and the final choice that these knobs
-steer) is ``eval.craft_mcts``; this module holds only the validated config section that jobs nest in their configs.
+steer) is ``eval.craft.mcts``; this module holds only the validated config section that jobs nest in their configs.
 
 This module is pure (no ray, vllm, deepspeed, torch or transformers).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from core.config import Section, dotted, fail, one_of, positive
-from eval.craft_guard import GuardConfig
+from eval.craft.guard import GuardConfig
 
 FINAL_STRATEGIES = ("best_reward", "greedy_value_path", "best_accuracy")
 RC_TOOLS = ("node", "first", "fixed")
@@ -42,7 +42,7 @@ class MCTSConfig(Section):
         stop_min_checks: ... over at least this many constraint checks (C0 has none, so it never stops early).
         patience: Iterations without improvement of the best reward before stopping; 0 = off.
         min_improvement: An improvement must exceed this (reward units after ``reward_scale``).
-        final_strategy: How the answer is picked (see eval.craft_mcts's docstring).
+        final_strategy: How the answer is picked (see eval.craft.mcts's docstring).
         tie_break: Selection ties: ``id`` (lowest node id wins) or ``random`` (the injected ``random.Random``;
             the authors' code breaks ties at random). The final choice always breaks ties by id, so calling
             ``result()`` twice gives the same answer.
@@ -77,7 +77,7 @@ class MCTSConfig(Section):
     stop_min_checks: int = 1
     patience: int = 5  # iterations without improvement of the best reward before stopping; 0 = off
     min_improvement: float = 0.0  # an improvement must exceed this (reward units after `reward_scale`)
-    # how the answer is picked: best_reward | greedy_value_path | best_accuracy (eval.craft_mcts)
+    # how the answer is picked: best_reward | greedy_value_path | best_accuracy (eval.craft.mcts)
     final_strategy: Literal["best_reward", "greedy_value_path", "best_accuracy"] = "best_reward"
     # selection ties: `id` (lowest node id wins) or `random` (the injected `random.Random`; the authors' code breaks
     # ties at random). The final choice always breaks ties by id, so calling `result()` twice gives the same answer

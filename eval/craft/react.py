@@ -26,11 +26,11 @@ missing sections. Model output is data: nothing here raises on it. Problems come
 ``unparsed_plan_line``      at least one line of the PLAN section is neither a plan line nor a heading
 ==========================  ============================================================================
 
-Tool calls are returned as raw strings and never executed; ``eval.craft_tools`` parses them with a whitelist.
+Tool calls are returned as raw strings and never executed; ``eval.craft.tools`` parses them with a whitelist.
 
 Also parsed here: the reviser's output (:func:`join_revision`, its lines as one paragraph) and the E.8 feedback
 (:func:`parse_suggestions`, ``Original: ...; Suggestion: ...`` lines). What the planner reads (observation, chat
-history, Table 17 transcript, reviser input) is rendered by ``eval.craft_render``.
+history, Table 17 transcript, reviser input) is rendered by ``eval.craft.render``.
 
 This module is pure (no ray, vllm, deepspeed, torch or transformers).
 """
@@ -40,8 +40,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from eval.craft_calls import closing_paren
-from eval.craft_calls import extract_calls as tool_calls_in
+from eval.craft.calls import closing_paren
+from eval.craft.calls import extract_calls as tool_calls_in
 
 _SECTIONS = ("thought", "action", "tools", "plan", "observation")
 _DECOR = r"[*_`]*"  # markdown emphasis / inline code around a header
@@ -179,7 +179,7 @@ def _split_sections(body: str, header_re: re.Pattern, errors: list[str]) -> dict
 
 
 def extract_calls(text: str) -> tuple[list[str], list[str]]:
-    """`eval.craft_calls.extract_calls` on the text outside code fences, with ``unbalanced_call`` reported for a call
+    """`eval.craft.calls.extract_calls` on the text outside code fences, with ``unbalanced_call`` reported for a call
     whose parenthesis never closes (it is kept, to the end of its line, and fails to parse later).
 
     >>> extract_calls("- `text_eval()`, word_count_check(400,'more than')\\nNone needed (really).")

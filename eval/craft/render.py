@@ -1,6 +1,6 @@
 """What the CRAFT planner and reviser read (paper 002, §5.1-5.2, Table 17, App. E.1/E.7): observations, chat history.
 
-The parsing half is ``eval.craft_react``; this module renders:
+The parsing half is ``eval.craft.react``; this module renders:
 
 - :func:`build_observation`: the observation o_{i+1} (the revised text and the tools' feedback) that the planner
   reads as its next user turn, in the ``###OBSERVATION:`` form of App. E.1;
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from eval.craft_react import PlanLine, PlannerStep
+from eval.craft.react import PlanLine, PlannerStep
 
 
 def render_step(step: PlannerStep) -> str:
-    """A parsed step in the canonical Table 17 layout (``eval.craft_react.parse_planner_output`` reads it back unchanged)."""
+    """A parsed step in the canonical Table 17 layout (``eval.craft.react.parse_planner_output`` reads it back unchanged)."""
     tools = "\n".join(step.tool_calls)
     plan = render_plan_input(step.plan)
     return f"###THOUGHT: {step.thought}\n###ACTION:\n   -###TOOLS:\n{tools}\n   -###PLAN:\n{plan}"
@@ -48,7 +48,7 @@ def build_observation(
 
     Args:
         revised_text: y_{i+1}.
-        constraint_feedback: One message per checked constraint (``eval.craft_tools`` results).
+        constraint_feedback: One message per checked constraint (``eval.craft.tools`` results).
         quality_feedback: E.8 suggestions per aspect, e.g. ``{"Fluency": ["Original: ...; Suggestion: ..."]}``,
             in the order given; empty aspects are left out.
         quality_score: The text-quality tool's score (``text_eval() -> score``), if shown.

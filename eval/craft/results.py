@@ -1,7 +1,7 @@
 """Results maths of the CRAFT CORD comparison (paper 002, §6): constraint accuracy, quality and cost per system.
 
 Input: the job's results table, one row per (CORD instance, system) with ``id``, ``level``, ``system``, ``text``
-(the original), ``revision``, ``constraints_json`` (``eval.cord.CordRow.to_row``), ``error`` and the cost columns
+(the original), ``revision``, ``constraints_json`` (``eval.craft.cord.CordRow.to_row``), ``error`` and the cost columns
 ``llm_calls``, ``prompt_tokens``, ``completion_tokens``, ``seconds``.
 
 **Constraint accuracy** is checked on CORD's gold constraints (never the planner's own calls): a constraint holds
@@ -13,7 +13,7 @@ fails (its instance scores 0 in its level). Per level (C1-C4 and "all", C0 has n
 per constraint type it is the share of that type's constraints that hold. 95% CIs: ``eval.agreement.bootstrap_ci``
 (percentile bootstrap, resampling instances: a type's constraints of one instance move together).
 
-**Quality**: ``eval.craft_agent.quality`` (word-level similarity to the original, 0..100; see there).
+**Quality**: ``eval.craft.agent.quality`` (word-level similarity to the original, 0..100; see there).
 
 **The copy floor**: every table carries a ``copy`` row, the input returned unchanged (:func:`with_copy_floor`, no
 model call). CORD's constraints were set from a shorter GPT-4o revision, yet copying already meets about half of
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from eval.agreement import bootstrap_ci
-from eval.craft_agent import quality
-from eval.craft_tools import check
+from eval.craft.agent import quality
+from eval.craft.tools import check
 
 COPY = "copy"
 SYSTEM_ORDER = (COPY, "direct", "iter", "agent", "mcts")

@@ -1,10 +1,10 @@
 """CRAFT planner self-training, the pure part (paper 002 §5.1.2, Algorithm 1, Eq. 1 and Eq. 2's data).
 
 - :func:`action_score`: Eq. 1, ``S_a = λ_v·S_v + λ_r·S_r + λ_c·S_c`` on a 0..100 scale. S_v is the tool-usage F1
-  of the planner's calls against the predefined calls (``eval.craft_tools.tool_f1``, App. D.4), S_r the revision's
+  of the planner's calls against the predefined calls (``eval.craft.tools.tool_f1``, App. D.4), S_r the revision's
   quality, S_c the accuracy of the *predefined* calls on the revision. The paper's weights are λ_v = 0.5,
   λ_r = λ_c = 0.25; S_v and S_c are fractions, so they are scaled by 100 like S_r (the authors' script does the same).
-  A degenerate revision (``eval.craft_guard``) gets S_r = S_c = 0: an empty text would otherwise pass every
+  A degenerate revision (``eval.craft.guard``) gets S_r = S_c = 0: an empty text would otherwise pass every
   "less than" check.
 - :func:`pick_pair`: the highest-S_a candidate is w_{i+1}, the lowest l_{i+1} (Algorithm 1 line 5). The paper is
   silent on ties: we drop a state whose best and worst differ by ``min_margin`` or less, and never pair an empty
@@ -14,7 +14,7 @@
 - :func:`oracle_step`: the demo stand-in for GPT-4o's trajectories: one step whose tools are exactly the predefined
   calls plus ``text_eval()`` and whose plan keeps or polishes each sentence.
 - :func:`stop_decision`: "until ... no further measurable improvement" as a patience rule on the dev score.
-- :func:`score_state`: Algorithm 1 lines 3-5 for one instance around `eval.craft_agent.Systems` (models behind
+- :func:`score_state`: Algorithm 1 lines 3-5 for one instance around `eval.craft.agent.Systems` (models behind
   callables): roll the planner out to H_i, sample K actions, revise, score.
 
 Pure module: no ray, torch or model.
@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.config import Section, dotted, fail, in_range
-from eval.craft_agent import Systems, quality
-from eval.craft_guard import degenerate_reason
-from eval.craft_react import PlannerStep, parse_planner_output
-from eval.craft_render import render_history
-from eval.craft_text import REFERENCE, TextRules, split_sentences
-from eval.craft_tools import constraint_accuracy, tool_f1
+from eval.craft.agent import Systems, quality
+from eval.craft.guard import degenerate_reason
+from eval.craft.react import PlannerStep, parse_planner_output
+from eval.craft.render import render_history
+from eval.craft.text import REFERENCE, TextRules, split_sentences
+from eval.craft.tools import constraint_accuracy, tool_f1
 
 
 @dataclass
@@ -211,7 +211,7 @@ def score_state(systems: Systems, instruction: str, text: str, gold_calls: Seque
 
     The rollout takes ``history_steps`` steps of the current planner (one sample each, the agent's step: a
     flagged revision is not accepted). Each candidate's S_c runs the predefined calls against the *original* text
-    (sentence ids refer to it); S_r is `eval.craft_agent.quality` of the revision against the current text.
+    (sentence ids refer to it); S_r is `eval.craft.agent.quality` of the revision against the current text.
 
     Returns:
         The history messages H_i, the current text y_i, and per candidate: response, tool calls, revision, parse

@@ -1,10 +1,10 @@
 """CRAFT's constraint tools (paper 002, §6.1 / App. E.2): the six checkers, constraint accuracy, tool-usage F1.
 
-A planner's call (parsed and validated by :mod:`eval.craft_calls`, never executed) is checked against the
-original and the revised text with the counting rules of :mod:`eval.craft_text`. Every check returns a
+A planner's call (parsed and validated by :mod:`eval.craft.calls`, never executed) is checked against the
+original and the revised text with the counting rules of :mod:`eval.craft.text`. Every check returns a
 :class:`CheckResult` whose ``message`` is the feedback sentence the planner reads (modelled on the
 authors' feedback strings, with their typos fixed: the reference says "should be less than" for a
-"more than" word count). A call that does not parse comes back as a :class:`~eval.craft_calls.CallError`
+"more than" word count). A call that does not parse comes back as a :class:`~eval.craft.calls.CallError`
 instead; :func:`check` never raises on planner input.
 
 **Label convention.** ``satisfied=True`` means the constraint holds. App. E.2's tool descriptions tell the
@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from eval.craft_calls import MODEL_BACKED, CallError, ToolCall, canonical, extract_calls, parse_call
-from eval.craft_text import (
+from eval.craft.calls import MODEL_BACKED, CallError, ToolCall, canonical, extract_calls, parse_call
+from eval.craft.text import (
     REFERENCE,
     TextRules,
     contains_sentence,

@@ -1,7 +1,7 @@
 """The records of a TG-MCTS search (paper 002, §5.2): what the search and its caller exchange (expand requests,
 proposals, score requests, reward terms) and what it keeps (nodes, counts, the result and its tree dump).
 
-Why a module of its own: the search (`eval.craft_mcts`) mutates these records, while the run store, the reports
+Why a module of its own: the search (`eval.craft.mcts`) mutates these records, while the run store, the reports
 and the self-training data builder only read them back from JSON. Everything here converts to plain dicts
 (``to_dict``) and back (``from_dict``), so a dumped tree is analysed without the search code's state.
 
@@ -196,7 +196,7 @@ class Proposal:
     Attributes:
         text: The revision y_{j+1} (the reviser's output joined into one paragraph).
         planner_output: The planner's raw thought + action: the assistant turn of the child's history.
-        observation: o_{j+1} as the planner reads it next (``eval.craft_render.build_observation``): the user turn.
+        observation: o_{j+1} as the planner reads it next (``eval.craft.render.build_observation``): the user turn.
         plan: Parsed plan lines, e.g. ``[{"sentence": ..., "improvement_plan": ...}]``.
         tool_calls: The planner's tool-call strings (parsed, never executed).
         feedback: Structured feedback for analysis (constraint messages, E.8 suggestions, quality score).

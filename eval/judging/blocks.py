@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from eval.metrics.textnorm import tokenize_for_alignment
+
 # Rendered in place of the whole alignment / parse section when that judge feature is switched off.
 # An explicit line tells the judge the material was withheld on purpose, rather than leaving a gap
 # that looks like a formatting accident next to the three worked examples that do show it.
@@ -29,15 +31,6 @@ def render_candidates_block(candidates: list[str]) -> str:
     '0: A b.\\n1: C.'
     """
     return "\n".join(f"{i}: {c}" for i, c in enumerate(candidates))
-
-
-def tokenize_for_alignment(text: str) -> list[str]:
-    """Split like the paper's alignment display: lowercased, whitespace split, punctuation attached.
-
-    >>> tokenize_for_alignment("We'll slip you  through, device.")
-    ["we'll", 'slip', 'you', 'through,', 'device.']
-    """
-    return text.lower().split()
 
 
 def render_alignment_block(index: int, source: str, candidate: str, pairs: list[tuple[int, int]] | None) -> str:

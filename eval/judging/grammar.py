@@ -2,7 +2,7 @@
 
 Each function returns a grammar in llguidance's Lark dialect (the format `kind: hf` decodes under with llguidance
 and `kind: vllm` / vLLM-served `kind: openai` pass to vLLM's `guidance` structured-output backend). A completion
-that matches it always parses with the format's parser in `eval.judge_parse` / `eval.menlo_parse`:
+that matches it always parses with the format's parser in `eval.judging.parse` / `eval.judging.menlo_parse`:
 
 =================  =====================================================  ==========================================
 format             constrained completion                                 parser
@@ -33,12 +33,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from eval.menlo_parse import MENLO_LABELS
+from eval.judging.menlo_parse import MENLO_LABELS
+from eval.lark_text import MIN_FREE_TOKENS, lark_string, up_to
 
 FORMATS = ("best_worst", "score", "pairwise", "pointwise")
 ASPECTS = ("Lexical", "Structural", "Overall")
-# below this many tokens free text says nothing useful; the grammar then asks for the bare verdict
-MIN_FREE_TOKENS = 8
 _RESERVE_MARGIN = 8
 
 
@@ -61,30 +60,6 @@ def free_budget(max_tokens: int, verdict: str, blocks: int = 1) -> int:
     """
     per_block = (max_tokens - reserve_tokens(verdict)) // max(blocks, 1)
     return per_block if per_block >= MIN_FREE_TOKENS else 0
-
-
-def lark_string(text: str) -> str:
-    """`text` as a Lark string literal (backslashes, quotes and newlines escaped).
-
-    >>> lark_string('say "hi"\\n')
-    '"say \\\\"hi\\\\"\\\\n"'
-    """
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def up_to(item: str, n: int) -> str:
-    """`item` 0 to `n` times, as nested optionals: Lark's `item ~ 0..n` in a form llguidance 1.7 reads too.
-
-    vLLM 0.33 (the `gpu` extra) requires llguidance < 1.8, whose Lark reader has no `~ a..b` ranges; its
-    `guidance` backend gets these grammars as they are. Same language either way.
-
-    >>> up_to("x", 3), up_to("x", 0)
-    ('(x (x (x)?)?)?', '')
-    """
-    out = ""
-    for _ in range(n):
-        out = f"({item} {out})?" if out else f"({item})?"
-    return out
 
 
 def judge_grammar(fmt: str, max_tokens: int, *, n_candidates: int = 4, lo: int = 1, hi: int = 5,

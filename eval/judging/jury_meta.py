@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 
 from eval.agreement import AgreementStat, bootstrap_ci, icc_2_1, spearman
-from eval.jury_tables import candidate_scores
-from eval.synth_bench import ASSET, SIMPEVAL, SYNTH
+from eval.judging.jury_tables import candidate_scores
+from eval.judging.synth_bench import ASSET, SIMPEVAL, SYNTH
 
 JUDGE_PREFIX = "judge:"
 JURY = "jury"
@@ -68,7 +68,7 @@ def wide_scores(pairs: pd.DataFrame, judgments: pd.DataFrame, judges: list[str],
         pairs: rated pairs with `set` (also the jury's `policy`), id, model, ... (failed generations included).
         judgments: jury stage rows (id, policy, model, judge, score, format, parse_error, ...).
         judges: judge names, in config order (every judge gets a column even if it has no rows).
-        how: jury aggregation (mean | median | majority), via `eval.jury_tables.candidate_scores`.
+        how: jury aggregation (mean | median | majority), via `eval.judging.jury_tables.candidate_scores`.
         metrics: optional per-pair metric columns keyed by set, id, model.
     """
     out = pairs.merge(_judge_columns(judgments, judges), on=PAIR_KEY, how="left")
@@ -123,7 +123,7 @@ def parse_health(judgments: pd.DataFrame, judges: list[str]) -> pd.DataFrame:
 REFERENCE_FREE = ("fkgl", "compression_ratio", "levenshtein", "exact_copy", "split_rate")
 # metrics a job may ask for: the reference-free ones, BERTScore against the source, and SARI/BLEU where a pair has
 # references (SimpEval's non-human systems, scored against that sentence's human-written simplifications); the learned
-# LENS-SALSA (reference-free) and LENS (with references) of paper 001 Fig. 2 from a local checkpoint (`eval.lens`)
+# LENS-SALSA (reference-free) and LENS (with references) of paper 001 Fig. 2 from a local checkpoint (`eval.metrics.lens`)
 PAIR_METRICS = REFERENCE_FREE + ("bertscore", "sari", "bleu", "lens_salsa", "lens")
 
 
@@ -138,7 +138,7 @@ def pair_metrics(pairs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
     Pairs without a usable candidate get NaN (counted later as excluded). `bertscore` is BERTScore F1 of the
     candidate against its *source* (column `bertscore_src`): a meaning-preservation proxy, as no set here has
     references for every pair. `sari`/`bleu` (sentence BLEU) and `lens` are NaN for pairs without a `references`
-    list; `lens_salsa` is reference-free (both from a local checkpoint: `eval.lens`).
+    list; `lens_salsa` is reference-free (both from a local checkpoint: `eval.metrics.lens`).
     """
     unknown = sorted(set(names) - set(PAIR_METRICS))
     if unknown:
@@ -151,18 +151,18 @@ def pair_metrics(pairs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
         out[column] = np.nan
         out.loc[np.flatnonzero(ok), column] = np.asarray(values, dtype=float)
 
-    from eval.textmetrics import score_sentences
+    from eval.metrics.text import score_sentences
 
     simple = [n for n in names if n in REFERENCE_FREE]
     rows = score_sentences(simple, orig, sys, None) if simple and ok.any() else []
     for key in simple:  # each reference-free metric's key is its name
         put(key, [r[key] for r in rows])
     if "bertscore" in names:
-        from eval.bertscore import sentence_bertscore
+        from eval.metrics.bertscore import sentence_bertscore
 
         put("bertscore_src", [s.f1 for s in sentence_bertscore(sys, [[o] for o in orig])] if ok.any() else [])
     if "lens_salsa" in names:
-        from eval.lens import score_lens_salsa
+        from eval.metrics.lens import score_lens_salsa
 
         put("lens_salsa", score_lens_salsa(orig, sys) if ok.any() else [])
     for name in (n for n in names if n in ("sari", "bleu", "lens")):
@@ -174,7 +174,7 @@ def pair_metrics(pairs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
             width = max(len(r) for r in rows_refs)
             streams = [[r[k] if k < len(r) else None for r in rows_refs] for k in range(width)]
             if name == "lens":
-                from eval.lens import score_lens
+                from eval.metrics.lens import score_lens
 
                 values = score_lens(list(pairs["source"][has]), list(pairs["candidate"][has]), rows_refs)
             else:

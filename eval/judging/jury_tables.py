@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from eval.aggregate import aggregate_scores
 from eval.agreement import bootstrap_ci
+from eval.judging.aggregate import aggregate_scores
 
 
 def candidate_scores(judgments: pd.DataFrame, how: str = "mean") -> pd.DataFrame:

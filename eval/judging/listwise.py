@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 
-from eval.judge_grammar import free_budget
+from eval.judging.grammar import free_budget
 
 MODES = ("rank", "grade")
 MAX_LISTWISE = 9

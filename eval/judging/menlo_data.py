@@ -42,7 +42,7 @@ import pandas as pd
 from core.config import Section, dotted, fail
 from core.files import json_object, load_yaml, read_utf8
 from core.text import is_blank
-from eval.menlo_parse import MENLO_LABELS
+from eval.judging.menlo_parse import MENLO_LABELS
 from eval.prompts import TemplateName, load_template, prompt_path
 
 DIMENSIONS = ("fluency", "tone", "localized_tone", "localized_factuality")
@@ -63,7 +63,7 @@ class MenloDataError(ValueError):
 
 @dataclass
 class Protocol(Section):
-    """One judging protocol of the evaluation (a config section of jobs/judge_eval.py)."""
+    """One judging protocol of the evaluation (a config section of jobs/judge/evaluate.py)."""
 
     # label in tables and reports, e.g. "pairwise+rubric"; unique
     name: str = "pairwise+rubric"

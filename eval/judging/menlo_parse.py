@@ -1,8 +1,8 @@
 """Parsers for MENLO-format judge outputs (paper 003): pairwise and pointwise grade blocks, MENLO's tag rule.
 
-One parser for every consumer: judge evaluation (`jobs/judge_eval.py`), the RL reward (`train/judge_reward.py`),
+One parser for every consumer: judge evaluation (`jobs/judge/evaluate.py`), the RL reward (`train/grpo/reward/judge_training.py`),
 the served reward model (`serve/`) and the jury's pairwise verdicts (`parse_pairwise`). As in
-`eval.judge_parse`, bad output never raises: extraction failures come back as error codes (listed there) and
+`eval.judging.parse`, bad output never raises: extraction failures come back as error codes (listed there) and
 format violations are reported separately from extraction, so a reward can penalise them differently.
 Pure (no ray, vllm, deepspeed or torch).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from eval.judge_parse import Parsed, split_think
+from eval.judging.parse import Parsed, split_think
 
 MENLO_LABELS = {1: "MAJOR FAILURE", 2: "MINOR FAILURE", 3: "PASS", 4: "GOOD", 5: "EXCELLENT"}
 MENLO_TAGS = ("<think>", "</think>", "<final_grade_A>", "</final_grade_A>", "<final_grade_B>", "</final_grade_B>")

@@ -1,6 +1,6 @@
 """Judge meta-evaluation on MENLO-format data (paper 003 §3, §2.4 of the notes): pure pandas/numpy, no ray.
 
-Input: one row per judge call (the `judgments` stage of jobs/judge_eval.py) with columns judge, protocol, mode,
+Input: one row per judge call (the `judgments` stage of jobs/judge/evaluate.py) with columns judge, protocol, mode,
 pair_id, dimension, locale, unit ("a"/"b" pointwise, "AB"/"BA" pairwise), gold_a, gold_b, pred_a, pred_b (grades
 in the pair's original identity, NaN when not extracted), parse_error ("" = parsed) and format_ok.
 
@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from eval.agreement import AgreementStat, krippendorff_alpha
-from eval.jury_meta import Bootstrap, estimate
-from eval.menlo_data import gold_class
+from eval.judging.jury_meta import Bootstrap, estimate
+from eval.judging.menlo_data import gold_class
 
 GRADES = (1.0, 2.0, 3.0, 4.0, 5.0)
 NO_GRADE = 0.0  # the "no grade" prediction under count_wrong: never equal to a gold class

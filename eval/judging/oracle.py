@@ -4,7 +4,7 @@ Pure (pandas/numpy, no Ray). Where a source has human references, sentence SARI 
 says which candidate a reference-aware judge would pick:
 
 - `oracle_verdict_rows` turns the candidates of every (source, policy) into best/worst rows shaped like the jury's
-  (`train.pairs.build_pairs` takes either): Best = highest sentence SARI, Worst = lowest, ties to the lower index
+  (`train.preference.pairs.build_pairs` takes either): Best = highest sentence SARI, Worst = lowest, ties to the lower index
   (model-name order), the same for every aspect. Judge name `oracle:sari`, so the pairs say where they came from.
 - `judge_signal` compares a jury's panel Best / Worst with the oracle: how often the jury's Best is a candidate of
   maximal SARI (and Worst one of minimal SARI), beside the chance level of a judge that picks uniformly. Ties count
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from eval.agreement import bootstrap_ci
-from eval.sari import sentence_sari
+from eval.metrics.sari import sentence_sari
 
 ORACLE_JUDGE = "oracle:sari"
 ASPECTS = ("Lexical", "Structural", "Overall")

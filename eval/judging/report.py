@@ -1,6 +1,6 @@
-"""Report of the MENLO judge evaluation (jobs/judge_eval.py): markdown tables and an HTML page with plots.
+"""Report of the MENLO judge evaluation (jobs/judge/evaluate.py): markdown tables and an HTML page with plots.
 
-Built from the long metrics table of eval.judge_metrics and the judgments; rendering is eval.report_html's. Pure:
+Built from the long metrics table of eval.judging.metrics and the judgments; rendering is eval.report_html's. Pure:
 pandas + matplotlib (Agg), no ray.
 """
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from eval import judge_metrics as jm
+from eval.judging import metrics as jm
 from eval.report_html import Figure, Section, _empty, _figure_png, _pyplot, render_html, render_markdown
 
 MAX_CONFUSION_PANELS = 12

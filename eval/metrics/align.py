@@ -3,12 +3,12 @@
 Paper 000 (Step 1b) shows the judge word alignments made by OTAlign (Arase et al. 2023,
 "Unbalanced optimal transport for unbalanced word alignment"), "supervised setting ... using
 τ=0.88 and a threshold of 0.40". This module is an unsupervised re-implementation in the same
-spirit; it produces the ``(src_idx, tgt_idx)`` pairs that :func:`eval.judge_blocks.render_alignment_block`
+spirit; it produces the ``(src_idx, tgt_idx)`` pairs that :func:`eval.judging.blocks.render_alignment_block`
 renders.
 
 Pipeline for one (source, target) pair:
 
-1. Words are :func:`eval.judge_blocks.tokenize_for_alignment` tokens (lowercased, whitespace split,
+1. Words are :func:`eval.judging.blocks.tokenize_for_alignment` tokens (lowercased, whitespace split,
    punctuation attached), so indices match what the judge sees (``7_device.``).
 2. Each sentence gets one forward pass of all-MiniLM-L6-v2 (``align_many`` batches the source with
    all its candidates). A word vector is the mean of the hidden states (layer ``layer``) of its
@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.judge_blocks import tokenize_for_alignment
+from eval.metrics.textnorm import tokenize_for_alignment
 
 TAU = 0.88
 THRESHOLD = 0.40
@@ -116,7 +116,7 @@ def solve_transport(cost: np.ndarray, tau: float = TAU, reg: float = REG) -> np.
     >>> round(float(solve_transport(np.array([[0.5]]), tau=0.88, reg=0.1)[0, 0]), 4)  # exp(-0.5/1.86)
     0.7643
     """
-    import ot  # POT imports torch when it is installed: keep `import eval.align` cheap.
+    import ot  # POT imports torch when it is installed: keep `import eval.metrics.align` cheap.
 
     cost = np.asarray(cost, dtype=np.float64)
     if cost.ndim != 2 or not np.all(np.isfinite(cost)):

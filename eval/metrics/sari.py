@@ -10,7 +10,7 @@ with its defaults) and was checked against the reference tables in
 `shared/data/{turkcorpus,asset}/reference-values.md` (identical to 4 decimals):
 
 - **Preprocessing.** orig, sys and refs are all lowercased (`lowercase=True`) and then tokenised
-  with sacrebleu's '13a' tokenizer (see `eval.textnorm.normalize`); n-grams are runs of
+  with sacrebleu's '13a' tokenizer (see `eval.metrics.textnorm.normalize`); n-grams are runs of
   whitespace tokens. EASSE's `legacy=True` (orig left untouched, a bug of the Java original) is
   not offered.
 - **Multiple references.** Per sentence, the n-gram counts of all references are *summed*, and
@@ -37,7 +37,7 @@ with its defaults) and was checked against the reference tables in
 - **Xu et al.'s original sentence-level SARI** (`cocoxu/simplification/SARI.py`, `SARIsent`)
   averages KEEP/DELETE precision over n-gram *types* with fractional credit instead of summing
   counts, so it gives different numbers (26.8278 instead of 26.9536 on the example above). It is
-  available as `sentence_sari_xu2016`, because D-SARI (`eval.dsari`) is built on it.
+  available as `sentence_sari_xu2016`, because D-SARI (`eval.metrics.dsari`) is built on it.
 
 Run the benchmark with `python -m bench.metrics`.
 """
@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import NamedTuple
 
-from eval.textnorm import check_tokenizer, normalize
+from eval.metrics.textnorm import check_tokenizer, normalize
 
 NGRAM_ORDER = 4
 

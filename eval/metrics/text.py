@@ -4,7 +4,7 @@ Metric names accepted by `score_corpus`, `score_sentences` and `score_table` (ke
 
 | name | keys | corpus value | sentence value |
 |---|---|---|---|
-| sari | sari, sari_add, sari_keep, sari_del | `eval.sari.corpus_sari` | `eval.sari.sentence_sari` |
+| sari | sari, sari_add, sari_keep, sari_del | `eval.metrics.sari.corpus_sari` | `eval.metrics.sari.sentence_sari` |
 | bleu | bleu | sacrebleu corpus BLEU, EASSE's settings | EASSE's `sentence_bleu` |
 | fkgl | fkgl | FKGL of all outputs pooled | FKGL of the output |
 | dsari | dsari | mean D-SARI (one document per line) | D-SARI |
@@ -12,8 +12,8 @@ Metric names accepted by `score_corpus`, `score_sentences` and `score_table` (ke
 | exact_copy | exact_copy | share of outputs equal to their source | 1.0 or 0.0 |
 | levenshtein | levenshtein | mean Levenshtein similarity | similarity |
 | split_rate | split_rate | share of outputs with more sentences than their source | 1.0 or 0.0 |
-| bertscore | bertscore_precision/recall/f1 | mean over sentences (`eval.bertscore`) | per sentence |
-| lens, lens_salsa | lens, lens_salsa | mean over sentences (`eval.lens`) | per sentence |
+| bertscore | bertscore_precision/recall/f1 | mean over sentences (`eval.metrics.bertscore`) | per sentence |
+| lens, lens_salsa | lens, lens_salsa | mean over sentences (`eval.metrics.lens`) | per sentence |
 
 Choices, each matching EASSE where EASSE has the metric:
 
@@ -25,11 +25,11 @@ Choices, each matching EASSE where EASSE has the metric:
   reproduces. Sentence BLEU follows EASSE's `sentence_bleu`: smooth_method='floor',
   effective_order=True, each reference its own stream.
 - **FKGL** (EASSE `corpus_fkgl`): each text is lowercased and '13a'-tokenised, split into
-  sentences (`eval.textnorm.split_sentences`, our stand-in for NLTK Punkt), and every whitespace
+  sentences (`eval.metrics.textnorm.split_sentences`, our stand-in for NLTK Punkt), and every whitespace
   token counts as a word, punctuation included. FKGL = max(0, 0.39·words/sentences +
   11.8·syllables/words - 15.59); 0 for an empty corpus. Syllables follow EASSE's counter
   (itself from the DRESS/nltk_contrib readability scripts), restated in
-  `eval.textnorm.count_syllables`:
+  `eval.metrics.textnorm.count_syllables`:
   (1) a table of special words with fixed counts; (2) strip *all* trailing 'e's; (3) count runs
   of vowels (a e i o u y); (4) +1 for each of a list of patterns ("ia", "riet", "io", a vowel+"bl"
   ending, three vowels in a row, a leading "mc", "ism" ending, ...); (5) -1 for each of
@@ -50,9 +50,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.dsari import corpus_dsari, document_sari
-from eval.sari import corpus_sari, sentence_sari_scores, transpose_refs
-from eval.textnorm import check_tokenizer, count_sentences, count_syllables, normalize, split_sentences
+from eval.metrics.dsari import corpus_dsari, document_sari
+from eval.metrics.sari import corpus_sari, sentence_sari_scores, transpose_refs
+from eval.metrics.textnorm import check_tokenizer, count_sentences, count_syllables, normalize, split_sentences
 
 METRICS = (
     "sari", "bleu", "fkgl", "dsari", "compression_ratio", "exact_copy", "levenshtein", "split_rate",
@@ -232,12 +232,12 @@ def _sentence_values(name: str, orig, sys, refs_per_sent, lowercase, tokenizer, 
 
 def _model_values(name: str, orig, sys, refs_per_sent) -> dict[str, list]:
     if name == "bertscore":
-        from eval.bertscore import sentence_bertscore
+        from eval.metrics.bertscore import sentence_bertscore
 
         scores = sentence_bertscore(sys, refs_per_sent)
         return {"bertscore_precision": [s.precision for s in scores],
                 "bertscore_recall": [s.recall for s in scores], "bertscore_f1": [s.f1 for s in scores]}
-    from eval.lens import score_lens, score_lens_salsa
+    from eval.metrics.lens import score_lens, score_lens_salsa
 
     if name == "lens":
         return {"lens": score_lens(orig, sys, refs_per_sent)}

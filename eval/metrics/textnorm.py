@@ -34,7 +34,7 @@ sentence after it. Its trained English parameters (the `punkt_tab` data) are not
 cannot be downloaded here, so the tokenizer gets this module's abbreviation list instead of the
 learned one; its other heuristics (initials, ellipses, numbers) are Punkt's own.
 
-`count_syllables` restates EASSE's syllable counter for FKGL (rules in `eval.textmetrics`).
+`count_syllables` restates EASSE's syllable counter for FKGL (rules in `eval.metrics.text`).
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ _VOWEL_RUN = re.compile("[aeiouy]+")
 
 @lru_cache(maxsize=100_000)
 def count_syllables(word: str) -> int:
-    """Syllables in one word by EASSE's rules (listed in `eval.textmetrics`' module docstring).
+    """Syllables in one word by EASSE's rules (listed in `eval.metrics.text`' module docstring).
 
     >>> [count_syllables(w) for w in ("the", "cat", "table", "simple", "ion", "free", ",")]
     [1, 1, 2, 1, 1, 0, 0]
@@ -231,3 +231,12 @@ def count_syllables(word: str) -> int:
     count += sum(1 for p in _SYLLABLE_PLUS if p.search(word))
     count -= sum(1 for p in _SYLLABLE_MINUS if p.search(word))
     return count
+
+
+def tokenize_for_alignment(text: str) -> list[str]:
+    """Split like the paper's alignment display: lowercased, whitespace split, punctuation attached.
+
+    >>> tokenize_for_alignment("We'll slip you  through, device.")
+    ["we'll", 'slip', 'you', 'through,', 'device.']
+    """
+    return text.lower().split()

@@ -1,6 +1,6 @@
 """Config of the agentsimp job (paper 004): inputs, backbone, the configurations and plan knobs, evaluation.
 
-Shared by `jobs.agentsimp` (the Ray job) and `jobs.agentsimp_cli` (`quorum simplify-doc`), which builds the same
+Shared by `jobs.agentsimp.simplify` (the Ray job) and `jobs.simplify_doc_cli` (`quorum simplify-doc`), which builds the same
 worker in-process.
 """
 
@@ -10,19 +10,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import LIGHT_CPU, PoolConfig, SamplingConfig, engine_secrets
 from core.config import ConfigError, Section, dotted, fail, one_of, require_file
 from core.errors import CorpusError
 from core.jobrun import JobSections
-from eval.agentsimp_baselines import BASELINES, read_example
-from eval.agentsimp_docs import FORMATS, LINE_PARAGRAPHS
-from eval.agentsimp_grammar import role_grammar
-from eval.agentsimp_plan import CONFIGURATIONS, PlanConfig
-from eval.agentsimp_roles import ROLE_IDS, load_role_book
-from eval.agentsimp_run import PAPER_TEMPERATURE
-from eval.dsari import TOKENIZATIONS
+from eval.agentsimp.baselines import BASELINES, read_example
+from eval.agentsimp.docs import FORMATS, LINE_PARAGRAPHS
+from eval.agentsimp.grammar import role_grammar
+from eval.agentsimp.plan import CONFIGURATIONS, PlanConfig
+from eval.agentsimp.roles import ROLE_IDS, load_role_book
+from eval.agentsimp.run import PAPER_TEMPERATURE
+from eval.metrics.dsari import TOKENIZATIONS
 
 ASPECTS = ("coherence", "simplicity", "faithfulness")
 # document-level roles write a whole article (or its guideline / proofread copy, or a baseline's simplification)
@@ -39,7 +39,7 @@ class InputsConfig(Section):
     # first documents in path order (0 = all)
     limit: int = 0
     # .txt / JSONL text without a blank line: "auto" = one paragraph per line (the authors' GuoFeng loader),
-    # "never" = the whole text one paragraph, "always" = every line a paragraph (eval.agentsimp_docs)
+    # "never" = the whole text one paragraph, "always" = every line a paragraph (eval.agentsimp.docs)
     line_paragraphs: str = "auto"
 
     def check(self, where: str = "") -> None:
@@ -151,7 +151,7 @@ class EvaluationConfig(Section):
     # BERTScore F1 against each reference (mean over references); "" = the bundled MiniLM encoder
     bertscore: bool = True
     bertscore_model_dir: str = ""  # local encoder directory for BERTScore; "" = the bundled MiniLM encoder
-    # "document": every wordpiece, encoded in overlapping windows (eval.bertscore.document_bertscore);
+    # "document": every wordpiece, encoded in overlapping windows (eval.metrics.bertscore.document_bertscore);
     # "truncate": bert-score's behaviour, the first ~510 wordpieces of each text only
     bertscore_mode: str = "document"
     # D-SARI tokenisation: "script" (the reference D_SARI.py: raw text, lower().split(" ")) or "13a" (sacrebleu)
@@ -160,7 +160,7 @@ class EvaluationConfig(Section):
     jury_enabled: bool = True
     # the judges of the document-level jury (default: one per aspect, agentsimp_jury_<aspect> templates)
     jury: JuryConfig = field(default_factory=default_jury)
-    # summary check (eval.agentsimp_metrics.summary_check)
+    # summary check (eval.agentsimp.metrics.summary_check)
     min_length_ratio: float = 0.5
     min_coverage: float = 0.5  # flag a summary when fewer than this share of source sentences are covered, in [0, 1]
     # a source sentence is covered when this share of its content-word types occurs in the output

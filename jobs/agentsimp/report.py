@@ -1,6 +1,6 @@
 """report.md / report.html of an agentsimp run (paper 004) and its W&B tables.
 
-`cfg` is `jobs.agentsimp.Config` (not imported: that module imports this one). Tables: the results per
+`cfg` is `jobs.agentsimp.simplify.Config` (not imported: that module imports this one). Tables: the results per
 configuration (paper Table 2 layout: SARI, D-SARI, FKGL, BERTScore, the summary check and the jury, with 95 %
 bootstrap CIs over documents), the ablation rows per configuration (Tables 3-4: every intermediate stage scored),
 the cost per configuration and step, and the run's health (fallbacks, retries, shared and cached calls).
@@ -76,7 +76,7 @@ def notes(cfg, docs: int, refs: int) -> list[str]:
         "references (not comparable to published BERTScore). FKGL of the output (lower = simpler; Punkt "
         "sentences, as D-SARI). compression = output/source characters; "
         "length_ratio = output/source words; coverage = share of source sentences with >= half their content "
-        "words kept; is_summary = share of documents flagged as a summary (eval.agentsimp_metrics.summary_check)."),
+        "words kept; is_summary = share of documents flagged as a summary (eval.agentsimp.metrics.summary_check)."),
         ("LLM T1-T3: the single-prompt baselines of Table 2 (Appendix B, Figs. 6-8) on the same backbone; "
         "LLM (T1-T3 mean): the per-document mean of their scores, the paper's averaged row."),
         ("Jury: one LLM judge per aspect (coherence, simplicity, faithfulness; 1-5) on each configuration's final "

@@ -3,17 +3,17 @@
 Local (embedded default: local Ray, SmolLM2-135M-Instruct as every role and every jury judge):
 
     quorum run configs/agentsimp_demo.yaml
-    python -m jobs.agentsimp configs/agentsimp_demo.yaml agentsimp.configurations=[pl_iterative] run.id=pl_only
+    python -m jobs.agentsimp.simplify configs/agentsimp_demo.yaml agentsimp.configurations=[pl_iterative] run.id=pl_only
 
 On a cluster (a vLLM backbone on GPUs, the jury on another pool):
 
     ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" \\
         -- quorum run configs/agentsimp_cluster.yaml
 
-One document, no cluster: `quorum simplify-doc FILE [--html OUT]` (jobs/agentsimp_cli.py).
+One document, no cluster: `quorum simplify-doc FILE [--html OUT]` (jobs/simplify_doc_cli.py).
 
 Stages (Parquet under <run.root>/agentsimp/<run-id>/, each skipped when complete with the same inputs):
-documents (.txt/.md/.html files or a JSONL corpus -> paragraphs; eval.agentsimp_docs) -> runs (Ray Data rows =
+documents (.txt/.md/.html files or a JSONL corpus -> paragraphs; eval.agentsimp.docs) -> runs (Ray Data rows =
 documents; `actors.agentsimp_worker.AgentSimpWorker` pools run every configuration's schedule in lockstep, shared
 calls once, through the request cache, and Table 2's single-prompt LLM baselines (templates 1-3); one row per
 document x configuration or baseline with every stage, window and call)
@@ -37,10 +37,10 @@ import pyarrow as pa
 from core.jobrun import open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, write_table
-from eval.agentsimp_docs import read_corpus, read_documents
-from eval.agentsimp_records import call_rows, cost_table, document_row, score_rows, score_table, stage_rows
-from jobs.agentsimp_config import Config, worker_kwargs
-from jobs.cli import entry
+from eval.agentsimp.docs import read_corpus, read_documents
+from eval.agentsimp.records import call_rows, cost_table, document_row, score_rows, score_table, stage_rows
+from jobs.agentsimp.config import Config, worker_kwargs
+from jobs.entry import entry
 
 log = logging.getLogger("quorum.agentsimp")
 JOB = "agentsimp"
@@ -113,7 +113,7 @@ def bertscore_fn(cfg: Config, stages: pd.DataFrame, refs: dict[str, list[str]]):
     """(candidate, reference) -> F1, computed in one batch for every document-level stage text with references."""
     if not cfg.evaluation.bertscore:
         return None
-    from eval.bertscore import document_bertscore, sentence_bertscore
+    from eval.metrics.bertscore import document_bertscore, sentence_bertscore
 
     docs = stages[(stages["paragraph"] == -1) & (stages["window"] == -1)]
     pairs = list(dict.fromkeys((t, r) for d, t in zip(docs["doc_id"], docs["text"]) for r in refs.get(d, ())))
@@ -171,7 +171,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         results.append(frame_stage(store, "costs", {}, lambda: pd.DataFrame(
             cost_table(store.read_stage("calls").to_pandas().to_dict("records")))))
         record_stages(results, tracker)
-        from jobs.agentsimp_report import write_report
+        from jobs.agentsimp.report import write_report
 
         table = write_report(cfg, store, tracker, runs)
         store.finish({"documents": len(docs), "runs": len(runs)})
@@ -181,4 +181,4 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    entry("jobs.agentsimp")
+    entry("jobs.agentsimp.simplify")

@@ -3,14 +3,14 @@
 Local (local Ray, SmolLM2-135M as planner and reviser, a few CORD rows per level):
 
     quorum run configs/craft_demo.yaml
-    python -m jobs.craft configs/craft_demo.yaml data.per_level=1 systems=[direct,mcts] run.id=small
+    python -m jobs.craft.revise configs/craft_demo.yaml data.per_level=1 systems=[direct,mcts] run.id=small
 
 On a cluster (vLLM planner and reviser on GPUs, all 400 constrained CORD rows):
 
     ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \
         quorum run configs/craft_cluster.yaml data.path=/data/cord run.root=s3://bucket/runs
 
-Data: CORD's `cord.constraint_<level>.jsonl` files (`data.path`, a directory or one file), read by eval.cord. A line
+Data: CORD's `cord.constraint_<level>.jsonl` files (`data.path`, a directory or one file), read by eval.craft.cord. A line
 that is not JSON, has no `test_input` or a constraint that does not parse stops the run before any model is loaded
 (exit code 2, naming file and line); with `data.on_error: keep` the row is kept, every system's row for it is marked
 failed (counted in the cost table's `failed` column and scored 0 on every constraint), never dropped.
@@ -37,20 +37,20 @@ from typing import Literal
 
 import pandas as pd
 
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
 from actors.secrets import Secrets
 from actors.stage_config import LIGHT_CPU, PoolConfig
 from core.config import ConfigError, Section, dotted, fail, one_of, require_file
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore
-from eval import craft_results as cr
 from eval import report_html as rh
-from eval.cord import FILE_PATTERN, CordRow, read_cord
-from eval.craft_agent import AgentConfig
-from eval.craft_mcts_config import MCTSConfig
-from jobs.cli import entry
-from jobs.jury_eval import stage_frame, to_dataset
+from eval.craft import results as cr
+from eval.craft.agent import AgentConfig
+from eval.craft.cord import FILE_PATTERN, CordRow, read_cord
+from eval.craft.mcts_config import MCTSConfig
+from jobs.entry import entry
+from jobs.frames import stage_frame, to_dataset
 
 log = logging.getLogger("quorum.craft")
 JOB = "craft"
@@ -299,4 +299,4 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    entry("jobs.craft")
+    entry("jobs.craft.revise")

@@ -4,7 +4,7 @@ best/worst pairs -> SimPO + NLL (CPO-SimPO) on Ray Train + DeepSpeed with LoRA, 
 Local (SmolLM2-135M planner and reviser on CPU; a few short texts, one round of a few steps):
 
     quorum run configs/craft_selftrain_demo.yaml
-    python -m jobs.craft_selftrain configs/craft_selftrain_demo.yaml rounds.max_rounds=2 run.id=two
+    python -m jobs.craft.selftrain configs/craft_selftrain_demo.yaml rounds.max_rounds=2 run.id=two
 
 On a cluster (the paper's scale: configs/craft_selftrain_cluster.yaml documents models and GPUs):
 
@@ -27,18 +27,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
 from actors.stage_config import PoolConfig
 from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive, require_file
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.tracking import trainer_tracking
-from eval.craft_agent import AgentConfig
-from eval.craft_selftrain import ScoreWeights, stop_decision
+from eval.craft.agent import AgentConfig
+from eval.craft.selftrain import ScoreWeights, stop_decision
 from eval.prompts import load_template, prompt_path
-from jobs.cli import entry
-from jobs.craft import check_two_engines
-from jobs.craft_selftrain_stages import (
+from jobs.craft.revise import check_two_engines
+from jobs.craft.selftrain_stages import (
     adapter_of,
     stage_candidates,
     stage_dev,
@@ -47,8 +46,9 @@ from jobs.craft_selftrain_stages import (
     stage_sft_data,
     stage_train,
 )
+from jobs.entry import entry
 from train.config import LoraSection, TrainConfig
-from train.preference_loss import PreferenceLossConfig
+from train.config_sections import PreferenceLossConfig
 
 log = logging.getLogger("quorum.craft_selftrain")
 JOB = "craft_selftrain"
@@ -59,7 +59,7 @@ class DataConfig(Section):
     # D_r: raw texts to constrain. The paper draws 2k CNN/DailyMail texts of 350-1,000 words per round.
     # format "cord": CORD files (level 0 only by default, so the C1-C4 test rows stay unseen; C0 is itself the
     # paper's Table 4 test domain: docs/papers/002-craft.md, Deviations); format "text": plain .txt files or
-    # {text|article} JSONL (eval.craft_instances.read_raw_texts), e.g. CNN/DailyMail stories
+    # {text|article} JSONL (eval.craft.instances.read_raw_texts), e.g. CNN/DailyMail stories
     path: str = "../shared/data/cord"
     format: str = "cord"  # cord (CORD constraint files) | text (plain .txt files or {text|article} JSONL)
     # CORD levels read when format is cord (0-4; default [0], so the C1-C4 test rows stay unseen)
@@ -264,4 +264,4 @@ def _dev_numbers(summary: dict) -> dict:
 
 
 if __name__ == "__main__":
-    entry("jobs.craft_selftrain")
+    entry("jobs.craft.selftrain")

@@ -1,4 +1,4 @@
-"""Stages of `jobs.craft_selftrain` (CRAFT planner self-training, paper 002 §5.1.2 / Algorithm 1).
+"""Stages of `jobs.craft.selftrain` (CRAFT planner self-training, paper 002 §5.1.2 / Algorithm 1).
 
 instances (dev set + training pool of constrained texts) -> sft_data -> sft (LoRA SFT) -> dev_0 -> per round r:
 r<r>_candidates (K sampled actions per state, scored with Eq. 1) -> r<r>_pairs (best/worst) -> r<r>_train
@@ -19,8 +19,8 @@ from actors.craft_selftrain_worker import PlannerActionWorker, greedy
 from core.errors import ConfigError, CorpusError
 from core.files import json_object, read_utf8
 from core.runstore import RunStore, StageResult, write_table
-from eval.cord import read_cord
-from eval.craft_instances import (
+from eval.craft.cord import read_cord
+from eval.craft.instances import (
     RawText,
     constraint_mix,
     contradictions,
@@ -28,9 +28,9 @@ from eval.craft_instances import (
     make_instance,
     read_raw_texts,
 )
-from eval.craft_react import parse_planner_output
-from eval.craft_selftrain import ActionScore, dev_summary, oracle_step, pick_pair, sft_rows
-from train.trainer import train_stage
+from eval.craft.react import parse_planner_output
+from eval.craft.selftrain import ActionScore, dev_summary, oracle_step, pick_pair, sft_rows
+from train.preference.trainer import train_stage
 
 INSTANCE_COLUMNS = ("id", "split", "text", "instruction", "gold_calls_json", "keep_ids", "n_constraints",
                     "constraint_types")

@@ -3,7 +3,7 @@
 Local (local Ray, SmolLM2-135M judge, the self-written fixture):
 
     quorum run configs/judge_eval_demo.yaml
-    python -m jobs.judge_eval configs/judge_eval_demo.yaml data.limit=8 run.id=small
+    python -m jobs.judge.evaluate configs/judge_eval_demo.yaml data.limit=8 run.id=small
 
 On a cluster (vLLM judges on GPUs, API judges through OpenAI-compatible endpoints, MENLO from a local copy):
 
@@ -13,18 +13,18 @@ On a cluster (vLLM judges on GPUs, API judges through OpenAI-compatible endpoint
 Data: a MENLO-format JSONL file (`data.path`), one response pair per line with pair_id, dimension (fluency | tone
 | localized_tone | localized_factuality), locale, prompt, response_a, response_b, gold_a, gold_b (1-5) and
 optionally template_id, question_type, split (train | val | test), prompt_en; the full table is in
-eval/menlo_data.py. Pairs whose split is in `data.eval_splits` are judged; few-shot exemplars come from
+eval/judging/menlo_data.py. Pairs whose split is in `data.eval_splits` are judged; few-shot exemplars come from
 `data.exemplar_splits`. A malformed line stops the run before any model is loaded (exit code 2, naming file, line
 and field). `configs/data/menlo_fixture.jsonl` is a small self-written set (32 test pairs in 5 locales x 4 dimensions,
 plus 8 train pairs as few-shot exemplars).
 
 Protocols (`protocols[i]`): pointwise, few-shot pointwise (3 graded exemplars) and pairwise (both A/B orders),
 each with the dimension's rubric or only the five labels; all answer in MENLO's format and are read with the shared
-parser (eval.judge_parse), as the GRM service and the RL reward read them.
+parser (eval.judging.parse), as the GRM service and the RL reward read them.
 
 Stages (Parquet under <run.root>/judge_eval/<run-id>/, reused when complete and unchanged): data (validated pairs,
 role = eval | exemplar) -> items (one rendered judge call per protocol x pair x response/order) -> judgments
-(every judge's answers, parsed; failures kept) -> metrics (eval.judge_metrics: macro-F1, accuracy, preference
+(every judge's answers, parsed; failures kept) -> metrics (eval.judging.metrics: macro-F1, accuracy, preference
 accuracy, Krippendorff's alpha, position-bias rate, parse-failure and format-violation rates, per dimension and
 locale, bootstrap 95% CIs over pairs). Then metrics.md, report.html (tables + plots) and W&B (offline by default).
 """
@@ -45,13 +45,12 @@ from core.config import ConfigError, require_file
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore
-from eval import judge_metrics as jm
-from eval import judge_report as rep
-from eval import menlo_data as md
-from eval.jury_meta import Bootstrap
-from jobs.cli import entry
-from jobs.jury_eval import stage_frame, to_dataset
-from jobs.policy_simplify import model_key
+from eval.judging import menlo_data as md
+from eval.judging import metrics as jm
+from eval.judging import report as rep
+from eval.judging.jury_meta import Bootstrap
+from jobs.entry import entry
+from jobs.frames import model_key, stage_frame, to_dataset
 
 log = logging.getLogger("quorum.judge_eval")
 JOB = "judge_eval"
@@ -61,7 +60,7 @@ JOB = "judge_eval"
 class DataConfig:
     """The MENLO-format pairs to judge, their rubrics, filters and exemplar pool."""
 
-    path: str = "configs/data/menlo_fixture.jsonl"  # MENLO-format JSONL of graded response pairs (eval/menlo_data.py)
+    path: str = "configs/data/menlo_fixture.jsonl"  # MENLO-format JSONL of graded response pairs (eval/judging/menlo_data.py)
     rubrics_path: str = "configs/data/menlo_rubrics.yaml"  # MENLO rubrics YAML (dimension -> question, criteria)
     # splits whose pairs are judged, and splits few-shot exemplars are drawn from (never the judged pair's group)
     eval_splits: list[str] = field(default_factory=lambda: ["test"])
@@ -286,4 +285,4 @@ def _slug(text: str) -> str:
 
 
 if __name__ == "__main__":
-    entry("jobs.judge_eval")
+    entry("jobs.judge.evaluate")

@@ -4,7 +4,7 @@ Local (local Ray, SmolLM2-135M as the judge being trained, 2 Ray Train workers o
 for 3 steps and 2 validations on 2 cores shared with a training job, about half of each step sampling):
 
     quorum run configs/judge_grpo_demo.yaml
-    python -m jobs.judge_grpo configs/judge_grpo_demo.yaml grpo.max_steps=2 run.id=short
+    python -m jobs.judge.grpo configs/judge_grpo_demo.yaml grpo.max_steps=2 run.id=short
 
 On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 4096-token prompts and answers):
 
@@ -12,9 +12,9 @@ On a cluster (the paper's settings: G = 8, 32 prompts per step, lr 1e-6, 4096-to
         quorum run configs/judge_grpo_cluster.yaml run.root=/shared/runs data.path=/shared/menlo/train.jsonl
 
 Stages (under <run.root>/judge_grpo/<run-id>/, skipped when already complete):
-rows (MENLO-format pairs -> one judge prompt per pair and shown order, rendered by `eval.menlo_data.build_items`
+rows (MENLO-format pairs -> one judge prompt per pair and shown order, rendered by `eval.judging.menlo_data.build_items`
 with the same template and rubrics as the judge evaluation; gold grades follow the shown order) -> train (GRPO on
-Ray Train + DeepSpeed + LoRA; reward = `train.judge_reward`, every term logged as ``reward/<term>``) -> summary.md.
+Ray Train + DeepSpeed + LoRA; reward = `train.grpo.reward.judge_training`, every term logged as ``reward/<term>``) -> summary.md.
 The adapter (train/run/adapter) can be served as the GRM: `quorum serve configs/grm.yaml judge.adapter=...`.
 """
 
@@ -31,9 +31,9 @@ import pandas as pd
 from core.config import ConfigError, require_file
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
-from eval.menlo_data import DIMENSIONS, Protocol, build_items, load_rubrics, read_menlo_jsonl
+from eval.judging.menlo_data import DIMENSIONS, Protocol, build_items, load_rubrics, read_menlo_jsonl
 from eval.prompts import TemplateName
-from jobs.cli import entry
+from jobs.entry import entry
 from jobs.grpo_stages import (
     GRPOData,
     adapter_dir,
@@ -45,7 +45,7 @@ from jobs.grpo_stages import (
     validate_grpo,
 )
 from train.config import GRPOConfig
-from train.judge_reward import JudgeRewardConfig
+from train.grpo.reward.judge_training import JudgeRewardConfig
 
 log = logging.getLogger("quorum.judge_grpo")
 JOB = "judge_grpo"
@@ -153,4 +153,4 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    entry("jobs.judge_grpo")
+    entry("jobs.judge.grpo")

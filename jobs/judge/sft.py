@@ -10,7 +10,7 @@ parser reads as format_ok. Evaluate the adapter with `judge_eval` (`judges.N.eng
 Local (SmolLM2-135M, 2 Ray Train workers with DeepSpeed ZeRO-2 on CPU, LoRA):
 
     quorum run configs/judge_sft_demo.yaml
-    python -m jobs.judge_sft configs/judge_sft_demo.yaml train.max_steps=2 run.id=short
+    python -m jobs.judge.sft configs/judge_sft_demo.yaml train.max_steps=2 run.id=short
 
 On a cluster (the paper's lr 2e-5; Qwen3-4B on GPU workers):
 
@@ -35,12 +35,12 @@ from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, StageResult
 from core.tracking import trainer_tracking
-from eval.menlo_data import gold_class
-from eval.menlo_parse import MENLO_LABELS
-from jobs.cli import entry
+from eval.judging.menlo_data import gold_class
+from eval.judging.menlo_parse import MENLO_LABELS
+from jobs.entry import entry
 from jobs.grpo_stages import file_sha, stage_rows
-from jobs.judge_grpo import Config as GRPOJobConfig
-from jobs.judge_grpo import DataConfig, PromptConfig, judge_rows
+from jobs.judge.grpo import Config as GRPOJobConfig
+from jobs.judge.grpo import DataConfig, PromptConfig, judge_rows
 from train.config import TrainConfig
 
 log = logging.getLogger("quorum.judge_sft")
@@ -97,7 +97,7 @@ def stage_train(store: RunStore, cfg: Config) -> StageResult:
     trainer = dataclasses.replace(cfg.train, run_name="judge-sft", **trainer_tracking(cfg.wandb, JOB, store.run_id))
 
     def produce(out_dir: str) -> dict:
-        from train.trainer import train_stage
+        from train.preference.trainer import train_stage
 
         rows = store.read_stage("rows").to_pandas()
         train, val = ([{"prompt_messages": p, "target": t} for p, t in zip(part["prompt_messages"], part["target"])]
@@ -128,4 +128,4 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    entry("jobs.judge_sft")
+    entry("jobs.judge.sft")

@@ -4,7 +4,7 @@ Local (embedded default: local Ray, SmolLM2-135M as writer, simplifiers and jury
 shared with other work at load average ~5; the jury stage is ~75% of it, ~2.5 CPU-s of prompt prefill per judgment):
 
     quorum run configs/jury_eval_demo.yaml
-    python -m jobs.jury_eval configs/jury_eval_demo.yaml synth.n=6 simpeval.limit=12 run.id=small
+    python -m jobs.jury.evaluate configs/jury_eval_demo.yaml synth.n=6 simpeval.limit=12 run.id=small
 
 On a cluster (vLLM judges and simplifiers on GPUs, API judges through OpenAI-compatible endpoints):
 
@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pandas as pd
-import pyarrow as pa
 
 from actors.jury import JudgeConfig, JuryConfig
 from actors.ratings import read_asset_ratings, read_simpeval
@@ -35,13 +33,13 @@ from actors.stage_config import LIGHT_CPU, ModelConfig, SamplingConfig, check_un
 from core.config import ConfigError, positive, require_file
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
-from core.runstore import RunStore, write_table
-from eval import jury_meta as meta
-from eval import synth_bench as bench
+from core.runstore import RunStore
+from eval.judging import jury_meta as meta
+from eval.judging import synth_bench as bench
 from eval.prompts import TemplateName
-from jobs.cli import entry
-from jobs.jury_report import write_report
-from jobs.policy_simplify import model_key
+from jobs.entry import entry
+from jobs.frames import model_key, stage_frame, to_dataset
+from jobs.jury.report import write_report
 
 log = logging.getLogger("quorum.jury_eval")
 JOB = "jury_eval"
@@ -98,7 +96,7 @@ class AssetRatingsConfig:
 
 @dataclass
 class ReportConfig:
-    # automatic metrics per pair (eval.jury_meta.PAIR_METRICS); bertscore is against the source
+    # automatic metrics per pair (eval.judging.jury_meta.PAIR_METRICS); bertscore is against the source
     metrics: list[str] = field(default_factory=lambda: ["fkgl", "compression_ratio", "levenshtein", "bertscore",
                                                         "sari", "bleu"])
     # bootstrap resamples (of source sentences) per confidence interval; 0 = no CIs
@@ -149,7 +147,7 @@ class Config(JobSections):
             raise ConfigError(f"report.metrics: unknown {unknown}; expected some of {list(meta.PAIR_METRICS)}")
         for variant in sorted({"lens", "lens_salsa"} & set(self.report.metrics)):
             # a learned metric needs its local checkpoint and package now, not after the jury has run
-            from eval.lens import MetricUnavailable, load_metric
+            from eval.metrics.lens import MetricUnavailable, load_metric
 
             try:
                 load_metric(variant)
@@ -177,17 +175,6 @@ class Config(JobSections):
 # Stages
 
 
-def stage_frame(cfg: Config, store: RunStore, name: str, key: object, build, summarize=None):
-    """A stage whose output is a pandas frame: build() -> DataFrame (Ray plans materialised on the driver)."""
-    def produce(out_dir: str) -> dict:
-        started = time.time()
-        df = build()
-        write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir)
-        return summarize(df, time.time() - started) if summarize else {"rows_out": len(df)}
-
-    return store.run_stage(name, key, produce)
-
-
 def chat_plan(ds, model: ModelConfig, template: str, variables: dict[str, str], cache: str, post):
     """rows -> rendered `template` requests -> ChatWorker pool of `model` -> post (actors.generate's pattern)."""
     from actors.chat_worker import ChatWorker
@@ -201,14 +188,6 @@ def chat_plan(ds, model: ModelConfig, template: str, variables: dict[str, str], 
                                "cache_dir": cache},
         **model.pool.map_batches_kwargs())
     return completed.map_batches(post, batch_format="pandas", num_cpus=LIGHT_CPU)
-
-
-def to_dataset(df: pd.DataFrame, block_rows: int):
-    """A Ray Dataset of `df` in blocks of `block_rows`: one block feeds one actor call, so a single block would leave
-    every actor but one idle."""
-    import ray.data
-
-    return ray.data.from_pandas([df.iloc[i:i + block_rows] for i in range(0, len(df), max(block_rows, 1))])
 
 
 def load_human(cfg: Config) -> pd.DataFrame:
@@ -355,4 +334,4 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    entry("jobs.jury_eval")
+    entry("jobs.jury.evaluate")

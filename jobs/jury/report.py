@@ -1,6 +1,6 @@
 """report.md, report.html and figures of a jury_eval run (paper 001), and what goes to W&B.
 
-`cfg` is `jobs.jury_eval.Config` (not imported: that module imports this one).
+`cfg` is `jobs.jury.evaluate.Config` (not imported: that module imports this one).
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pandas as pd
 
 from core.runstore import RunStore
-from eval import jury_meta as meta
 from eval import report_html as rep
+from eval.judging import jury_meta as meta
 
 
 def report_notes(cfg) -> list[str]:

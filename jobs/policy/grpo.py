@@ -9,14 +9,14 @@ reward.
 
 Validation (`data.val_splits`, `grpo.val_metric: vs_baseline`): MENLO's two-stage evaluation in small, one answer
 per held-out prompt from the current policy against the base model's answer, judged by the GRM in both orders;
-the best adapter has the highest win rate (ties half) -- see `train/grpo_validate.py`.
+the best adapter has the highest win rate (ties half) -- see `train/grpo/validate.py`.
 
 Local (local Ray; this job starts the GRM app in its own cluster, as `quorum serve` would, unless `reward.url`
 names a running one; SmolLM2-135M as policy and judge; the demo measured 7 min 27 s for 3 steps on 2 cores
 shared with other jobs at load average ~30, ~40 s per step, the rest start-up):
 
     quorum run configs/policy_grpo_demo.yaml
-    python -m jobs.policy_grpo configs/policy_grpo_demo.yaml grpo.max_steps=2 run.id=short
+    python -m jobs.policy.grpo configs/policy_grpo_demo.yaml grpo.max_steps=2 run.id=short
     quorum serve configs/grm.yaml &                                     # or use a running GRM app:
     QUORUM_SERVE_TOKEN=... quorum run configs/policy_grpo_demo.yaml reward.url=http://127.0.0.1:8000 \\
         reward.token_env=QUORUM_SERVE_TOKEN
@@ -51,10 +51,10 @@ import pandas as pd
 from core.config import ConfigError, load_config, require_file
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
-from eval.listwise import MAX_LISTWISE
-from eval.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl, render_criteria
+from eval.judging.listwise import MAX_LISTWISE
+from eval.judging.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl, render_criteria
 from eval.prompts import load_template, prompt_path
-from jobs.cli import entry
+from jobs.entry import entry
 from jobs.grpo_stages import (
     SAMPLES,
     GRPOData,
@@ -69,10 +69,10 @@ from jobs.grpo_stages import (
 )
 from serve.config import ServeConfig
 from train.config import GRPOConfig
-from train.grpo_monitoring import record_alert
-from train.judge_family import model_identity, same_family
-from train.reward_client import RewardServiceConfig
-from train.reward_monitors import JudgeMarkers, MonitorConfig, gold_preference, judge_markers
+from train.grpo.monitoring import record_alert
+from train.grpo.reward.client import RewardServiceConfig
+from train.grpo.reward.monitors import JudgeMarkers, MonitorConfig, gold_preference, judge_markers
+from train.grpo.reward.same_family import model_identity, same_family
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
@@ -113,7 +113,7 @@ class Config(JobSections):
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(loss_agg="seq_mean_token_sum_norm",
                                                                 normalize_std=False, max_completion_length=1024,
                                                                 thinking=False, val_metric="vs_baseline"))
-    # reward-hacking monitors (train.reward_monitors, docs/monitors.md): on by default
+    # reward-hacking monitors (train.grpo.reward.monitors, docs/monitors.md): on by default
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
@@ -149,7 +149,7 @@ class Config(JobSections):
 
 
 def probe_pairs(cfg: Config) -> list[dict]:
-    """The probe set of `monitor.probe_path` as the workers send it (train.grpo_monitoring.ProbeSet): the judge
+    """The probe set of `monitor.probe_path` as the workers send it (train.grpo.monitoring.ProbeSet): the judge
     prompt as the training rows carry it (reward.send_context), both responses and the gold preference."""
     pairs = read_menlo_jsonl(cfg.monitor.probe_path).head(cfg.monitor.probe_limit)
     rubrics = load_rubrics(cfg.data.rubrics)
@@ -208,7 +208,7 @@ def served_reward(cfg: Config):
         reward = dataclasses.replace(reward, url=url, app=app, token_env="")
     secret = {reward.token_env: os.environ[reward.token_env]} if reward.token_env and not reward.app else {}
     spec = {"kind": "grm", "config": dataclasses.asdict(reward)}
-    if cfg.monitor.enabled:  # the workers run the monitors (train.grpo_monitoring) on what the judge returns
+    if cfg.monitor.enabled:  # the workers run the monitors (train.grpo.monitoring) on what the judge returns
         spec["monitor"] = {"config": dataclasses.asdict(cfg.monitor), "markers": judge_markers_of(cfg).to_dict()}
         if cfg.monitor.probe_path:
             spec["monitor"]["probe"] = probe_pairs(cfg)
@@ -310,4 +310,4 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    entry("jobs.policy_grpo")
+    entry("jobs.policy.grpo")

@@ -9,7 +9,7 @@
 
 References come from the corpus (TurkCorpus, ASSET: the same list for every policy) or from `data.references_path`
 (JSONL rows `{id, references, policies}`, each reference tagged with the policy it was written for, as in the demo's
-`configs/data/demo_references.jsonl`). The pure pieces live in `eval/oracle.py` and `train/pairs.py`.
+`configs/data/demo_references.jsonl`). The pure pieces live in `eval/judging/oracle.py` and `train/preference/pairs.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from core.errors import CorpusError
 from core.runstore import RunStore, StageResult, write_table
-from jobs.policy_stages import demo_eval_set
+from jobs.policy.stages import demo_eval_set
 
 REFERENCE_FORMATS = ("turkcorpus", "asset")
 # bootstrap resamples of the judge-signal CIs: fixed, not evaluate.n_boot, because the stage sits before pairs and
@@ -64,7 +64,7 @@ def reference_lookup(sources: pd.DataFrame) -> dict[tuple[str, str], list[str]]:
 
 def stage_oracle_select(store: RunStore) -> StageResult:
     """The `select` stage of `selector.kind: reference`: oracle best/worst rows from the generations."""
-    from eval.oracle import oracle_verdict_rows
+    from eval.judging.oracle import oracle_verdict_rows
 
     def produce(out_dir: str) -> dict:
         candidates = store.read_stage("generate").to_pandas()
@@ -78,8 +78,8 @@ def stage_oracle_select(store: RunStore) -> StageResult:
 
 def stage_judge_signal(store: RunStore, seed: int, n_boot: int = SIGNAL_BOOT) -> StageResult:
     """Agreement of the jury's panel Best / Worst with the reference oracle (+ both Table 3s)."""
-    from eval.oracle import judge_signal, oracle_distribution, oracle_verdict_rows, signal_rows
-    from train.pairs import panel_choices
+    from eval.judging.oracle import judge_signal, oracle_distribution, oracle_verdict_rows, signal_rows
+    from train.preference.pairs import panel_choices
 
     def produce(out_dir: str) -> dict:
         candidates = store.read_stage("generate").to_pandas()
@@ -102,7 +102,7 @@ def stage_judge_signal(store: RunStore, seed: int, n_boot: int = SIGNAL_BOOT) ->
 
 def stage_sft_data(store: RunStore, train_cfg, pairs_cfg, verdicts: str) -> StageResult:
     """SFT rows: from the pairs' chosen texts (`targets: pairs`) or from the references (`targets: references`)."""
-    from train.pairs import sft_rows_from_pairs, sft_rows_from_references
+    from train.preference.pairs import sft_rows_from_pairs, sft_rows_from_references
 
     def produce(out_dir: str) -> dict:
         if train_cfg.targets == "references":

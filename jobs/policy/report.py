@@ -1,6 +1,6 @@
 """summary.md of a policy_simplify run (paper 000): Table 3, the judge signal, the results table and the costs.
 
-`cfg` is `jobs.policy_simplify.Config` (not imported: that module imports this one).
+`cfg` is `jobs.policy.simplify.Config` (not imported: that module imports this one).
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pandas as pd
 
 from core.runstore import RunStore
-from eval.jury_tables import candidate_scores, system_table
-from jobs.policy_references import SIGNAL_BOOT
-from jobs.policy_stages import cost_table
+from eval.judging.jury_tables import candidate_scores, system_table
+from jobs.policy.references import SIGNAL_BOOT
+from jobs.policy.stages import cost_table
 
 
 def training_data_label(cfg) -> str:
@@ -38,7 +38,7 @@ def report(cfg, store: RunStore, tracker) -> pd.DataFrame:
         table = system_table(candidates, candidate_scores(judgments, cfg.jury.aggregate), seed=cfg.jury.seed)
         sections = [("Jury scores per policy and model", table)]
     else:
-        from train.pairs import preference_distribution
+        from train.preference.pairs import preference_distribution
 
         sections = []
         if "pairs" in stages:
@@ -47,7 +47,7 @@ def report(cfg, store: RunStore, tracker) -> pd.DataFrame:
             sections.append((f"Preferred / dispreferred per model (paper 000 Table 3){oracle}",
                              preference_distribution(pairs)))
         if "judge_signal" in stages:
-            from eval.oracle import judge_signal, oracle_distribution
+            from eval.judging.oracle import judge_signal, oracle_distribution
 
             rows = store.read_stage("judge_signal").to_pandas()
             signal = judge_signal(rows, n_boot=SIGNAL_BOOT, seed=cfg.jury.seed)

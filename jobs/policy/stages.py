@@ -1,8 +1,8 @@
 """The stages of paper 000 after the jury: pairs -> train -> evaluation set -> eval generation -> re-judge.
 
 Each `stage_*` function runs one `RunStore` stage (skipped when its output exists with the same chained config
-hash) and returns its `StageResult`. The job module (`jobs/policy_simplify.py`) holds the config and calls them
-in order; the pure pieces live in `train/pairs.py` and `eval/results.py`.
+hash) and returns its `StageResult`. The job module (`jobs/policy/simplify.py`) holds the config and calls them
+in order; the pure pieces live in `train/preference/pairs.py` and `eval/results.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from actors.corpus import read_corpus, read_standard
-from actors.engine import EngineSpec
+from actors.engines.base import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive
@@ -27,7 +27,7 @@ from core.runstore import RunStore, StageResult, write_table
 from core.text import is_blank
 from core.tracking import WandbConfig, trainer_tracking
 from train.config import TrainConfig
-from train.pairs import build_pairs, judge_disagreement, preference_distribution, subsample
+from train.preference.pairs import build_pairs, judge_disagreement, preference_distribution, subsample
 
 # policy -> how the demo references file names that policy's references
 REFERENCE_POLICY = {"lexical": "lexical-paraphrasing", "overall": "overall-rewriting"}
@@ -118,7 +118,7 @@ class EvalConfig(Section):
             if not (Path(path) / "adapter_config.json").is_file():
                 fail(dotted(where, f"extra_adapters.{name}"), f"{path!r} is not a peft adapter directory")
         if self.lens:
-            from eval.lens import MetricUnavailable, load_metric
+            from eval.metrics.lens import MetricUnavailable, load_metric
 
             try:
                 load_metric("lens", self.lens_checkpoint or None)
@@ -193,7 +193,7 @@ def stage_train(store: RunStore, cfg: TrainStageConfig, wandb_cfg: WandbConfig) 
     data_stage = "sft_data" if cfg.trainer.loss == "sft" else "pairs"
 
     def produce(out_dir: str) -> dict:
-        from train.trainer import train_stage
+        from train.preference.trainer import train_stage
 
         pairs = store.read_stage(data_stage).to_pandas()
         train_rows, dev_rows = training_rows(pairs, cfg.policy, "train"), training_rows(pairs, cfg.policy, "dev")
@@ -323,7 +323,7 @@ def build_results(store: RunStore, cfg: EvalConfig, seed: int) -> pd.DataFrame:
     references = {i: list(r) for i, r in zip(eval_set["id"], eval_set["references"])}
     table = results_table(outputs[["id", "system", "source", "output"]], references, "vanilla", cfg.n_boot, seed)
     if cfg.lens:
-        from eval.lens import score_lens
+        from eval.metrics.lens import score_lens
         from eval.results import add_learned_metric
 
         lens = functools.partial(score_lens, model_path=cfg.lens_checkpoint or None)

@@ -1,6 +1,6 @@
 """GRPO rollout bookkeeping (pure torch): group outcomes -> advantages and a loss mask, token log-probs, statistics.
 
-The worker loop (`train/grpo_loop.py`) samples G completions per prompt, asks a reward callable for one
+The worker loop (`train/grpo/loop.py`) samples G completions per prompt, asks a reward callable for one
 `GroupOutcome` per prompt, and then only calls these functions:
 
     adv, valid = outcome_advantages(outcomes, group_size=8, normalize_std=True)   # Shape (n * 8,) each
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
 import torch
 
-from train.advantages import group_advantages
+from train.grpo.advantages import group_advantages
 from train.logprobs import token_logps
 
 
@@ -40,7 +39,7 @@ class GroupOutcome:
         latency_s: Wall time spent obtaining the rewards, retries and back-off included.
         failed_judgments: Judge generations of this group whose grades could not be parsed (GRM only).
         verdicts: (grade of the slot shown first, grade of the second) of every parsed pairwise judgment (GRM only;
-            the position-preference monitor, `train.reward_monitors`).
+            the position-preference monitor, `train.grpo.reward.monitors`).
     """
 
     rewards: list[float] | None
@@ -148,45 +147,6 @@ def micro_batch_slices(n_rows: int, micro_batch_size: int) -> list[slice]:
     [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
     """
     return [slice(i, min(i + micro_batch_size, n_rows)) for i in range(0, n_rows, micro_batch_size)]
-
-
-def fit_prompt(messages: list[dict], encode: Callable[[list[dict]], list[int]],
-               content_ids: Callable[[str], list[int]], decode: Callable[[list[int]], str],
-               max_len: int) -> tuple[list[int], bool]:
-    """Prompt ids within `max_len`, shortening only the last user turn's content (its tail goes).
-
-    Cutting the rendered ids from the left, as before, dropped the system turn first: the judge lost its rubric
-    and output format, the policy its instruction. The system turn and every earlier turn stay whole here.
-
-    Args:
-        messages: The prompt's turns (the last user turn is the one shortened).
-        encode: Chat-templated ids of a message list (generation prompt included).
-        content_ids / decode: Tokenize / detokenize a turn's content (no special tokens).
-        max_len: The prompt budget (``grpo.max_prompt_length``).
-
-    Returns:
-        ``(ids, truncated)``.
-
-    Raises:
-        ValueError: the turns other than the last user turn alone exceed `max_len`.
-    """
-    ids = encode(messages)
-    if len(ids) <= max_len:
-        return ids, False
-    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    content = content_ids(messages[last]["content"])
-    keep = len(content) - (len(ids) - max_len)
-    # re-tokenizing a cut text can merge or split tokens at the seam: shrink by the remaining excess, a few times
-    for _ in range(8):
-        if keep <= 0:
-            break
-        shortened = [*messages[:last], {**messages[last], "content": decode(content[:keep])}, *messages[last + 1:]]
-        ids = encode(shortened)
-        if len(ids) <= max_len:
-            return ids, True
-        keep -= len(ids) - max_len
-    raise ValueError(f"max_prompt_length: {max_len} tokens cannot hold this prompt's system turn and template "
-                     f"even with an empty user turn; raise grpo.max_prompt_length")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,19 +1,19 @@
 """The Ray Train worker function of GRPO: sample G rollouts per prompt, reward the groups, clipped-surrogate steps.
 
-`train/grpo_trainer.py::run_grpo` builds the `TorchTrainer`; every worker runs `grpo_loop_per_worker(config)`
+`train/grpo/trainer.py::run_grpo` builds the `TorchTrainer`; every worker runs `grpo_loop_per_worker(config)`
 (keys: ``train`` = `dataclasses.asdict(GRPOConfig)`, ``model_dir``, ``rows``, ``reward`` (a reward spec),
-``total_steps``, ``wandb_dir``, and optionally ``val_rows`` + ``best_dir`` for `train.grpo_validate`). Per
+``total_steps``, ``wandb_dir``, and optionally ``val_rows`` + ``best_dir`` for `train.grpo.validate`). Per
 optimizer step, rank r:
 
 1. takes its `prompts_per_worker` prompts of the step (`pairs_data.step_row_indices`: a function of the step
    number, so a resumed run reads the same prompts);
 2. samples `group_size` completions per prompt from its *current* policy (`HFRollout` on the model itself, or
-   `train.vllm_rollout.VLLMRollout` with the adapter synced after every step; seeded by step and rank), in calls of
+   `train.grpo.rollout_vllm.VLLMRollout` with the adapter synced after every step; seeded by step and rank), in calls of
    `rollout.prompts_per_generate` prompts; with `rollout.max_staleness: 1` the next step's rollouts are sampled
    too, with the same policy, while this step's last groups are judged, and their behaviour log-probs taken before
-   the update (`train.grpo_staleness`: the order of a step's work);
+   the update (`train.grpo.staleness`: the order of a step's work);
 3. asks the reward callable for one `GroupOutcome` per prompt, each call's groups sent as soon as that call
-   returns (`reward.overlap`, `train.grpo_overlap`: the judge works while the next call generates); failed groups
+   returns (`reward.overlap`, `train.grpo.overlap`: the judge works while the next call generates); failed groups
    (reward service down, timed out, no reward for a rollout) are counted and masked out of the loss, never scored 0;
 4. runs `grad_accum` micro-batches of rollouts through `advantages.grpo_policy_loss` (group advantages, clip,
    optional KL to the reference = the same model with the LoRA adapter disabled), `num_iterations` times; the
@@ -23,7 +23,7 @@ optimizer step, rank r:
    response length, KL, clip fraction, entropy, tokens/s, staleness) and, every `checkpoint_every` steps, a
    checkpoint (`train/checkpoint.py`; engine and W&B helpers shared with preference training);
 6. every `monitor.every` steps, when the reward spec carries a ``monitor`` section (a judge reward), the
-   reward-hacking monitors (`train.grpo_monitoring`): ``monitor/*`` metrics and alerts.
+   reward-hacking monitors (`train.grpo.monitoring`): ``monitor/*`` metrics and alerts.
 
 Every rank runs the same number of forwards and backwards whatever its groups' fate (a failed group's rollouts
 still go through the model with no loss), so DeepSpeed's gradient reduction and ZeRO-3's parameter gathers stay
@@ -46,23 +46,23 @@ from transformers import AutoTokenizer
 from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import GRPOConfig
 from train.engine import build_engine, build_lora_model, output_head
-from train.grpo_batch import (
+from train.grpo.batch import (
     GroupOutcome,
     finish_outcome_metrics,
     micro_batch_slices,
     outcome_advantages,
     outcome_sums,
 )
-from train.grpo_micro import micro_loss, policy_logps
-from train.grpo_monitoring import LoopMonitors
-from train.grpo_overlap import InFlight, reward_overlaps, start_rollouts
-from train.grpo_rewards import build_reward
-from train.grpo_staleness import Batch, StepPipeline
-from train.grpo_stats import finish_stats, rank_metrics, step_stat_sums
-from train.grpo_validate import BaselineAnswers, BestAdapter, validate, write_answers
-from train.hf_rollout import HFRollout
-from train.pairs_data import collate_sequences, encode_prompt, step_row_indices
+from train.grpo.micro import micro_loss, policy_logps
+from train.grpo.monitoring import LoopMonitors
+from train.grpo.overlap import InFlight, reward_overlaps, start_rollouts
+from train.grpo.reward.build import build_reward
+from train.grpo.rollout_hf import HFRollout
+from train.grpo.staleness import Batch, StepPipeline
+from train.grpo.stats import finish_stats, rank_metrics, step_stat_sums
+from train.grpo.validate import BaselineAnswers, BestAdapter, validate, write_answers
 from train.precision import worker_precision
+from train.sequences import collate_sequences, encode_prompt, step_row_indices
 
 Metrics = dict[str, float]
 
@@ -81,7 +81,7 @@ def grpo_loop_per_worker(config: dict) -> None:
     state: dict = {}
     start = restore_checkpoint(engine, rank, state)
     tracker = init_wandb(cfg, config, rank)
-    # reward-hacking monitors (train.grpo_monitoring): on when the reward spec carries a monitor section
+    # reward-hacking monitors (train.grpo.monitoring): on when the reward spec carries a monitor section
     monitors = LoopMonitors.build(config["reward"], rank, tracker)
     reward_fn = build_reward(config["reward"], seed=cfg.seed + rank)
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
@@ -140,7 +140,7 @@ def grpo_loop_per_worker(config: dict) -> None:
 def make_rollout(tokenizer, cfg: GRPOConfig, model_dir: str, rank: int, world: int):
     """The rollout engine of `rollout.kind`: both offer `sync(engine)` and `generate(model, prompts, G, seed)`."""
     if cfg.rollout.kind == "vllm":
-        from train.vllm_rollout import VLLMRollout
+        from train.grpo.rollout_vllm import VLLMRollout
 
         return VLLMRollout(tokenizer, cfg, model_dir, tempfile.mkdtemp(prefix="quorum-rollout-"), rank)
     return HFRollout(tokenizer, cfg, synced_gpus=cfg.deepspeed.zero_stage == 3 and world > 1)
@@ -152,7 +152,7 @@ def make_rollout(tokenizer, cfg: GRPOConfig, model_dir: str, rank: int, world: i
 
 def step_pipeline(engine, tokenizer, cfg: GRPOConfig, rows: list[dict], reward_fn, rollout, rank: int, world: int,
                   total: int) -> StepPipeline:
-    """The order of a step's sync, rollouts, rewards and behaviour log-probs (`train.grpo_staleness`)."""
+    """The order of a step's sync, rollouts, rewards and behaviour log-probs (`train.grpo.staleness`)."""
 
     def launch(step: int) -> tuple[InFlight, dict]:
         indices = step_row_indices(step, len(rows), cfg.prompts_per_worker, 1, world, rank, cfg.seed)[0]
@@ -233,7 +233,7 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, pipeline: StepPipeline, step: 
     samples = [{"prompt_id": str(batch_rows[i // cfg.group_size].get("id", "")), "completion": text,
                 "reward": (outcomes[i // cfg.group_size].rewards or [math.nan] * cfg.group_size)[i % cfg.group_size],
                 "error": outcomes[i // cfg.group_size].error} for i, text in enumerate(texts)]
-    for i, sample in enumerate(samples):  # what the reward-hacking monitors read (train.grpo_monitoring)
+    for i, sample in enumerate(samples):  # what the reward-hacking monitors read (train.grpo.monitoring)
         sample |= {"group": i // cfg.group_size, "tokens": len(completions[i])}
     for g, outcome in enumerate(outcomes):
         samples[g * cfg.group_size]["verdicts"] = outcome.verdicts
@@ -246,7 +246,7 @@ def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advan
 
     The ratio's "old" log-probs are `behaviour`'s when the rollouts came from an earlier policy (max_staleness 1:
     computed before the previous update); else this policy's own, computed here when `num_iterations` > 1 (with
-    one pass they equal the current log-probs, detached, and `train.grpo_micro.micro_loss` uses those).
+    one pass they equal the current log-probs, detached, and `train.grpo.micro.micro_loss` uses those).
     """
     engine.train()  # rollouts ran in eval mode; gradient checkpointing only acts in train mode
     batch = {k: v.to(engine.device) for k, v in batch.items()}

@@ -1,6 +1,6 @@
 """One GRPO micro-batch on the policy: its completion log-probs (chunked or from full logits) and the
 clipped-surrogate loss. Torch, transformers and peft only (no ray, no deepspeed), so the Ray Train loop
-(`train.grpo_loop`) and the bare-GPU check (`bench.gpu_check`) run the very same code.
+(`train.grpo.loop`) and the bare-GPU check (`bench.gpu_check`) run the very same code.
 
 `engine` is anything with a forward, `.module` (the peft model) and `.device`: the DeepSpeed engine in the loop, a
 thin wrapper around the peft model elsewhere.
@@ -12,10 +12,10 @@ import contextlib
 
 import torch
 
-from train.advantages import aggregate_token_losses, grpo_policy_loss
 from train.config import GRPOConfig
-from train.grpo_batch import completion_logps, completion_window
-from train.logprobs import chunked_token_logps, token_entropy
+from train.grpo.advantages import aggregate_token_losses, grpo_policy_loss
+from train.grpo.batch import completion_logps, completion_window
+from train.logprobs import chunked_token_logps, final_hidden, token_entropy
 from train.precision import autocast
 
 Metrics = dict[str, float]
@@ -50,22 +50,6 @@ def policy_logps(engine, batch: dict, part: slice, cfg: GRPOConfig, no_grad: boo
     if ent is not None and cfg.entropy_coef == 0:
         ent = ent.detach()
     return logps * mask, mask, ent
-
-
-def final_hidden(engine, inputs: dict, grad: bool) -> torch.Tensor:
-    """The final (post-norm) hidden states of a forward, without the vocabulary projection of every position.
-
-    With autograd the forward must go through the DeepSpeed engine, whose hooks on its outputs start the backward
-    (ZeRO's backward prologue): the model returns its hidden states (HF ties the last one to the normed
-    ``last_hidden_state``) and projects only one position. Without autograd the decoder is called directly, so the
-    per-layer hidden states are never all held at once.
-    """
-    if grad:
-        if getattr(engine.module.config, "tie_last_hidden_states", True) is False:
-            raise ValueError("logprob_chunk_tokens: this model's last hidden state is not its normed output "
-                             "(config.tie_last_hidden_states is false); set logprob_chunk_tokens: 0")
-        return engine(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
-    return engine.module.get_decoder()(**inputs).last_hidden_state
 
 
 def micro_loss(engine, cfg: GRPOConfig, batch: dict, part: slice, advantages: torch.Tensor, valid: torch.Tensor,

@@ -1,6 +1,6 @@
-"""The reward-hacking monitors (`train.reward_monitors`) inside the GRPO worker loop (`train.grpo_loop`).
+"""The reward-hacking monitors (`train.grpo.reward.monitors`) inside the GRPO worker loop (`train.grpo.loop`).
 
-The job puts a ``monitor`` entry in the reward spec (policy GRPO against the served judge: `jobs.policy_grpo`):
+The job puts a ``monitor`` entry in the reward spec (policy GRPO against the served judge: `jobs.policy.grpo`):
 
     {"kind": "grm", "config": {...}, "monitor": {"config": asdict(MonitorConfig), "markers": JudgeMarkers.to_dict(),
                                                  "alerts_path": "<run dir>/monitor_alerts.jsonl"}}
@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from train.reward_monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, probe_accuracy, step_sums
+from train.grpo.reward.monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, probe_accuracy, step_sums
 
 log = logging.getLogger("quorum.grpo.monitor")
 Metrics = dict[str, float]
@@ -112,7 +112,7 @@ class ProbeSet:
     prefers the response with the higher mean grade margin (equal: tie). A failed request counts as wrong."""
 
     def __init__(self, pairs: list[dict], reward_spec: dict):
-        from train.grpo_rewards import build_reward
+        from train.grpo.reward.build import build_reward
 
         self.pairs = pairs
         self.reward = build_reward(reward_spec, seed=0)

@@ -18,7 +18,7 @@ partly hidden behind generation when overlapped).
 
 `rollout_and_reward` is `start_rollouts` (generate, sending each call's groups) then `collect_rewards` (wait for
 the answers still missing); between the two the worker may generate the next step's rollouts
-(``rollout.max_staleness: 1``, `train.grpo_staleness`).
+(``rollout.max_staleness: 1``, `train.grpo.staleness`).
 
 Pure: no ray, no torch; `generate`, `decode` and `reward` are the caller's.
 """
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from train.grpo_batch import GroupOutcome
+from train.grpo.batch import GroupOutcome
 
 # generate(prompts of one call, index of its first prompt in the step) -> (completion ids, finished), group-major
 Generate = Callable[[list[list[int]], int], tuple[list[list[int]], list[bool]]]
@@ -91,7 +91,7 @@ class InFlight:
     """A step's rollouts, all generated, with their groups' reward requests sent (overlap) or not yet (strict).
 
     `collect_rewards` turns it into a `StepRollouts`; in between the worker may do other work (generate the next
-    step's rollouts: `train.grpo_staleness`) while the judge scores these groups.
+    step's rollouts: `train.grpo.staleness`) while the judge scores these groups.
     """
 
     rows: list[dict]

@@ -1,7 +1,7 @@
 """GRPO rollouts sampled by the training policy itself with `generate` (the `rollout.kind: hf` engine).
 
-Its own module so that validation (`train.grpo_validate`, which samples the base model's answers with it) and the
-training loop (`train.grpo_loop`) both use it without importing each other.
+Its own module so that validation (`train.grpo.validate`, which samples the base model's answers with it) and the
+training loop (`train.grpo.loop`) both use it without importing each other.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from train.config import GRPOConfig
-from train.grpo_batch import trim_completion
+from train.grpo.batch import trim_completion
 
 
 class HFRollout:
@@ -17,7 +17,7 @@ class HFRollout:
 
     The rollouts come from the weights as they are when `generate` runs, so GRPO stays on-policy with no weight sync
     (`sync` is a no-op; with `rollout.max_staleness: 1` the next step's rollouts are generated before the update:
-    `train.grpo_staleness`); `train.vllm_rollout.VLLMRollout` is the fast engine for GPUs, synced after every
+    `train.grpo.staleness`); `train.grpo.rollout_vllm.VLLMRollout` is the fast engine for GPUs, synced after every
     optimizer step.
     """
 

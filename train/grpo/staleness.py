@@ -7,10 +7,10 @@
 
 Per step, `take` does, in this order:
 
-1. `sync()`: the rollout engine receives the current policy θ_t (a vLLM engine its adapter: `train.vllm_rollout`;
+1. `sync()`: the rollout engine receives the current policy θ_t (a vLLM engine its adapter: `train.grpo.rollout_vllm`;
    the hf engine samples from the model itself);
 2. the step's rollouts: the batch generated during step t-1 (``max_staleness: 1``), else `launch(t)` now (each
-   generate call's groups go to the judge as the call returns: `train.grpo_overlap`);
+   generate call's groups go to the judge as the call returns: `train.grpo.overlap`);
 3. with ``max_staleness: 1`` and a next step: `launch(t+1)` with the same θ_t, its groups sent to the judge, and
    `behaviour(batch)`: their log-probs under θ_t, the policy that sampled them, computed now, before step t's
    update changes it;
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from train.config_sections import STALENESS
-from train.grpo_overlap import InFlight, StepRollouts, collect_rewards
+from train.grpo.overlap import InFlight, StepRollouts, collect_rewards
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Per-step statistics of a GRPO worker that OpenRLHF and verl users read beside the mean reward: score range,
 advantage and length distributions, and per-rank figures (pure; the loop reduces them over workers).
 
-Every function returns a dict of sums and extrema that `train.grpo_loop.reduce_sums` all-reduces by suffix:
+Every function returns a dict of sums and extrema that `train.grpo.loop.reduce_sums` all-reduces by suffix:
 ``*_max`` with max, ``*_min`` with min, everything else summed. A key that carries one rank's name
 (``.../rank<r>/...``) is held by that rank alone, so its sum over workers is that rank's own value.
 `finish_stats` turns the reduced dict into logged metrics; an extremum no worker saw (inf) becomes NaN.

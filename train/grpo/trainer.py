@@ -1,13 +1,13 @@
 """Driver side of GRPO: `GRPOConfig` + prompt rows + a reward spec -> Ray Train `TorchTrainer` -> `TrainResult`.
 
     from train.config import GRPOConfig
-    from train.grpo_trainer import run_grpo
+    from train.grpo.trainer import run_grpo
     cfg = GRPOConfig(model="smollm2-135m", group_size=8, prompts_per_step=32, num_workers=2)
     result = run_grpo(cfg, rows, {"kind": "judge", "config": {}}, run_dir="runs/judge-grpo")
     result.adapter_dir                                           # <run_dir>/adapter
 
 Rows are ``{"id", "prompt_messages", ...}`` plus what the reward needs (judge: ``gold_a``, ``gold_b``; GRM:
-``judge_prompt``). The reward spec is plain data (``train.grpo_rewards.build_reward`` turns it into a callable on
+``judge_prompt``). The reward spec is plain data (``train.grpo.reward.build.build_reward`` turns it into a callable on
 each worker), so nothing unpicklable travels to the workers. Everything else (storage, checkpoints, resume, the
 adapter copy, W&B offline on rank 0) works exactly as in preference training (`train/trainer.py`), whose helpers
 are reused: both configs are one family (`train/config.py`), sharing the lora, deepspeed, optimiser, worker,
@@ -30,7 +30,7 @@ from train.trainer import TrainResult, _collect, build_trainer, check_workers_fi
 
 def plan_steps(cfg: GRPOConfig, n_rows: int) -> int:
     """Optimizer steps of the run; raises ValueError when the rows do not fill one step."""
-    from train.pairs_data import plan_total_steps
+    from train.sequences import plan_total_steps
 
     if n_rows < cfg.prompts_per_step:
         raise ValueError(f"prompts_per_step: {cfg.prompts_per_step} is more than the {n_rows} prompt rows")
@@ -38,10 +38,10 @@ def plan_steps(cfg: GRPOConfig, n_rows: int) -> int:
 
 
 def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str) -> Any:
-    """The `TorchTrainer` running `train.grpo_loop.grpo_loop_per_worker`; same scaling/run config as preference
+    """The `TorchTrainer` running `train.grpo.loop.grpo_loop_per_worker`; same scaling/run config as preference
     training (`train.trainer.build_trainer`). Secrets ride in `loop_config["secrets"]` (actors.secrets), never in
     the workers' runtime env, which Ray logs in clear text."""
-    from train.grpo_loop import grpo_loop_per_worker
+    from train.grpo.loop import grpo_loop_per_worker
 
     return build_trainer(cfg, loop_config, storage_path, loop=grpo_loop_per_worker)
 
@@ -56,7 +56,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         rows: Prompt rows (see the module docstring).
         val_rows: Held-out prompt rows of the same shape: validated every ``eval_every`` steps and after the last;
             the best adapter by the ``val_metric`` score lands in ``<run_dir>/best_adapter`` (with ``best.json``).
-        reward: Reward spec for `train.grpo_rewards.build_reward` (``{"kind": "judge" | "grm", ...}``).
+        reward: Reward spec for `train.grpo.reward.build.build_reward` (``{"kind": "judge" | "grm", ...}``).
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
         wandb_dir: Where rank 0 writes its W&B run ("" = Ray Train's run folder); jobs pass the run directory so
@@ -71,7 +71,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         ray.train.TrainingFailedError: the workers failed more than ``max_failures`` times.
     """
     from actors.models import resolve_model_dir
-    from train.grpo_rewards import check_reward_spec, check_rows
+    from train.grpo.reward.build import check_reward_spec, check_rows
 
     cfg.validate()
     check_workers_fit(cfg, where)

@@ -7,7 +7,7 @@ the current policy, by `grpo.val_metric`:
   scored rollouts is `val/reward/mean` (with every reward component and failure count under `val/`);
 - ``vs_baseline`` (policy GRPO against the GRM, MENLO §5.2): one answer per prompt judged by the GRM against the
   baseline's answer in both orders; win / tie / loss rates and mean grades under `val/vs_baseline/`, the score is
-  the win rate with ties counted half (`train.grpo_batch.versus_metrics`). The baseline is the initial policy, i.e.
+  the win rate with ties counted half (`train.grpo.batch.versus_metrics`). The baseline is the initial policy, i.e.
   the model with its LoRA adapter disabled; its answers are sampled once per run with the same per-prompt seeds
   and kept (`BaselineAnswers`, also on disk, so a restarted worker judges against the very same answers). A
   mean-margin reward cannot serve here: its group means are 0 by construction.
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.grpo_batch import (
+from train.grpo.batch import (
     VAL_SCORES,
     improved,
     outcome_sums,
@@ -63,7 +63,7 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
     `baselines` (vs_baseline) holds the base model's answer per validation row index across calls; `answers`, when
     given, receives this rank's judged (policy answer, baseline answer) records (`answer_records`), or with
     val_metric reward every generation with its reward."""
-    from train.pairs_data import encode_prompt
+    from train.sequences import encode_prompt
 
     shard = validation_shard(len(rows), rank, world)
     batch = max(cfg.prompts_per_worker, 1)
@@ -161,7 +161,7 @@ def _any_rank(flag: bool) -> bool:
 def _base_answers(engine, tokenizer, cfg, prompts: list[list[int]], seed: int, world: int) -> list[str]:
     """One answer per prompt from the model with its LoRA adapter disabled (the initial policy), sampled like the
     policy's (same seed, temperature, length) with `generate` whatever the rollout engine: it runs once per run."""
-    from train.hf_rollout import HFRollout
+    from train.grpo.rollout_hf import HFRollout
 
     base = HFRollout(tokenizer, cfg, synced_gpus=cfg.deepspeed.zero_stage == 3 and world > 1)
     torch.manual_seed(seed)

@@ -3,8 +3,8 @@
 `train/trainer.py::run_training` builds the `TorchTrainer`; every worker runs `train_loop_per_worker(config)`,
 whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`, ``model_dir``, ``train_rows``,
 ``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only called here: tokenization and
-the batch plan in `train/pairs_data.py`, log-probs in `train/logprobs.py`, losses in `train/losses.py` (called through
-`train/preference_loss.py`), the DeepSpeed config and LR schedule in `train/ds_config.py`.
+the batch plan in `train/sequences.py`, log-probs in `train/logprobs.py`, losses in `train/preference/losses.py` (called through
+`train/preference/objective.py`), the DeepSpeed config and LR schedule in `train/ds_config.py`.
 
 Per optimizer step, rank r runs `grad_accum` micro-batches given by `pairs_data.step_row_indices` (a function of the
 step number only), one concatenated forward of chosen + rejected rows each; DPO adds a no-grad forward with the LoRA
@@ -30,11 +30,10 @@ from transformers import AutoTokenizer
 from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import TrainConfig
 from train.engine import base_fingerprint, build_engine, build_lora_model, output_head
-from train.grpo_micro import final_hidden
-from train.logprobs import chunked_token_logps, sequence_logps
-from train.pairs_data import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
+from train.logprobs import chunked_token_logps, final_hidden, sequence_logps
 from train.precision import autocast, worker_precision
-from train.preference_loss import compute_preference_loss
+from train.preference.objective import compute_preference_loss
+from train.sequences import collate_pairs, collate_targets, encode_pair, encode_target, step_row_indices
 
 Metrics = dict[str, float]
 
@@ -96,7 +95,7 @@ def _collate(tokenizer, cfg: TrainConfig, rows: list[dict], device) -> dict[str,
 
 
 def _logps(engine, batch: dict[str, torch.Tensor], cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed completion log-probs (float32 whatever the logits) and token counts; chunked as `train.grpo_micro`."""
+    """Summed completion log-probs (float32 whatever the logits) and token counts; chunked as `train.grpo.micro`."""
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")} | {"use_cache": False}
     with autocast(cfg.precision, engine.device):
         if not cfg.logprob_chunk_tokens:

@@ -2,7 +2,7 @@
 
 Every loss takes per-sequence tensors of Shape (b,) (produced by `train.logprobs.sequence_logps`) and returns
 ``(per_example_loss, metrics)``: the loss of Shape (b,) and a dict of detached 0-dim tensors for logging. The
-training loop calls them through the single entry point in `train.preference_loss`:
+training loop calls them through the single entry point in `train.preference.objective`:
 
     loss, metrics = compute_preference_loss("arpo", batch_stats, PreferenceLossConfig())
     loss.backward()

@@ -1,4 +1,4 @@
-"""The training loop's one entry point to the preference and SFT losses of `train.losses`: the loss knobs
+"""The training loop's one entry point to the preference and SFT losses of `train.preference.losses`: the loss knobs
 (`PreferenceLossConfig`, paper 000's ARPO-SimPO values by default) and the dispatch from a loss name and a batch's
 per-sequence log-probabilities to the scalar to back-propagate (pure torch; no ray, vllm or deepspeed).
 
@@ -8,12 +8,10 @@ per-sequence log-probabilities to the scalar to back-propagate (pure torch; no r
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal
-
 import torch
 
-from train.losses import (
+from train.config_sections import PreferenceLossConfig
+from train.preference.losses import (
     Metrics,
     arpo_loss,
     compute_nll,
@@ -23,40 +21,6 @@ from train.losses import (
     sft_loss,
     simpo_loss,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class PreferenceLossConfig:
-    """Knobs for `compute_preference_loss`; defaults are the ARPO-SimPO values of paper 000 (§2.2 Step 3).
-
-    Attributes:
-        beta: Temperature β of the sigmoid preference term (paper 000: 0.1; TRL CPOConfig default 0.1).
-        label_smoothing: Conservative-label ε (cDPO); 0 disables it.
-        simpo_gamma: SimPO target margin γ in reward units (TRL ``simpo_gamma``; paper 000: 1.5). The logit margin
-            subtracted from the avg-logp difference is γ/β (= 15 for β=0.1, γ=1.5).
-        cpo_alpha: Weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000 "α fixed to 1").
-        arpo_c1: ARPO relax coefficient 1 (authors' default 0.9).
-        arpo_c2: ARPO relax coefficient 2 (authors' default 0.4).
-        reproduce_double_normalisation: ARPO only; the authors' extra division of the already averaged
-            log-probs by the token counts in the gap (see `arpo_loss`). True by default: it is what paper 000 ran;
-            False gives the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations).
-        nll_reduction: "token_mean" = one mean over all chosen tokens of the batch (TRL/ALMA
-            ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
-    """
-
-    beta: float = 0.1  # temperature β of the sigmoid preference term (paper 000: 0.1)
-    label_smoothing: float = 0.0  # conservative-label ε of cDPO; 0 = off
-    # SimPO target margin γ in reward units (TRL simpo_gamma; paper 000: 1.5): the logit margin is γ/β
-    simpo_gamma: float = 1.5
-    cpo_alpha: float = 1.0  # weight of the NLL (behaviour-cloning) term on chosen tokens (paper 000: fixed to 1)
-    arpo_c1: float = 0.9  # ARPO relax coefficient 1 (the authors' default 0.9)
-    arpo_c2: float = 0.4  # ARPO relax coefficient 2 (the authors' default 0.4)
-    # ARPO only: the authors' extra division of the averaged log-probs by the token counts in the gap, as paper 000
-    # ran it; false = the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations)
-    reproduce_double_normalisation: bool = True
-    # token_mean = one mean over all chosen tokens of the batch (TRL/ALMA, HF SFT) | seq_mean = mean over examples
-    # of each example's per-token mean
-    nll_reduction: Literal["token_mean", "seq_mean"] = "token_mean"
 
 
 def compute_preference_loss(

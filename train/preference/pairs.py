@@ -5,7 +5,7 @@ Pure pandas over the jury stage's rows; no Ray.
 Rules (the paper leaves these open; ours, documented and counted):
 - The aspect that matches the policy decides: lexical-paraphrasing -> `Lexical`, overall-rewriting -> `Overall`
   (`POLICY_ASPECT`, overridable).
-- With several judges, their verdicts are combined with `eval.aggregate.vote_best_worst` (plurality of Best,
+- With several judges, their verdicts are combined with `eval.judging.aggregate.vote_best_worst` (plurality of Best,
   tie-break by fewer Worst votes, then lower index; a tie is flagged in `judge_meta`, the pair is kept).
 - A verdict whose aspect failed to parse, or whose Best == Worst, is an invalid vote: excluded from the vote and
   counted. A source with no valid vote gets no pair (status `no_valid_verdict`).
@@ -22,7 +22,7 @@ import random
 
 import pandas as pd
 
-from eval.aggregate import vote_best_worst
+from eval.judging.aggregate import vote_best_worst
 from eval.prompts import PromptTemplate, load_template, prompt_path
 
 POLICY_ASPECT = {"lexical": "Lexical", "overall": "Overall"}

@@ -1,6 +1,6 @@
 """Grammar-constrained decoding for the hf engine, with llguidance (the library behind vLLM's `guidance` backend).
 
-A request whose `SamplingParams.grammar` is set (a Lark grammar, built by `eval.judge_grammar`) gets one
+A request whose `SamplingParams.grammar` is set (a Lark grammar, built by `eval.judging.grammar`) gets one
 `llguidance.LLMatcher` for its row. Before each token choice the matcher's allowed-token bitmask sets every other
 logit to -inf; after it, the chosen token advances the matcher; when the grammar is complete the row stops. Greedy
 and sampled rows both draw from the masked logits, so a constrained greedy answer is the model's most likely

@@ -10,7 +10,7 @@ criteria. Here:
 - the prompt tokens that rows of a call start with (a judge's instructions and few-shot examples) are run
   through the model once per group of rows sharing them (a call may mix templates); a long prefix shared by many
   rows is kept once, outside the rows' buffers, and attended to by all the group's rows together
-  (`actors.prefix_attention`), a short one is copied into each row's buffer (`actors.shared_prefix`); either way
+  (`actors.engines.hf.prefix_attention`), a short one is copied into each row's buffer (`actors.engines.hf.shared_prefix`); either way
   each prefill computes only the rest of its prompts;
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
   request's random stream does not depend on which other requests share its batch;
@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
-from actors.constrained import advance, mask_logits
-from actors.engine import SamplingParams
-from actors.kv_rows import RowKVLayer, merge_layer, stack_layers
-from actors.prefix_attention import PrefixGroup, prefix_groups_active
-from actors.shared_prefix import SharedPrefix, shared_prefixes
+from actors.engines.base import SamplingParams
+from actors.engines.hf.constrained import advance, mask_logits
+from actors.engines.hf.kv_rows import RowKVLayer, merge_layer, stack_layers
+from actors.engines.hf.prefix_attention import PrefixGroup, prefix_groups_active
+from actors.engines.hf.shared_prefix import SharedPrefix, shared_prefixes
+from actors.engines.hf.token_sampling import choose_tokens
 from actors.threads import use_threads
-from actors.token_sampling import choose_tokens
 from core.thread_tuner import ThreadTuner
 
 # Tokens decoded around the end of a completion when looking for a stop string (longest stop + this margin).
@@ -59,7 +59,7 @@ class DecodeRow:
     # character offset in the decoded completion where the earliest stop string starts (-1: none)
     stop_at: int = -1
     generator: torch.Generator | None = None
-    # an llguidance matcher when the request has a grammar (actors.constrained): it masks the logits of every
+    # an llguidance matcher when the request has a grammar (actors.engines.hf.constrained): it masks the logits of every
     # step and ends the row when the grammar is complete
     matcher: object | None = None
     # why the row failed ("" = it did not), e.g. a grammar that rejected a token
@@ -98,11 +98,11 @@ class DecodeSettings:
     logits_to_keep: bool = True
     # reuse the keys/values of a prompt prefix a group of rows shares when it has at least this many tokens (0 =
     # never) and saves at least `min_saved_prefix_tokens` of prefill ((rows - 1) x length; the groups are planned by
-    # actors.shared_prefix.plan_prefixes)
+    # actors.engines.hf.shared_prefix.plan_prefixes)
     min_shared_prefix: int = 16
     min_saved_prefix_tokens: int = 128
     # hold a shared prefix once (cascade attention) when it saves at least this many attention columns per layer
-    # and step, (rows - 1) x length; else copy it into the rows (actors.shared_prefix.hold_prefix)
+    # and step, (rows - 1) x length; else copy it into the rows (actors.engines.hf.shared_prefix.hold_prefix)
     min_held_prefix_columns: int = 2048
     # padded prompt tokens per prefill forward (rows are split to fit; 0 = all admitted rows at once)
     prefill_token_budget: int = 4096
@@ -195,7 +195,7 @@ def _prefill(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSett
 
     With a shared prefix, only the rest of each prompt is computed; its position ids continue the prefix's,
     skipping the pads as they do for left padding. A held prefix is attended to, not stored ([pads | rest]
-    columns, `actors.prefix_attention`); a copied one fills the first columns of every row ([prefix | pads | rest]).
+    columns, `actors.engines.hf.prefix_attention`); a copied one fills the first columns of every row ([prefix | pads | rest]).
     """
     device = model.device
     start = prefix.length if prefix else 0

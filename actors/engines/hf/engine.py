@@ -1,17 +1,17 @@
 """The `hf` engine: chat completions from a transformers causal LM on CPU or GPU, batched for throughput.
 
-    from actors.engine import ChatRequest, EngineSpec, SamplingParams
-    from actors.hf_engine import HFEngine
+    from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
+    from actors.engines.hf.engine import HFEngine
     engine = HFEngine(EngineSpec(model="smollm2-135m"))
     [answer] = engine.generate([ChatRequest([{"role": "user", "content": "Simplify: ..."}])])
 
 What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/README.md):
 
 - bfloat16 on CPUs with native bf16 dot products (avx512_bf16 / AMX) when a quick matmul probe confirms it;
-- nn.Linear weights pre-reordered into oneDNN's blocked layout (`actors.hf_weights.PackedLinear`): the skinny
+- nn.Linear weights pre-reordered into oneDNN's blocked layout (`actors.engines.hf.weights.PackedLinear`): the skinny
   decode matmuls stream weights far faster, with bit-identical results in bf16; in Llama layers q/k/v and
-  gate/up run as one such matmul each (`actors.hf_fused`), also bit-identical;
-- prompts sorted by length and continuous batching with a preallocated KV cache (`actors.hf_decode`);
+  gate/up run as one such matmul each (`actors.engines.hf.fused`), also bit-identical;
+- prompts sorted by length and continuous batching with a preallocated KV cache (`actors.engines.hf.decode`);
 - a prompt prefix shared by the requests of a call (a judge's instructions and few-shot examples; per group of
   requests when a call mixes templates) is prefilled once (`enable_prefix_caching`, on by default).
 
@@ -29,16 +29,16 @@ import jinja2
 import torch
 from transformers import AutoTokenizer
 
-from actors.engine import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
-from actors.hf_decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
-from actors.hf_fused import fuse_decoder_layers
-from actors.hf_weights import DTYPES, load_model, pack_linear_layers, pick_device, pick_dtype
+from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
+from actors.engines.hf.decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
+from actors.engines.hf.fused import fuse_decoder_layers
+from actors.engines.hf.prefix_attention import attention_backends, use_prefix_attention
+from actors.engines.hf.weights import DTYPES, load_model, pack_linear_layers, pick_device, pick_dtype
 from actors.models import resolve_model_dir
-from actors.prefix_attention import attention_backends, use_prefix_attention
 from actors.threads import decode_tuner, set_torch_threads, use_threads
 
 # A shared prompt prefix shorter than this is recomputed per row; a longer one is shared where it saves enough prefill
-# (actors.shared_prefix.plan_prefixes).
+# (actors.engines.hf.shared_prefix.plan_prefixes).
 _MIN_SHARED_PREFIX = 16
 # On CUDA a shared prefix is copied into every row, never held (cascade attention): there a decode step is bound by
 # kernel launches, and the cascade path's float32 matrix products and softmax merge add ~40 small kernels per layer.
@@ -95,7 +95,7 @@ class HFEngine:
             min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
             min_held_prefix_columns=min_held_prefix_columns(self.device),
         )
-        # compiled lazily on the first request with a grammar (actors.constrained)
+        # compiled lazily on the first request with a grammar (actors.engines.hf.constrained)
         self._grammars = None
         self.warm_up()
         # picks each decode step's thread count up to `self.threads`; kept across calls, it learns the load
@@ -162,7 +162,7 @@ class HFEngine:
 
     def _grammar_matcher(self, grammar: str):
         if self._grammars is None:
-            from actors.constrained import GrammarCompiler
+            from actors.engines.hf.constrained import GrammarCompiler
 
             # the logits' width, not len(tokenizer): padded vocabularies have rows no token maps to.
             # out_features, not weight.shape: a PackedLinear lm_head holds no plain weight

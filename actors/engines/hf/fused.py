@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import (
     eager_attention_forward,
 )
 
-from actors.hf_weights import PackedLinear, packing_is_exact
+from actors.engines.hf.weights import PackedLinear, packing_is_exact
 
 
 class FusedLlamaAttention(torch.nn.Module):

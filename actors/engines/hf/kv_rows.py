@@ -1,6 +1,6 @@
 """The hf engine's KV cache: one layer's keys/values in preallocated per-row buffers, and the row operations
 continuous batching needs (stacking prefilled rows, merging kept rows right-aligned at a shared column).
-Split from `actors.hf_decode`, which schedules the rows."""
+Split from `actors.engines.hf.decode`, which schedules the rows."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class RowKVLayer(DynamicLayer):
 
     def start_from(self, rows: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Fill the first columns of every row with one sequence's keys/values (shape (1, heads, n, dim)): a shared
-        prefix copied into the rows (`actors.shared_prefix`)."""
+        prefix copied into the rows (`actors.engines.hf.shared_prefix`)."""
         self.allocate(rows, keys, values)
         self.set_length(keys.shape[-2])
         self.key_buffer[:, :, : self.length] = keys

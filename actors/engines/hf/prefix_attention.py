@@ -8,7 +8,7 @@ the completion); all queries of a group's rows meet the group's prefix keys/valu
 head, each row its own columns as a small one, and the two softmax parts are merged through their log-sum-exps (as
 FlashAttention merges blocks; FlashInfer calls this cascade attention). On CPU both run in torch's flash kernel.
 
-`actors.hf_decode` says which rows share which prefix for each forward (`prefix_groups_active`); a forward
+`actors.engines.hf.decode` says which rows share which prefix for each forward (`prefix_groups_active`); a forward
 outside it (prefix computation, reference `generate`, training) takes transformers' own SDPA path unchanged.
 """
 

@@ -1,4 +1,4 @@
-"""Prompt prefixes shared by the rows of one decode call, run through the model once (`actors.hf_decode`).
+"""Prompt prefixes shared by the rows of one decode call, run through the model once (`actors.engines.hf.decode`).
 
 A judge's instructions and few-shot examples start every prompt of a call; a call may also mix templates (a
 generate batch spanning two policies), so rows are grouped by the prefixes that save the most prefill
@@ -6,7 +6,7 @@ generate batch spanning two policies), so rows are grouped by the prefixes that 
 how much attention they would cost:
 
 - *held*: kept once, outside the rows' buffers, and attended to by all the group's rows together
-  (`actors.prefix_attention`, cascade attention). Worth it when (rows - 1) x prefix length is large: a judge's
+  (`actors.engines.hf.prefix_attention`, cascade attention). Worth it when (rows - 1) x prefix length is large: a judge's
   ~640-token rubric shared by 64 rows saves ~40,000 columns per layer and step;
 - *copied*: written into every row's buffer at prefill, attended to as the rows' own columns. The cascade path
   costs ~20 small tensor ops per group, layer and step, which a short prefix shared by two or three rows (the
@@ -22,17 +22,17 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import Cache
 
-from actors.kv_rows import RowKVLayer
+from actors.engines.hf.kv_rows import RowKVLayer
 
 
 class PromptRow(Protocol):
-    """What prefix sharing needs of a decode row (`actors.hf_decode.DecodeRow`, which imports this module)."""
+    """What prefix sharing needs of a decode row (`actors.engines.hf.decode.DecodeRow`, which imports this module)."""
 
     prompt_ids: list[int]
 
 
 class PrefixSettings(Protocol):
-    """What it needs of `actors.hf_decode.DecodeSettings`."""
+    """What it needs of `actors.engines.hf.decode.DecodeSettings`."""
 
     min_shared_prefix: int
     min_saved_prefix_tokens: int

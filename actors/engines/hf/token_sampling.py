@@ -10,11 +10,11 @@ from typing import Protocol
 
 import torch
 
-from actors.engine import SamplingParams
+from actors.engines.base import SamplingParams
 
 
 class SampledRow(Protocol):
-    """What choosing a token needs of a decode row (`actors.hf_decode.DecodeRow`, which imports this module)."""
+    """What choosing a token needs of a decode row (`actors.engines.hf.decode.DecodeRow`, which imports this module)."""
 
     sampling: SamplingParams
     generator: torch.Generator | None

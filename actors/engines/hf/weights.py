@@ -1,5 +1,5 @@
 """The hf engine's model on its device: which device and dtype (`auto` resolved), the checkpoint loaded with its LoRA
-adapter merged, and CPU linear layers swapped for oneDNN-prepacked ones. Split from `actors.hf_engine`."""
+adapter merged, and CPU linear layers swapped for oneDNN-prepacked ones. Split from `actors.engines.hf.engine`."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     client = GroupRewardClient(RewardServiceConfig(url="http://127.0.0.1:8000/grm", token_env="QUORUM_SERVE_TOKEN"))
     client = GroupRewardClient(RewardServiceConfig(url=..., app="grm"))    # inside the app's Ray cluster
-    outcome = client.score(prompt, responses, dimension="tone", locale="de_DE")   # train.grpo_batch.GroupOutcome
+    outcome = client.score(prompt, responses, dimension="tone", locale="de_DE")   # train.grpo.batch.GroupOutcome
     outcome.rewards                               # [G floats], or None with outcome.error = "timeout", ...
 
 The reward of a response is `signal`: ``own_grade`` (MENLO §5: the mean of the grades the judge gave it) or
@@ -11,7 +11,7 @@ The reward of a response is `signal`: ``own_grade`` (MENLO §5: the mean of the 
 
 Two transports, one set of semantics. With `app` empty: HTTP to `url` (an external service, or a client outside
 the cluster). With `app` set (policy_grpo sets it for the GRM app it deploys): a Ray Serve `DeploymentHandle` to
-that app's `reward_group_in_cluster` (`train.reward_handle`, which imports Ray; this module does not), which
+that app's `reward_group_in_cluster` (`train.grpo.reward.handle`, which imports Ray; this module does not), which
 answers exactly what the HTTP route would, as (status, body). A handle
 reaches a replica on any node through Ray itself; an HTTP URL of `127.0.0.1` would need a Serve proxy on the
 caller's node, and Ray 2.60 starts proxies only on the head and on nodes holding a replica
@@ -47,7 +47,7 @@ import httpx
 
 from core.config import Section, dotted, fail, one_of, positive
 from eval.reward_wire import SCHEMES
-from train.grpo_batch import GroupOutcome, failed
+from train.grpo.batch import GroupOutcome, failed
 
 RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
 SIGNALS = ("own_grade", "margin")
@@ -87,7 +87,7 @@ class RewardServiceConfig(Section):
     # groups in flight at once per worker (the server batches concurrent judge calls)
     concurrency: int = 8
     # send each group the moment its rollouts exist, so judging overlaps the next generate call
-    # (train.grpo_overlap; same rollouts, rewards and update as false, the strict generate -> reward order)
+    # (train.grpo.overlap; same rollouts, rewards and update as false, the strict generate -> reward order)
     overlap: bool = True
 
     def check(self, where: str = "") -> None:
@@ -121,7 +121,7 @@ class GroupRewardClient:
             raise ValueError("reward.url: the reward service URL is empty (the job sets it when it starts the app)")
         if cfg.app and transport is None:
             raise ValueError("reward.app: calls through a Serve handle need its transport "
-                             "(train.reward_handle.reward_transport)")
+                             "(train.grpo.reward.handle.reward_transport)")
         self.cfg = cfg
         self._sleep = sleep
         self._rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""The Serve-handle transport of `train.reward_client`: a GRM app of this Ray cluster called without HTTP.
+"""The Serve-handle transport of `train.grpo.reward.client`: a GRM app of this Ray cluster called without HTTP.
 
     client = GroupRewardClient(cfg, transport=reward_transport(cfg))   # cfg.app set: a handle; else None = HTTP
 
@@ -12,7 +12,7 @@ answer within `timeout_s` -> ``timeout`` (the call is cancelled). Kept apart fro
 
 from __future__ import annotations
 
-from train.reward_client import RewardServiceConfig, TransportFailure
+from train.grpo.reward.client import RewardServiceConfig, TransportFailure
 
 
 def reward_transport(cfg: RewardServiceConfig) -> ServeHandleTransport | None:

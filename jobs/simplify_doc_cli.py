@@ -4,7 +4,7 @@
     quorum simplify-doc leaflet.md --configuration sync_direct --html out.html
     quorum simplify-doc page.html --config configs/agentsimp_cluster.yaml backbone.engine.kind=openai ...
 
-FILE is .txt, .md or .html (eval.agentsimp_docs). The backbone, plan and templates come from CONFIG (default
+FILE is .txt, .md or .html (eval.agentsimp.docs). The backbone, plan and templates come from CONFIG (default
 configs/agentsimp_demo.yaml) plus dotted overrides, exactly as `quorum run` reads them. Prints the original and the
 simplified document side by side, then every paragraph's stage versions (cs_draft, cs, ma, ti, ci); `--html OUT`
 writes the same as a page. `--cache DIR` keeps completions in a request cache (a second run is free).
@@ -21,10 +21,10 @@ import textwrap
 import pandas as pd
 
 from core.config import ConfigError, load_config
-from eval.agentsimp_docs import read_document
-from eval.agentsimp_plan import CONFIGURATIONS
-from eval.agentsimp_records import document_row
-from eval.agentsimp_roles import split_paragraphs
+from eval.agentsimp.docs import read_document
+from eval.agentsimp.plan import CONFIGURATIONS
+from eval.agentsimp.records import document_row
+from eval.agentsimp.roles import split_paragraphs
 
 DEFAULT_CONFIG = "configs/agentsimp_demo.yaml"
 WIDTH = 60
@@ -57,9 +57,9 @@ def parse_args(argv: list[str]) -> dict:
 
 
 def simplify_one(cfg, path: str, configuration: str, cache_dir: str = "") -> dict:
-    """The run record (eval.agentsimp_run.run_record) of one document under one configuration."""
+    """The run record (eval.agentsimp.run.run_record) of one document under one configuration."""
     from actors.agentsimp_worker import AgentSimpWorker
-    from jobs.agentsimp_config import worker_kwargs
+    from jobs.agentsimp.config import worker_kwargs
 
     document = read_document(path, line_paragraphs=cfg.inputs.line_paragraphs)
     kwargs = {**worker_kwargs(cfg, cache_dir), "configs": [configuration], "baselines": []}
@@ -110,7 +110,7 @@ def render_html(result: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from jobs.agentsimp_config import Config
+    from jobs.agentsimp.config import Config
 
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)

@@ -8,12 +8,12 @@
         − format_penalty·1(format violated)
 
 Every term is a weight; 0 switches it off (Table 6's ablations: binary only = ``near_miss=0, pref_bonus=0``).
-Grades and the format verdict come from the one shared parser, `eval.menlo_parse.parse_menlo_grades`, the same
+Grades and the format verdict come from the one shared parser, `eval.judging.menlo_parse.parse_menlo_grades`, the same
 code that scores judges in evaluation and reads the served GRM's output.
 
 Choices where the paper is silent (its §3.3 open points), made explicit:
     * a non-integer gold grade (an averaged rating) counts as its round-half-up class for the exact and near-miss
-      terms and as is for the preference sign, the rule of the judge evaluation (`eval.menlo_data.gold_class`),
+      terms and as is for the preference sign, the rule of the judge evaluation (`eval.judging.menlo_data.gold_class`),
       so training rewards what evaluation measures;
     * one unreadable grade is an extraction failure of the whole answer: the penalty once, and no grade or
       preference credit for the side that did parse (the paper's pseudo-code; half credit would pay for
@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from core.config import Section, dotted, one_of
-from eval.menlo_parse import MenloGrades, parse_menlo_grade, parse_menlo_grades
+from eval.judging.menlo_parse import MenloGrades, parse_menlo_grade, parse_menlo_grades
 
 FORMAT_RULES = ("tags", "strict")
 # components logged per step, in this order (the paper's RewardBreakdown record)
@@ -82,7 +82,7 @@ def _sign(x: float) -> int:
 
 
 def _gold_class(gold: float, side: str) -> int:
-    """The 1..5 class of a gold grade, rounded half up (3.5 -> 4), as `eval.menlo_data.gold_class` does."""
+    """The 1..5 class of a gold grade, rounded half up (3.5 -> 4), as `eval.judging.menlo_data.gold_class` does."""
     # gold grades are data, but a wrong one would silently corrupt every reward: stop loudly
     if isinstance(gold, bool) or not isinstance(gold, (int, float)) or not 1 <= gold <= 5:
         raise ValueError(f"gold_{side}: expected a grade in [1, 5], got {gold!r}")

@@ -5,14 +5,14 @@
     reward.close()
 
 Kinds:
-    judge  MENLO judge training (`train.judge_reward`): each rollout is a judge answer for the row's A/B pair,
+    judge  MENLO judge training (`train.grpo.reward.judge_training`): each rollout is a judge answer for the row's A/B pair,
            scored against the row's ``gold_a`` / ``gold_b``. Local and pure; never fails.
     grm    policy training against the served generative reward model: each row's G rollouts go to the Serve
-           app's ``/reward/group`` in one request (`train.reward_client`), ``concurrency`` groups at a time so the
+           app's ``/reward/group`` in one request (`train.grpo.reward.client`), ``concurrency`` groups at a time so the
            server can batch their judge calls. The GRM sees ``row["judge_prompt"]`` as the prompt, the row's
            ``dimension`` and ``locale`` (with ``send_context``: the template the judge was trained on renders
            them) and ``row["reference"]`` for the vs_reference scheme. ``versus`` judges one answer per row
-           against a baseline answer in both orders (policy validation, `train.grpo_validate`).
+           against a baseline answer in both orders (policy validation, `train.grpo.validate`).
 
 A spec is data, not a function, so it survives the trip to the Ray Train workers and into the run's config.
 """
@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from train.grpo_batch import GroupOutcome
-from train.judge_reward import COMPONENTS, JudgeRewardConfig, judge_reward, pointwise_reward
-from train.reward_client import GroupRewardClient, RewardServiceConfig
-from train.reward_handle import reward_transport
+from train.grpo.batch import GroupOutcome
+from train.grpo.reward.client import GroupRewardClient, RewardServiceConfig
+from train.grpo.reward.handle import reward_transport
+from train.grpo.reward.judge_training import COMPONENTS, JudgeRewardConfig, judge_reward, pointwise_reward
 
 REWARD_KINDS = ("judge", "grm")
 ROW_KEYS = {"judge": ("gold_a", "gold_b"), "grm": ("judge_prompt",)}
@@ -67,7 +67,7 @@ class GRMGroupReward:
         return [call.result() for call in self.submit(rows, completions)]
 
     def submit(self, rows: list[dict], completions: list[list[str]]) -> list[Future]:
-        """One request per group queued now, without waiting (`train.grpo_overlap` sends each group the moment
+        """One request per group queued now, without waiting (`train.grpo.overlap` sends each group the moment
         its rollouts exist); each future holds the group's outcome, retries and failures as in `__call__`."""
         return [self._pool.submit(self.client.score, row["judge_prompt"], texts, row.get("reference"),
                                   **self._context(row))

@@ -23,7 +23,7 @@ Monitors (each alert names the `monitor.*` key of its threshold):
   `divergence_winrate_rise`;
 - **judge accuracy on a probe set**: accuracy of the judge's preferences on gold-labelled pairs, alerting when it
   falls more than `probe_accuracy_drop_max` below the first measurement;
-- **same family** (`train.judge_family`): policy and judge share a base model or a tokenizer (self-preference), a
+- **same family** (`train.grpo.reward.same_family`): policy and judge share a base model or a tokenizer (self-preference), a
   warning at start.
 
 An alert fires when its monitor crosses the threshold and again only after the signal has gone back under it, so
