@@ -24,10 +24,11 @@ import pandas as pd
 
 from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
 from actors.engines.cached import CachedEngine
+from actors.models import resolve_model_dir
 from actors.secrets import Secrets
 from eval.agentsimp.baselines import baseline_call, baseline_records
 from eval.agentsimp.grammar import main_field_tokens
-from eval.agentsimp.outputs import Reply
+from eval.agentsimp.outputs import Reply, main_field_string
 from eval.agentsimp.plan import PlanConfig, configurations, plan_document
 from eval.agentsimp.records import document_inputs, record_rows, run_rows
 from eval.agentsimp.roles import RoleBook, load_role_book
@@ -48,7 +49,9 @@ class RoleCompleter:
     Seconds are *allocated*, not measured per call: the engine decodes a round's requests as one batch, so the
     batch's measured engine seconds are shared evenly by its fresh requests; a cache hit costs 0 s (tokens are
     those of the stored completion, so the cost table shows what the call costs when it is made). Each reply
-    carries its main JSON field's token share under the grammar (`Reply.budget`) for the truncation guard.
+    carries its main JSON field's token share under the grammar (`Reply.budget`) and the tokens its main field holds
+    (`Reply.main_tokens`, re-tokenized with the model's tokenizer) for the truncation guard
+    (`eval.agentsimp.outputs.cut_by_grammar`).
     """
 
     def __init__(self, engine: CachedEngine, book: RoleBook, max_tokens: Mapping[str, int] | int,
@@ -56,6 +59,7 @@ class RoleCompleter:
         self.engine, self.book = engine, book
         self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
         self.constrained = constrained and engine_takes_grammar(engine.spec)
+        self._count = False  # the token counter, loaded on first use (None: none available)
 
     def request(self, attempt: Attempt) -> ChatRequest:
         sampling = attempt_sampling(attempt, self.max_tokens, self.temperature, self.seed, self.constrained)
@@ -68,7 +72,28 @@ class RoleCompleter:
         fresh = sum(1 for _, hit in results if not hit)
         per_call = (self.engine.usage.seconds - before) / fresh if fresh else 0.0
         return [Reply(c.text, c.prompt_tokens, c.completion_tokens, 0.0 if hit else per_call, c.finish_reason,
-                      c.error, hit, self.budget(a)) for a, (c, hit) in zip(attempts, results)]
+                      c.error, hit, self.budget(a), self.main_tokens(a, c.text))
+                for a, (c, hit) in zip(attempts, results)]
+
+    def main_tokens(self, attempt: Attempt, text: str) -> int:
+        """Tokens of the answer's main JSON field (the grammar's state for the truncation guard); -1 uncounted."""
+        if not self.constrained:
+            return -1
+        body = main_field_string(attempt.call.role, text)
+        count = self._counter()
+        return -1 if body is None or count is None else count(body)
+
+    def _counter(self):
+        """The engine model's tokenizer as a token counter (loaded once); None where there is none to load."""
+        if self._count is False:
+            try:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(resolve_model_dir(self.engine.spec.model))
+                self._count = lambda s: len(tok(s, add_special_tokens=False).input_ids)
+            except Exception:  # noqa: BLE001 - a hosted model without a local tokenizer: finish reason only
+                self._count = None
+        return self._count
 
     def budget(self, attempt: Attempt) -> int:
         if not self.constrained:

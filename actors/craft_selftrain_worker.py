@@ -3,7 +3,8 @@
 One row is one constrained instance. The actor rolls the current planner out for ``history_steps`` steps to get
 H_i (each step: one planner sample -> reviser -> tools -> observation, `eval.craft.agent.Systems.steps`), then
 samples K candidate next actions (t_{i+1}, a_{i+1}) on H_i, has the vanilla reviser turn each plan into a revision,
-and scores each with Eq. 1 (`eval.craft.selftrain.score_state`). Greedy dev evaluation is the same call with K = 1
+and scores each with Eq. 1 (`eval.craft.selftrain.score_state`; S_r from `actors.text_quality.build_quality`:
+App. D.3 by default). Greedy dev evaluation is the same call with K = 1
 and temperature 0.
 
 The planner engine carries the round's LoRA adapter (`EngineSpec.adapter`; the request cache keys on the adapter's
@@ -26,8 +27,10 @@ import pandas as pd
 
 from actors.engines.base import ChatRequest, Completion, SamplingParams
 from actors.engines.cached import CachedEngine
+from actors.text_quality import build_quality
 from eval.craft.agent import AgentConfig, Systems
 from eval.craft.guard import GuardConfig
+from eval.craft.quality import QualityConfig
 from eval.craft.selftrain import ScoreWeights, score_state
 
 
@@ -40,7 +43,7 @@ class PlannerActionWorker:
     """Holds the planner (base + LoRA adapter) and the reviser engines; scores K sampled actions per row."""
 
     def __init__(self, planner_spec: dict, reviser_spec: dict, agent: dict, weights: dict, k: int,
-                 cache_dir: str = "", seed: int = 0):
+                 cache_dir: str = "", seed: int = 0, quality: dict | None = None):
         self.planner = CachedEngine(planner_spec, cache_dir)
         # one engine object when both roles are the same model without an adapter (no second copy in memory)
         same = dict(planner_spec) == dict(reviser_spec)
@@ -48,7 +51,8 @@ class PlannerActionWorker:
         self.config = agent_config(agent)
         self.weights = ScoreWeights(**weights)
         self.k, self.seed = k, seed
-        self.systems = Systems(self.config, self._llm(self.planner), self._llm(self.reviser), seed=seed)
+        self.systems = Systems(self.config, self._llm(self.planner), self._llm(self.reviser), seed=seed,
+                               quality=build_quality(QualityConfig(**(quality or {}))))
 
     @staticmethod
     def _llm(model: CachedEngine):

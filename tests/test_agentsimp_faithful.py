@@ -9,6 +9,7 @@ import json
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -171,18 +172,65 @@ def test_an_answer_cut_at_the_token_limit_falls_back_at_once():
 
 
 def test_a_cut_proofread_that_still_parses_falls_back():
-    # under the grammar a string is closed when its token share runs out: the cut article is valid JSON
+    # under the grammar a string is closed when its token share runs out: the cut article is valid JSON; the
+    # grammar's state (the article field holds its whole share of tokens) says it was cut
     from eval.agentsimp.grammar import field_tokens, main_field_tokens
 
     budget = main_field_tokens("proofreader", 1024)
     assert budget == field_tokens("proofreader", 1024)[1] == 731
     cut = Reply(json.dumps({"mistakes": "typos", "corrected article": "The road closes on Monday. Buses use Mi"}),
-                completion_tokens=budget + 12, budget=budget)
+                completion_tokens=budget + 12, budget=budget, main_tokens=budget)
     assert parse_output("proofreader", cut.text).error == ""
     outcome = settle("proofreader", [cut], RoleValue(ARTICLE), max_retries=2)
     assert (outcome.value.text, outcome.guard, outcome.attempts) == (ARTICLE, "truncated", 1)
-    whole = Reply(cut.text, completion_tokens=budget - 1, budget=budget)
+    # re-tokenizing a decoded string may merge a few sampled tokens: within the slack it still counts as cut
+    near = Reply(cut.text, completion_tokens=budget + 12, budget=budget, main_tokens=budget - 22)
+    assert settle("proofreader", [near], RoleValue(ARTICLE), 2).guard == "truncated"
+    whole = Reply(cut.text, completion_tokens=budget - 1, budget=budget, main_tokens=budget - 40)
     assert settle("proofreader", [whole], RoleValue(ARTICLE), 2, min_ratio=0.0).guard == ""
+
+
+def test_a_complete_400_token_article_with_60_tokens_of_findings_is_not_cut():
+    # issue 41, wrong result 3: the guard compared ALL completion tokens with the article field's share, so a
+    # complete 400-token article plus 60 tokens of findings (460 >= the 443-token article share of a 640-token
+    # proofread) was "truncated" and replaced by the architect's text
+    from eval.agentsimp.grammar import field_tokens, main_field_tokens
+    from eval.agentsimp.outputs import cut_by_grammar
+
+    budget = main_field_tokens("proofreader", 640)
+    assert field_tokens("proofreader", 640) == [147, 443] and budget == 443
+    article = ARTICLE + " The work is done at night."
+    complete = Reply(json.dumps({"mistakes": "x", "corrected article": article}), completion_tokens=400 + 60 + 12,
+                     budget=budget, main_tokens=400)
+    assert not cut_by_grammar(complete)
+    outcome = settle("proofreader", [complete], RoleValue(ARTICLE), max_retries=2)
+    assert (outcome.value.text, outcome.guard, outcome.fell_back) == (article, "", False)
+    # the finish reason still decides on its own, and an uncounted answer (-1) is judged by it alone
+    stopped = Reply(complete.text, completion_tokens=640, finish_reason="length", budget=budget, main_tokens=400)
+    assert settle("proofreader", [stopped], RoleValue(ARTICLE), 2).guard == "truncated"
+    uncounted = Reply(complete.text, completion_tokens=640, budget=budget)
+    assert settle("proofreader", [uncounted], RoleValue(ARTICLE), 2).guard == ""
+
+
+def test_the_worker_counts_the_main_field_with_the_models_tokenizer():
+    # the count behind `Reply.main_tokens`: the article field only, re-tokenized with the engine model's tokenizer
+    from transformers import AutoTokenizer
+
+    from actors.agentsimp_worker import RoleCompleter
+    from actors.engines.cached import CachedEngine
+    from actors.models import resolve_model_dir
+    from eval.agentsimp.roles import load_role_book
+
+    engine = CachedEngine({"kind": "hf", "model": "smollm2-135m"})  # never loaded: only its spec is read
+    completer = RoleCompleter(engine, load_role_book(), 640, 0.6, 0, constrained=True)
+    article = " ".join([ARTICLE] * 12)
+    raw = json.dumps({"mistakes": "Two typos were fixed in the second and third sentences.",
+                      "corrected article": article})
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
+    expected = len(tok(article, add_special_tokens=False).input_ids)
+    attempt = SimpleNamespace(call=SimpleNamespace(role="proofreader"))  # main_tokens reads only the role
+    assert completer.main_tokens(attempt, raw) == expected
+    assert expected < len(tok(raw, add_special_tokens=False).input_ids) - 10  # the findings are not counted
 
 
 def test_a_proofread_collapsing_the_document_falls_back_and_is_counted():
@@ -227,3 +275,22 @@ def test_cluster_config_needs_a_real_corpus_and_uses_the_shared_run_root():
     # the shared run root every cluster config uses
     craft = yaml.safe_load((configs / "craft_cluster.yaml").read_text())["run"]["root"]
     assert cfg.run.root == craft and cfg.run.root.startswith("/mnt/shared/")
+
+
+def test_document_sari_is_easse_corpus_sari_over_the_whole_document_with_delete_as_f1():
+    # declared (issue 41): one segment per document, lowercased 13a tokens, DELETE as F1 (EASSE); the knob gives
+    # Xu et al. 2016's DELETE precision on the same segment
+    from eval.agentsimp.metrics import score_document
+    from eval.metrics.sari import corpus_sari, sentence_sari
+
+    f1 = score_document(SOURCE, OUTPUT, [REFERENCE])["sari"]
+    assert f1 == pytest.approx(corpus_sari([SOURCE], [OUTPUT], [[REFERENCE]]))
+    precision = score_document(SOURCE, OUTPUT, [REFERENCE], sari_deletion="precision")["sari"]
+    assert precision == pytest.approx(sentence_sari(SOURCE, OUTPUT, [REFERENCE]))
+    assert precision != pytest.approx(f1)  # the two DELETE scores differ on this pair
+    # not the mean of per-paragraph SARI (the document is one segment)
+    paragraphs = [p for p in SOURCE.split("\n\n") if p.strip()]
+    outputs = [p for p in OUTPUT.split("\n\n") if p.strip()]
+    refs = [p for p in REFERENCE.split("\n\n") if p.strip()]
+    assert len(paragraphs) == len(outputs) == len(refs) == 2
+    assert f1 != pytest.approx(corpus_sari(paragraphs, outputs, [refs]))

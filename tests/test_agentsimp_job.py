@@ -211,7 +211,7 @@ def test_hf_engine_decodes_every_json_role_under_its_grammar(tiny_model_dir):
     assert {c["role"] for c in json_calls} >= {"article_logic_analyst", "content_simplifier", "terminology_interpreter",
                                                "metaphorical_analyst", "simplify_supervisor", "proofreader"}
     # every answer parses; a random model runs its strings to their token share, which the guard reads as a cut
-    # answer (falls back at once, counted), never as invalid JSON
+    # answer when the main field's re-tokenized count reaches it (falls back at once, counted), never as invalid JSON
     assert all(parse_output(c["role"], c["raws"][-1]).error == "" for c in json_calls)
     assert all(e.startswith("truncated: ") for c in json_calls for e in c["errors"])
     assert all(c["attempts"] == 1 and c["fell_back"] == bool(c["errors"]) for c in json_calls)

@@ -57,8 +57,10 @@ def config(tmp_path: Path, url: str, data_path: Path = CORD, **data) -> Path:
            "data": {"path": str(data_path), "levels": [1, 2], "per_level": 1, **data},
            "planner": engine, "reviser": engine, "pool": {"num_cpus": 0.5, "batch_size": 1, "concurrency": 1},
            "agent": {"max_steps": 2, "iter_rounds": 2, "planner_prompt": "craft_planner_brief",
-                     "quality_feedback": True, "planner_max_tokens": 64, "reviser_max_tokens": 64},
-           "mcts": {"width": 2, "max_iterations": 2, "max_depth": 2}, "report": {"n_boot": 50}}
+                     "quality_feedback": True, "planner_max_tokens": 64, "reviser_max_tokens": 2688},
+           "mcts": {"width": 2, "max_iterations": 2, "max_depth": 2}, "report": {"n_boot": 50},
+           # the old proxy keeps this test model-free (no scorer model to stage); D.3: tests/test_craft_quality.py
+           "quality": {"metric": "difflib", "ppl_model": "", "bart_model": ""}}
     path = tmp_path / "craft.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -73,7 +75,8 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
         first_calls = len(server.calls)
         run = root / "craft" / "t"
         runs = pd.read_parquet(run / "runs")
-        assert runs.groupby("system").size().to_dict() == {"direct": 2, "iter": 2, "agent": 2, "mcts": 2}
+        assert runs.groupby("system").size().to_dict() == {"direct": 2, "iter": 2, "agent": 2, "mcts": 2,
+                                                           "mcts_oracle": 2}
         assert (runs["error"] == "").all() and (runs["engine_errors"] == 0).all()
         by = runs.set_index(["system", "level"])
         assert by.loc["direct", "revision"].str.startswith("###THOUGHT").all()
@@ -82,13 +85,21 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
         assert (by.loc["iter", "guard_flags_json"] == '{"collapsed": 1}').all()
         # agent: a copy of the original, so its gold-call accuracy is the copy floor; one step (the planner's
         # checks are the gold calls and... hold only if the copy meets them) or two; 2 calls per step + 3 feedback
-        for row in runs[runs["system"].isin(["agent", "mcts"])].itertuples():
+        for row in runs[runs["system"].isin(["agent", "mcts", "mcts_oracle"])].itertuples():
             assert quality(row.text, row.revision) > 90  # a copy, up to the fake's naive sentence quoting
+            assert row.quality == pytest.approx(quality(row.text, row.revision))  # the recorded R_g (difflib here)
+        # the oracle control grades R_c on CORD's gold calls; each search row counts its children against the copy
+        for row in runs[runs["system"] == "mcts_oracle"].itertuples():
+            detail = json.loads(row.detail_json)
+            assert detail["rc_calls"] == list(row.gold_calls)
+            vs = detail["children_vs_copy"]
+            assert vs["children"] == 4 and vs["usable"] <= vs["children"] and 0 <= vs["better"] <= vs["usable"]
         calls = (by["llm_calls"] + by["cache_hits"]).to_dict()  # requests, whether the cache answered or not
         # Iter's first round is Direct's request: the cache answers it, so it costs no call
         assert calls[("direct", 1)] == 1 and calls[("iter", 1)] == 2 and by.loc[("iter", 1), "llm_calls"] == 1
         assert calls[("agent", 1)] % 5 == 0  # planner + reviser + 3 feedback per step
         assert calls[("mcts", 1)] % 10 == 0  # 2 children x 5 calls per expansion
+        assert calls[("mcts_oracle", 1)] % 10 == 0
         assert runs["llm_calls"].sum() == first_calls  # every call reached the server once (fresh cache)
         manifest = json.loads((run / "manifest.json").read_text())
         assert all(manifest["stages"][s]["status"] == "complete"
@@ -99,11 +110,13 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
             assert level.loc[("direct", f"C{row.level}"), "accuracy"] <= 1.0 and 0.0 <= acc <= 1.0
         assert set(level.index.get_level_values("level")) == {"C1", "C2", "all"}
         # the copy-the-input floor is in every table, computed without a model call
-        assert set(level.index.get_level_values("system")) == {"copy", "direct", "iter", "agent", "mcts"}
+        assert set(level.index.get_level_values("system")) == {"copy", "direct", "iter", "agent", "mcts",
+                                                               "mcts_oracle"}
         summary = (run / "summary.md").read_text()
         assert "Constraint accuracy per level" in summary and "LLM calls per solved instance" in summary
         assert re.search(r"^\| copy +\|", summary, re.MULTILINE)
-        assert "One-tailed sign test: mcts against each system" in summary
+        assert "One-tailed sign tests: each system against copy and against Iter" in summary
+        assert "Search children that meet more gold constraints than the copy" in summary
         assert (run / "report.html").exists()
         # resume: the second run reuses every stage and sends nothing
         assert cli_main(["run", str(cfg), f"run.root={root}", "run.id=t"]) == 0
@@ -161,7 +174,9 @@ def test_bad_line_kept_and_counted_as_failed_with_on_error_keep(ray_local, tmp_p
 
 @pytest.mark.parametrize("override, key", [("systems=[direct,nope]", "systems"), ("data.on_error=skip", "data.on_error"),
                                            ("agent.planner_prompt=no_such_prompt", "agent.planner_prompt"),
-                                           ("mcts.width=0", "width: must be >= 1"), ("data.levels=[7]", "data.levels")])
+                                           ("mcts.width=0", "width: must be >= 1"), ("data.levels=[7]", "data.levels"),
+                                           ("agent.reviser_max_tokens=128", "agent.reviser_max_tokens"),
+                                           ("quality.some_model=gfm-models", "quality.some_model")])
 def test_config_errors_name_the_key(tmp_path, capsys, override, key):
     cfg = config(tmp_path, "http://127.0.0.1:9/v1")
     assert cli_main(["run", str(cfg), f"run.root={tmp_path / 'runs'}", override]) == 2

@@ -4,6 +4,7 @@ import json
 import math
 
 import pandas as pd
+import pytest
 
 from eval.craft.results import (
     accuracy_by_level,
@@ -113,3 +114,39 @@ def test_bench_reads_calls_per_solved_from_a_run(tmp_path):
     (tmp_path / "runs").mkdir()
     results().to_parquet(tmp_path / "runs" / "part-0.parquet")
     assert search_model_calls_per_solved(tmp_path) == (5.5, 2, 2, 11)
+
+
+def test_copy_floor_per_constraint_and_per_call_on_all_of_cord():
+    # issue 41: the paper-002 page gave the per-call figure (0.39 / 0.47 / 0.49 / 0.50) as the copy floor; the
+    # job's metric is per constraint (a word-count range is one constraint of two calls): 0.39 / 0.46 / 0.46 / 0.4625
+    from eval.craft.tools import constraint_accuracy
+    from jobs.craft.revise import DataConfig, load_rows
+
+    rows = load_rows(DataConfig(levels=[1, 2, 3, 4]))
+    copy = rows.assign(system="copy", revision=rows["text"], error="")
+    level = accuracy_by_level(constraint_checks(copy), n_boot=10).set_index("level")["accuracy"]
+    assert [round(level[f"C{lv}"], 4) for lv in (1, 2, 3, 4)] == [0.39, 0.46, 0.46, 0.4625]
+    per_call = [sum(constraint_accuracy(list(r.gold_calls), r.text, r.text)[0] for r in copy[copy["level"] == lv]
+                    .itertuples()) / 100 for lv in (1, 2, 3, 4)]
+    assert [round(v, 2) for v in per_call] == [0.39, 0.47, 0.49, 0.50]
+
+
+def test_quality_table_reads_the_recorded_r_g_and_the_copy_row_gets_the_inputs_own():
+    frame = pd.DataFrame({"id": ["a", "b"], "level": 1, "system": "mcts", "text": ["x y", "z w"],
+                          "revision": ["x", "z"], "error": "", "constraints_json": "[]",
+                          "quality": [60.0, 40.0], "quality_json": ['{"ppl": 10.0, "bart": -1.0}'] * 2,
+                          "copy_quality": [50.0, 50.0], "copy_quality_json": ['{"ppl": 8.0, "bart": -0.5}'] * 2})
+    table = quality_table(with_copy_floor(frame), n_boot=10).set_index("system")
+    assert table.loc["mcts", "quality"] == pytest.approx(50.0) and table.loc["copy", "quality"] == 50.0
+    assert table.loc["copy", "ppl"] == 8.0 and table.loc["mcts", "bart"] == -1.0
+
+
+def test_children_share_sums_the_searches_children_that_beat_the_copy():
+    from eval.craft.results import children_share
+
+    detail = [json.dumps({"children_vs_copy": {"children": 4, "usable": 3, "better": 1, "copy_met": 1}}),
+              json.dumps({"children_vs_copy": {"children": 4, "usable": 2, "better": 0, "copy_met": 2}}), "{}"]
+    frame = pd.DataFrame({"system": ["mcts", "mcts", "direct"], "detail_json": detail})
+    (row,) = children_share(frame).to_dict("records")
+    assert (row["system"], row["usable"], row["better_than_copy"], row["instances_with_one"]) == ("mcts", 5, 1, 1)
+    assert row["share"] == pytest.approx(0.2)

@@ -228,3 +228,25 @@ def test_score_state_rolls_out_history_steps_first():
     assert cands[0]["degenerate"] == "empty" and cands[0]["accuracy"] == 0.0 and cands[0]["quality"] == 0.0
     # C0 instance: F1 of {text_eval()} against {text_eval()} = 1 -> only the tool term
     assert cands[0]["score"] == pytest.approx(50.0)
+
+
+def test_s_r_is_the_systems_quality_anchored_at_the_original_input():
+    # issue 41: S_r of Eq. 1 is App. D.3's score (the job's quality scorer), anchored at the instance's input
+    # (D.3's init_text), not the difflib proxy against the current text. A recording scorer stands in for the model.
+    from eval.craft.quality import QualityScore
+
+    seen = []
+
+    def scorer(original, revisions):
+        seen.append((original, list(revisions)))
+        return [QualityScore(42.0 + i) for i, _ in enumerate(revisions)]
+
+    # one history step (MERGE accepted as y_1), then a KEEP candidate on H_1
+    script = Script([MERGE, KEEP], ["The happy cat sat.", "The happy cat sat."])
+    systems = Systems(AgentConfig(planner_prompt="craft_planner_brief", quality_feedback=False), script, script,
+                      quality=scorer)
+    _, current, cands = score_state(systems, "Polish.", SHORT, [], history_steps=1, k=1, seed=0,
+                                    weights=ScoreWeights())
+    assert current == "The happy cat sat." != SHORT
+    assert cands[0]["quality"] == 42.0
+    assert seen[-1][0] == SHORT  # anchored at the original input, not the current text

@@ -142,8 +142,24 @@ def test_compute_nll_reductions():
     seq = compute_nll(t(-6.0, -2.0), torch.tensor([3, 1]), "seq_mean")
     assert token.tolist() == pytest.approx([3.0, 1.0]) and token.mean().item() == pytest.approx(2.0)
     assert seq.tolist() == pytest.approx([2.0, 2.0])
+    # sum (paper 002's Eq. 2, -log pi(w | H)): each example's summed NLL, 6 and 2
+    assert compute_nll(t(-6.0, -2.0), torch.tensor([3, 1]), "sum").tolist() == pytest.approx([6.0, 2.0])
     with pytest.raises(ValueError):
-        compute_nll(t(-1.0), torch.tensor([1]), "sum")
+        compute_nll(t(-1.0), torch.tensor([1]), "mean")
+
+
+def test_eq2_nll_sum_is_the_sequence_log_likelihood_added_to_simpo():
+    # paper 002 Eq. 2: L = SimPO - log pi(w | H); with nll_reduction "sum" the NLL term of CPO-SimPO is the summed
+    # NLL per example (mean 4 over chosen sums -6 and -2), with token_mean the token-level mean (8 / 4 = 2)
+    from train.config_sections import PreferenceLossConfig
+    from train.preference.objective import compute_preference_loss
+
+    stats = {"chosen_logps": t(-6.0, -2.0), "chosen_n_tokens": torch.tensor([3, 1]),
+             "rejected_logps": t(-9.0, -4.0), "rejected_n_tokens": torch.tensor([3, 2])}
+    loss = {r: compute_preference_loss("cpo_simpo", stats, PreferenceLossConfig(
+        beta=2.5, simpo_gamma=1.375, cpo_alpha=1.0, nll_reduction=r))[0].item() for r in ("sum", "token_mean")}
+    simpo = compute_preference_loss("simpo", stats, PreferenceLossConfig(beta=2.5, simpo_gamma=1.375))[0].item()
+    assert loss["sum"] == pytest.approx(simpo + 4.0) and loss["token_mean"] == pytest.approx(simpo + 2.0)
 
 
 def test_sft_loss_is_token_level_nll():

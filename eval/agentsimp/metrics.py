@@ -3,7 +3,9 @@ and cost accounting. All pure; model-based metrics come in as callables.
 
 **Document scores** (`score_document`), each over the whole document (its paragraphs joined with blank lines):
 
-- SARI (`eval.metrics.sari.corpus_sari` with the document as one segment) and D-SARI (`eval.metrics.dsari.document_sari`) against
+- SARI: EASSE's `corpus_sari` (`eval.metrics.sari`) with the **whole document as one segment** (lowercased sacrebleu
+  13a tokens, DELETE scored as F1, EASSE's choice; Xu et al. 2016, which the paper cites, score DELETE by precision:
+  `sari_deletion="precision"`), and D-SARI (`eval.metrics.dsari.document_sari`), each against
   each reference *alone*, then the mean over references: Appendix A, "averaging the results from all four
   reference documents per document" (not multi-reference SARI). None without references. D-SARI is the
   reference script's computation on the raw text (`dsari_tokenizer="script"`: `lower().split(" ")`, Punkt
@@ -43,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from eval.metrics.dsari import document_sari
-from eval.metrics.sari import corpus_sari
+from eval.metrics.sari import corpus_sari, sentence_sari
 from eval.metrics.text import compression_ratio
 from eval.metrics.textnorm import count_punkt_sentences, count_syllables, normalize, split_sentences
 
@@ -171,7 +173,7 @@ def document_fkgl(text: str) -> float:
 
 def score_document(source: str, output: str, references: Sequence[str] = (),
                    bertscore: Callable[[str, str], float] | None = None, dsari_tokenizer: str = "script",
-                   **check) -> dict[str, float | None]:
+                   sari_deletion: str = "f1", **check) -> dict[str, float | None]:
     """All scores of one output document (keys `SCORE_KEYS`; None where references or `bertscore` are missing).
 
     Args:
@@ -180,6 +182,9 @@ def score_document(source: str, output: str, references: Sequence[str] = (),
         references: Reference simplifications; each scored alone, then averaged.
         bertscore: (candidate, reference) -> F1, or None to skip.
         dsari_tokenizer: "script" (the reference script's) or "13a" (`eval.metrics.dsari.document_sari`).
+        sari_deletion: "f1" (EASSE's `corpus_sari` with the whole document as one segment: lowercased 13a tokens,
+            DELETE scored as F1) or "precision" (Xu et al. 2016's DELETE precision: EASSE's `sentence_sari` on the
+            same one segment).
         **check: Thresholds for `summary_check`.
     """
     refs = [r for r in references if r is not None]
@@ -189,7 +194,8 @@ def score_document(source: str, output: str, references: Sequence[str] = (),
         return sum(values) / len(values) if values else None
 
     return {
-        "sari": mean([corpus_sari([source], [output], [[ref]]) for ref in refs]),
+        "sari": mean([corpus_sari([source], [output], [[ref]]) if sari_deletion == "f1"
+                      else sentence_sari(source, output, [ref]) for ref in refs]),
         "dsari": mean([document_sari(source, output, [ref], tokenizer=dsari_tokenizer) for ref in refs]),
         "fkgl": document_fkgl(output),
         "bertscore": mean([bertscore(output, ref) for ref in refs]) if bertscore else None,

@@ -11,10 +11,17 @@ and `fell_back=True`. Nothing raises on model output, and nothing is dropped.
 **Guards** (`guard_error`): two answers fall back to the stage's input at once, without a retry (a retry under the
 same budget is cut again), recorded in `RoleOutcome.guard`:
 
-- ``truncated``: the engine stopped at the token limit (``finish_reason == "length"``, any role), or a JSON answer
-  decoded under its grammar used at least its main field's token share (`Reply.budget`, from
-  `eval.agentsimp.grammar.main_field_tokens`): the grammar closes a string when its share runs out, so a cut
-  article still parses, and that is the only trace it leaves.
+- ``truncated``: judged by the finish reason and the grammar's state, never by a share of all completion tokens.
+  The engine stopped at the token limit (``finish_reason == "length"``, any role); or, for a JSON answer decoded
+  under its grammar, the grammar closed the **main field** (the article, paragraph, suggestions) because that
+  field's own token share ran out (`Reply.budget`, from `eval.agentsimp.grammar.main_field_tokens`): the grammar
+  closes a string when its share runs out, so a cut article still parses. The caller counts the main field's
+  tokens (`Reply.main_tokens`, the decoded string re-tokenized with the engine's tokenizer: `main_field_string`)
+  and the field counts as closed by the grammar when it holds at least ``budget - grammar_slack(budget)`` tokens
+  (re-tokenizing a decoded string can merge a few of the sampled tokens). The other fields' tokens (a proofreader's
+  findings) never count against the article: a complete 400-token article plus 60 tokens of findings under a
+  443-token article share is not cut. Without a count (``main_tokens = -1``: no tokenizer, e.g. a hosted API)
+  only the finish reason decides.
 - ``collapsed``: a call with ``min_ratio`` > 0 (the architect and the proofreader: document-level rewrites that
   must not shorten the article) answered with fewer than ``min_ratio`` × the words of its input, or with one
   sentence where its input had three or more (`collapsed`).
@@ -24,10 +31,12 @@ Pure: no ray, vllm, deepspeed or torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from eval.agentsimp.parse import RoleValue, parse_output
+from eval.agentsimp.grammar import field_tokens
+from eval.agentsimp.parse import RoleValue, parse_output, role_fields
 from eval.metrics.textnorm import count_punkt_sentences
 
 ACCEPT, RETRY, FALL_BACK = "accept", "retry", "fallback"
@@ -50,6 +59,8 @@ class Reply:
     cached: bool = False
     # the main JSON field's token share under the role's grammar (0: decoded freely or a free-text role)
     budget: int = 0
+    # tokens of the main JSON field's string as decoded (re-tokenized by the caller; -1: not counted)
+    main_tokens: int = -1
 
 
 @dataclass(frozen=True)
@@ -125,12 +136,51 @@ def collapsed(source: str, output: str, min_ratio: float) -> str:
     return ""
 
 
+def grammar_slack(budget: int) -> int:
+    """Tokens below its share at which a main field counts as closed by the grammar: re-tokenizing a decoded
+    string may merge a few sampled tokens, so an exact count would miss cuts (about 3%, at least 4).
+
+    >>> grammar_slack(443), grammar_slack(64)
+    (13, 4)
+    """
+    return max(4, budget // 32)
+
+
+def main_field_string(role: str, raw: str) -> str | None:
+    """The main JSON field's string of a role's answer as the grammar wrote it (JSON-escaped, without its quotes), or
+    None when the answer is not a JSON object with that field (a free-text role, an unparsed answer).
+
+    >>> main_field_string("proofreader", '{"mistakes": "two typos", "corrected article": "Cats sleep."}')
+    'Cats sleep.'
+    >>> main_field_string("proofreader", "not json") is None
+    True
+    """
+    fields = role_fields(role)
+    if not fields:
+        return None
+    shares = field_tokens(role, 1 << 16)
+    key = fields[max(range(len(fields)), key=lambda i: shares[i])][0]
+    try:
+        value = json.loads(raw).get(key)
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(value, str):
+        return None
+    return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
+def cut_by_grammar(reply: Reply) -> bool:
+    """The grammar closed the main field: it holds at least its share (less the slack) of tokens (docstring)."""
+    return reply.budget > 0 and reply.main_tokens >= 0 and reply.main_tokens >= reply.budget - grammar_slack(reply.budget)
+
+
 def guard_error(reply: Reply, value: RoleValue | None, fallback: RoleValue, min_ratio: float = 0.0) -> str:
     """The guard a parsed reply trips (module docstring): "truncated: ...", "collapsed: ..." or ""."""
     if reply.finish_reason == "length":
         return f"{TRUNCATED}: finish_reason length after {reply.completion_tokens} tokens"
-    if reply.budget and reply.completion_tokens >= reply.budget:
-        return f"{TRUNCATED}: {reply.completion_tokens} tokens reached the main field's budget of {reply.budget}"
+    if cut_by_grammar(reply):
+        return (f"{TRUNCATED}: the main field's {reply.main_tokens} tokens reached its grammar share of "
+                f"{reply.budget}")
     if min_ratio > 0 and value is not None and value.text is not None and fallback.text:
         return collapsed(fallback.text, value.text, min_ratio)
     return ""

@@ -21,15 +21,16 @@ keyword arguments of ``actors.engines.base.SamplingParams``), each reply has ``.
 actor (``actors.craft_worker``) backs it with a cached engine; tests back it with a scripted fake. Nothing here
 raises on model output: parse errors and guard flags are counted in the result.
 
-Text quality (R_g here, and the report's quality column): ``quality()`` = 100 x difflib's word-level similarity
-ratio between the original and the revision (2 x matched words / total words). The paper's R_g is the mean of
-normalised perplexity, BARTScore and SOME (App. D.3), three extra models we do not run on CPU; this proxy only
-measures how much of the original is kept (content preservation), not fluency. A deviation row in docs/papers/002-craft.md.
+Text quality (R_g of the search, the agent's step reward, the ``text_eval()`` score; ``eval.craft.quality``): a
+:data:`eval.craft.quality.QualityFn` given to :class:`Systems` (``quality=``), ``score(original, revisions)``,
+anchored at the task's input as App. D.3 defines it. The job builds it from ``QualityConfig`` (``metric: d3``, the
+default: normalised perplexity and BARTScore, ``actors.text_quality``); tests and ``metric: difflib`` use the old
+word-similarity proxy (100 for a copy), which is also what a ``Systems`` built without ``quality`` gets.
 """
 
 from __future__ import annotations
 
-import difflib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from typing import Any, Literal
 from core.config import Section, dotted, fail, one_of, positive
 from eval.craft.grammar import planner_grammar
 from eval.craft.guard import GuardConfig, degenerate_reason
+from eval.craft.quality import QualityFn, difflib_quality, difflib_scorer
 from eval.craft.react import (
     PlanLine,
     PlannerStep,
@@ -63,7 +65,11 @@ class AgentConfig(Section):
         planner_prompt / reviser_prompt / direct_prompt / iter_prompt: prompt files under configs/prompts/.
         max_steps: Agent planner -> reviser steps at most (paper 5).
         iter_rounds: Iter's revision rounds, the Direct one included (paper 5).
-        planner_max_tokens / reviser_max_tokens: Token caps of one planner / reviser answer.
+        planner_max_tokens / reviser_max_tokens: Token caps of one planner / reviser answer. ``reviser_max_tokens``
+            is every system's budget (Direct, Iter, the agent's and the search's reviser, E.8 feedback): one number
+            for all, and the CORD job refuses one below :func:`rewrite_budget` of its longest input.
+        tokens_per_word: New tokens one input word needs when rewritten (:func:`rewrite_budget`; 2.5 covers every
+            CORD text under SmolLM2's tokenizer: 1.07-2.33, median 1.22).
         planner_temperature: Sampling temperature of the planner (the agent's first sample and MCTS' K samples;
             D.6 and the authors' code: 0.7).
         reviser_temperature: Sampling temperature of the reviser, the Direct and Iter answers and the E.8
@@ -91,7 +97,10 @@ class AgentConfig(Section):
     max_steps: int = 5  # agent planner -> reviser steps at most (paper 5)
     iter_rounds: int = 5  # Iter's revision rounds, the Direct one included (paper 5)
     planner_max_tokens: int = 1024  # token cap of one planner answer
-    reviser_max_tokens: int = 1024  # token cap of one reviser answer
+    reviser_max_tokens: int = 1024  # token cap of one reviser answer (every system's; see rewrite_budget)
+    # new tokens one input word needs when rewritten (the CORD job refuses a reviser_max_tokens below the longest
+    # input's need; 2.5 covers every CORD text under SmolLM2's tokenizer: 1.07-2.33 tokens per word)
+    tokens_per_word: float = 2.5
     # sampling temperature of the planner (the agent's first sample and MCTS' K samples; D.6 and the authors' code:
     # 0.7)
     planner_temperature: float = 0.7
@@ -121,7 +130,7 @@ class AgentConfig(Section):
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def check(self, where: str = "") -> None:
-        for name in ("max_steps", "iter_rounds", "planner_max_tokens", "reviser_max_tokens"):
+        for name in ("max_steps", "iter_rounds", "planner_max_tokens", "reviser_max_tokens", "tokens_per_word"):
             positive(getattr(self, name), dotted(where, name))
         one_of(self.unplanned_sentences, ("drop", "keep"), dotted(where, "unplanned_sentences"))
         if self.planner_grammar:
@@ -129,6 +138,18 @@ class AgentConfig(Section):
                 planner_grammar(self.planner_max_tokens)
             except ValueError as exc:
                 fail(dotted(where, "planner_max_tokens"), f"too small for planner_grammar: {exc}")
+
+
+REWRITE_MARGIN = 32  # tokens for an answer's opening and closing words around the rewritten text
+
+
+def rewrite_budget(text: str, tokens_per_word: float) -> int:
+    """New tokens a whole rewrite of ``text`` needs: ``ceil(tokens_per_word x words) + REWRITE_MARGIN``.
+
+    >>> rewrite_budget("one two three four", 2.5)
+    42
+    """
+    return math.ceil(tokens_per_word * len(text.split())) + REWRITE_MARGIN
 
 
 @dataclass
@@ -145,23 +166,18 @@ class SystemRun:
         return asdict(self)
 
 
-def quality(original: str, revision: str) -> float:
-    """100 x word-level similarity ratio (difflib) of the revision to the original; see the module docstring.
-
-    >>> quality("a b c d", "a b x d")
-    75.0
-    """
-    a, b = original.split(), revision.split()
-    if not a and not b:
-        return 100.0
-    return 100.0 * difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+# the old proxy under its old name (``metric: difflib``): 100 x word-level similarity of revision and original
+quality = difflib_quality
 
 
 class Systems:
     """The four systems for one model pair; ``llm_planner`` may be the same callable as ``llm_reviser``."""
 
-    def __init__(self, config: AgentConfig, llm_planner: LLM, llm_reviser: LLM, seed: int = 0):
+    def __init__(self, config: AgentConfig, llm_planner: LLM, llm_reviser: LLM, seed: int = 0,
+                 quality: QualityFn = difflib_scorer):
         self.config, self.planner, self.reviser, self.seed = config, llm_planner, llm_reviser, seed
+        self.quality = quality
+        self.scorer = make_scorer(quality)
         self.templates = {name: load_template(prompt_path(getattr(config, f"{name}_prompt")))
                           for name in ("planner", "reviser", "direct", "iter")}
         self.feedback = {a: load_template(prompt_path(f"craft_feedback_{a}")) for a in FEEDBACK_ASPECTS}
@@ -234,8 +250,8 @@ class Systems:
             _, results = constraint_accuracy(step.tool_calls, original, text or current)
             messages = [r.message for r in results if isinstance(r, CallError) or not r.pending]
             # text_eval() -> score (E.2): the text-quality tool's score in the observation when the planner calls it
-            score = quality(original, text or current) if any(c.replace(" ", "") == "text_eval()"
-                                                                for c in step.tool_calls) else None
+            score = self.quality(original, [text or current])[0].value \
+                if any(c.replace(" ", "") == "text_eval()" for c in step.tool_calls) else None
             calls = 1 + (i in with_plan) + (len(FEEDBACK_ASPECTS) if cfg.quality_feedback and text else 0)
             proposals.append(Proposal(
                 text=text, planner_output=step.raw, plan=tuple(asdict(p) for p in step.plan),
@@ -277,7 +293,7 @@ class Systems:
             else:
                 run.revision = proposal.text  # a flagged revision is not accepted: the text stays as it was
             rc_calls = list(proposal.tool_calls) if rc_calls is None else rc_calls
-            terms = scorer(text, [run.revision], [rc_calls])[0]
+            terms = self.scorer(text, [run.revision], [rc_calls])[0]
             reward = terms.quality + 100 * terms.accuracy
             run.steps.append({"step": step_no + 1, "planner_output": proposal.planner_output, "revision": proposal.text,
                               "guard": reason, "tool_calls": list(proposal.tool_calls), "accuracy": terms.accuracy,
@@ -309,11 +325,19 @@ def expander(systems: Systems, original: str) -> Callable[[ExpandRequest], list[
     return expand
 
 
-def scorer(original: str, revisions: list[str], tool_calls: list[list[str]]) -> list[RewardTerms]:
-    """TG-MCTS evaluation (``eval.craft.mcts.Scorer``): R_g = :func:`quality`, accuracy over real checks only."""
-    out = []
-    for revision, calls in zip(revisions, tool_calls):
-        accuracy, results = constraint_accuracy(calls, original, revision)
-        n_checks = sum(isinstance(r, CallError) or not r.pending for r in results)
-        out.append(RewardTerms(quality=quality(original, revision), accuracy=accuracy, n_checks=n_checks))
-    return out
+def make_scorer(quality_fn: QualityFn) -> Callable[[str, list[str], list[list[str]]], list[RewardTerms]]:
+    """TG-MCTS evaluation (``eval.craft.mcts.Scorer``): R_g = ``quality_fn`` (one batched call per expansion),
+    accuracy over real checks only; the quality parts (PPL_nom, BART_nom, ...) go to ``RewardTerms.parts``."""
+    def score(original: str, revisions: list[str], tool_calls: list[list[str]]) -> list[RewardTerms]:
+        qualities = quality_fn(original, list(revisions)) if revisions else []
+        out = []
+        for revision, calls, q in zip(revisions, tool_calls, qualities):
+            accuracy, results = constraint_accuracy(calls, original, revision)
+            n_checks = sum(isinstance(r, CallError) or not r.pending for r in results)
+            out.append(RewardTerms(quality=q.value, accuracy=accuracy, n_checks=n_checks, parts=dict(q.parts)))
+        return out
+    return score
+
+
+# the search's scorer with the old difflib proxy (``metric: difflib``), for tests and scripts without models
+scorer = make_scorer(difflib_scorer)

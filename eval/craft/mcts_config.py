@@ -15,7 +15,7 @@ from core.config import Section, dotted, fail, one_of, positive
 from eval.craft.guard import GuardConfig
 
 FINAL_STRATEGIES = ("best_reward", "greedy_value_path", "best_accuracy")
-RC_TOOLS = ("node", "first", "fixed")
+RC_TOOLS = ("node", "first", "fixed", "oracle")
 TIE_BREAKS = ("id", "random")
 
 
@@ -36,7 +36,8 @@ class MCTSConfig(Section):
         reward_scale: Multiplies the total reward before it enters V and UCT (1 = paper scale).
         rc_tools: Which tool calls R_c checks: ``first`` (default: the planner's first prediction, frozen for the
             whole search, as the authors' code), ``node`` (each child's own planner calls), ``fixed`` (calls
-            given to the search, e.g. CORD's gold calls: an oracle, for analysis only).
+            given to the search), ``oracle`` (the same with CORD's gold calls, which the job passes: the
+            oracle-planner control that isolates the search from the planner's tool choice; analysis only).
         stop_when_all_met: Also stop once a usable child satisfies every checked constraint (off: the paper
             stops on stalled quality or the iteration limit only).
         stop_min_checks: ... over at least this many constraint checks (C0 has none, so it never stops early).
@@ -68,8 +69,8 @@ class MCTSConfig(Section):
     reward_scale: float = 1.0  # multiplies the total reward before it enters V and UCT (1 = paper scale)
     # which tool calls R_c checks: `first` (default: the planner's first prediction, frozen for the whole search, as
     # the authors' code), `node` (each child's own planner calls), `fixed` (calls given to the search, e.g. CORD's gold
-    # calls: an oracle, for analysis only)
-    rc_tools: Literal["node", "first", "fixed"] = "first"
+    # calls: an oracle, for analysis only), `oracle` (the job passes CORD's gold calls: the oracle-planner control)
+    rc_tools: Literal["node", "first", "fixed", "oracle"] = "first"
     # also stop once a usable child satisfies every checked constraint (off: the paper stops on stalled quality or the
     # iteration limit only)
     stop_when_all_met: bool = False

@@ -13,7 +13,14 @@ fails (its instance scores 0 in its level). Per level (C1-C4 and "all", C0 has n
 per constraint type it is the share of that type's constraints that hold. 95% CIs: ``eval.agreement.bootstrap_ci``
 (percentile bootstrap, resampling instances: a type's constraints of one instance move together).
 
-**Quality**: ``eval.craft.agent.quality`` (word-level similarity to the original, 0..100; see there).
+**Quality**: the R_g each system's answer got from the job's scorer (``quality`` column, ``eval.craft.quality``:
+App. D.3's normalised perplexity and BARTScore by default, anchored at the input, so the copy row scores
+``(0 + 100) / 2 = 50``; ``copy_quality`` is the copy's own score). A frame without that column (an older run, a
+test) falls back to the difflib proxy, ``eval.craft.quality.difflib_quality``.
+
+**Search children that beat the copy** (:func:`children_beating_copy`, :func:`children_share`): how many of a
+search's usable children meet more gold constraints than the input does. If the reviser never proposes one, no
+reward can make the search beat the copy.
 
 **The copy floor**: every table carries a ``copy`` row, the input returned unchanged (:func:`with_copy_floor`, no
 model call). CORD's constraints were set from a shorter GPT-4o revision, yet copying already meets about half of
@@ -31,11 +38,11 @@ import numpy as np
 import pandas as pd
 
 from eval.agreement import bootstrap_ci
-from eval.craft.agent import quality
+from eval.craft.quality import difflib_quality
 from eval.craft.tools import check
 
 COPY = "copy"
-SYSTEM_ORDER = (COPY, "direct", "iter", "agent", "mcts")
+SYSTEM_ORDER = (COPY, "direct", "iter", "agent", "mcts", "mcts_oracle")
 COST_COLUMNS = ("llm_calls", "prompt_tokens", "completion_tokens", "seconds")
 
 
@@ -56,7 +63,54 @@ def with_copy_floor(results: pd.DataFrame) -> pd.DataFrame:
     for col in ("stop_reason", "guard_flags_json", "detail_json"):
         if col in first:
             first[col] = "" if col == "stop_reason" else "{}"
+    if "copy_quality" in first:
+        first["quality"] = first["copy_quality"]
+        first["quality_json"] = first.get("copy_quality_json", "{}")
     return pd.concat([first, results], ignore_index=True)
+
+
+def constraints_met(constraints: list[dict], original: str, revision: str) -> int:
+    """How many gold constraints ``revision`` meets (a constraint holds when all its ``;``-joined calls hold).
+
+    >>> cs = [{"type": "w", "call": 'word_count_check(5, "less than")'},
+    ...       {"type": "k", "call": 'keyword_keep_removal_check("cat", "keep")'}]
+    >>> original = "The cat sat on the mat today."
+    >>> constraints_met(cs, original, "The cat sat."), constraints_met(cs, original, "A dog sat on the mat all day.")
+    (2, 0)
+    """
+    met = 0
+    for c in constraints:
+        calls = [part.strip() for part in c["call"].split(";") if part.strip()]
+        met += bool(calls) and all(check(call, original, revision).satisfied is True for call in calls)
+    return met
+
+
+def children_beating_copy(tree: list[dict], constraints: list[dict], original: str) -> dict:
+    """Over a search tree's dump (``SearchResult.tree``): children, usable (non-degenerate) children, and the
+    usable ones that meet more gold constraints than the input returned unchanged (``better``)."""
+    floor = constraints_met(constraints, original, original)
+    kids = [n for n in tree if n.get("parent_id") is not None]
+    usable = [n for n in kids if not n.get("degenerate")]
+    better = sum(constraints_met(constraints, original, n["text"]) > floor for n in usable)
+    return {"children": len(kids), "usable": len(usable), "better": int(better), "copy_met": floor}
+
+
+def children_share(results: pd.DataFrame) -> pd.DataFrame:
+    """Per search system: children, usable children, those beating the copy and their share (of usable children),
+    and the instances where at least one child beat it; from ``detail_json["children_vs_copy"]``."""
+    rows = []
+    for system in _systems(results) if len(results) else []:
+        mine = [json.loads(d).get("children_vs_copy") for d in results[results["system"] == system]["detail_json"]]
+        mine = [m for m in mine if m]
+        if not mine:
+            continue
+        usable, better = sum(m["usable"] for m in mine), sum(m["better"] for m in mine)
+        rows.append({"system": system, "instances": len(mine), "children": sum(m["children"] for m in mine),
+                     "usable": usable, "better_than_copy": better,
+                     "share": better / usable if usable else float("nan"),
+                     "instances_with_one": sum(m["better"] > 0 for m in mine)})
+    return pd.DataFrame(rows, columns=["system", "instances", "children", "usable", "better_than_copy", "share",
+                                       "instances_with_one"])
 
 
 def sign_test(checks: pd.DataFrame, system: str, baseline: str, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -141,14 +195,24 @@ def accuracy_by_type(checks: pd.DataFrame, n_boot: int = 1000, seed: int = 0) ->
 
 
 def quality_table(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Mean text quality per system (failed rows score 0), with 95% CIs."""
+    """Mean text quality (R_g) per system (failed rows score 0), with 95% CIs; the recorded ``quality`` column,
+    or the difflib proxy where a frame has none. Also the mean raw perplexity and BARTScore where recorded."""
     rows = []
     for system in _systems(results) if len(results) else []:
         mine = results[results["system"] == system]
-        scores = np.array([0.0 if r.error else quality(r.text, r.revision) for r in mine.itertuples(index=False)])
+        if "quality" in mine:
+            scores = np.array([0.0 if r.error else float(r.quality) for r in mine.itertuples(index=False)])
+        else:
+            scores = np.array([0.0 if r.error else difflib_quality(r.text, r.revision)
+                               for r in mine.itertuples(index=False)])
         est, lo, hi = _ci(scores, n_boot=n_boot, seed=seed)
-        rows.append({"system": system, "instances": len(mine), "quality": est, "ci_low": lo, "ci_high": hi})
-    return pd.DataFrame(rows, columns=["system", "instances", "quality", "ci_low", "ci_high"])
+        parts = [json.loads(p) for p in mine["quality_json"]] if "quality_json" in mine else []
+        row = {"system": system, "instances": len(mine), "quality": est, "ci_low": lo, "ci_high": hi}
+        for key in ("ppl", "bart"):
+            values = [p[key] for p in parts if key in p]
+            row[key] = float(np.mean(values)) if values else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["system", "instances", "quality", "ci_low", "ci_high", "ppl", "bart"])
 
 
 def cost_table(results: pd.DataFrame, relative_to: str = "iter") -> pd.DataFrame:

@@ -4,6 +4,8 @@
   of the planner's calls against the predefined calls (``eval.craft.tools.tool_f1``, App. D.4), S_r the revision's
   quality, S_c the accuracy of the *predefined* calls on the revision. The paper's weights are λ_v = 0.5,
   λ_r = λ_c = 0.25; S_v and S_c are fractions, so they are scaled by 100 like S_r (the authors' script does the same).
+  S_r is App. D.3's score (``eval.craft.quality``, the ``Systems``' ``quality``): normalised PPL and BARTScore
+  anchored at the instance's input text (D.3's ``init_text``), SOME not built.
   A degenerate revision (``eval.craft.guard``) gets S_r = S_c = 0: an empty text would otherwise pass every
   "less than" check.
 - :func:`pick_pair`: the highest-S_a candidate is w_{i+1}, the lowest l_{i+1} (Algorithm 1 line 5). The paper is
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.config import Section, dotted, fail, in_range
-from eval.craft.agent import Systems, quality
+from eval.craft.agent import Systems
 from eval.craft.guard import degenerate_reason
 from eval.craft.react import PlannerStep, parse_planner_output
 from eval.craft.render import render_history
@@ -211,7 +213,8 @@ def score_state(systems: Systems, instruction: str, text: str, gold_calls: Seque
 
     The rollout takes ``history_steps`` steps of the current planner (one sample each, the agent's step: a
     flagged revision is not accepted). Each candidate's S_c runs the predefined calls against the *original* text
-    (sentence ids refer to it); S_r is `eval.craft.agent.quality` of the revision against the current text.
+    (sentence ids refer to it); S_r is ``systems.quality`` of the revision, anchored at the original input (App.
+    D.3's ``init_text``; the scorer is the job's ``quality`` section).
 
     Returns:
         The history messages H_i, the current text y_i, and per candidate: response, tool calls, revision, parse
@@ -229,10 +232,14 @@ def score_state(systems: Systems, instruction: str, text: str, gold_calls: Seque
         done.append((parse_planner_output(proposal.planner_output), proposal.observation))
     history = render_history(initial, done, window=systems.config.history_window)
     candidates = []
-    for proposal in systems.steps(history, current, text, k=k, seed=seed):
-        flag = degenerate_reason(proposal.text, current, text, guard, truncated=proposal.truncated)
-        score = action_score(list(proposal.tool_calls), gold_calls, text, proposal.text,
-                             quality(current, proposal.text), weights, degenerate=flag)
+    proposals = systems.steps(history, current, text, k=k, seed=seed)
+    flags = [degenerate_reason(p.text, current, text, guard, truncated=p.truncated) for p in proposals]
+    usable = [p.text for p, flag in zip(proposals, flags) if not flag]
+    scored = iter(systems.quality(text, usable) if usable else [])
+    for proposal, flag in zip(proposals, flags):
+        s_r = 0.0 if flag else next(scored).value
+        score = action_score(list(proposal.tool_calls), gold_calls, text, proposal.text, s_r, weights,
+                             degenerate=flag)
         candidates.append({"response": proposal.planner_output, "tool_calls": list(proposal.tool_calls),
                            "revision": proposal.text, "parse_errors": list(proposal.parse_errors), **score.to_dict()})
     return history, current, candidates

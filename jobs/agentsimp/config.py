@@ -14,6 +14,7 @@ from actors.engines.base import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import LIGHT_CPU, PoolConfig, SamplingConfig, engine_secrets
 from core.config import ConfigError, Section, dotted, fail, one_of, require_file
+from core.corpora import hint_suffix
 from core.errors import CorpusError
 from core.jobrun import JobSections
 from eval.agentsimp.baselines import BASELINES, read_example
@@ -48,7 +49,7 @@ class InputsConfig(Section):
         one_of(self.line_paragraphs, LINE_PARAGRAPHS, dotted(where, "line_paragraphs"))
         for i, path in enumerate(self.paths):
             if not Path(path).exists():
-                fail(dotted(where, f"paths.{i}"), f"no such file or directory: {path}")
+                fail(dotted(where, f"paths.{i}"), f"no such file or directory: {path}{hint_suffix(path)}")
             if Path(path).is_dir() and not self.files_in(Path(path)):
                 fail(dotted(where, f"paths.{i}"), f"directory {path} holds no {', '.join(sorted(FORMATS))} file"
                      + (" besides inputs.references_path" if self.references_path else ""))
@@ -156,6 +157,9 @@ class EvaluationConfig(Section):
     bertscore_mode: str = "document"
     # D-SARI tokenisation: "script" (the reference D_SARI.py: raw text, lower().split(" ")) or "13a" (sacrebleu)
     dsari_tokenizer: str = "script"
+    # document SARI: EASSE's corpus_sari over the whole document as one segment (lowercased 13a tokens); DELETE as
+    # "f1" (EASSE's corpus_sari) or "precision" (Xu et al. 2016, the metric the paper cites)
+    sari_deletion: str = "f1"
     # the document-level LLM jury on each configuration's output (one judge per aspect)
     jury_enabled: bool = True
     # the judges of the document-level jury (default: one per aspect, agentsimp_jury_<aspect> templates)
@@ -172,6 +176,7 @@ class EvaluationConfig(Section):
     def check(self, where: str = "") -> None:
         one_of(self.bertscore_mode, ("document", "truncate"), dotted(where, "bertscore_mode"))
         one_of(self.dsari_tokenizer, TOKENIZATIONS, dotted(where, "dsari_tokenizer"))
+        one_of(self.sari_deletion, ("f1", "precision"), dotted(where, "sari_deletion"))
 
 
 @dataclass

@@ -141,7 +141,7 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     store, cache = run.store, run.cache_dir
     ev = cfg.evaluation
     check = {"min_length_ratio": ev.min_length_ratio, "min_coverage": ev.min_coverage, "min_overlap": ev.min_overlap,
-             "dsari_tokenizer": ev.dsari_tokenizer}
+             "dsari_tokenizer": ev.dsari_tokenizer, "sari_deletion": ev.sari_deletion}
     tracker = run.start_tracking(JOB, cfg.wandb)
     try:
         results = [frame_stage(store, "documents", dataclasses.asdict(cfg.inputs), lambda: load_documents(cfg))]

@@ -1,4 +1,6 @@
-"""CRAFT on CORD (paper 002, §6): Direct, Iter, the planner/reviser agent and TG-MCTS on the same instances.
+"""CRAFT on CORD (paper 002, §6): Direct, Iter, the planner/reviser agent, TG-MCTS and TG-MCTS with the oracle
+planner's R_c list (``mcts_oracle``: CORD's gold calls, the control that isolates the search from the planner) on the
+same instances.
 
 Local (local Ray, SmolLM2-135M as planner and reviser, a few CORD rows per level):
 
@@ -17,10 +19,15 @@ failed (counted in the cost table's `failed` column and scored 0 on every constr
 
 Stages (Parquet under <run.root>/craft/<run-id>/, reused when complete and unchanged): data (CORD rows) -> runs
 (CraftWorker actor pool: one output row per instance x system with revision, errors, guard flags, LLM calls,
-tokens, seconds) -> accuracy (per level C1-C4 and per constraint type, bootstrap 95% CIs over instances; gold
-constraints; every table has the `copy` row, the input returned unchanged) -> quality, cost, one-tailed sign tests
-of TG-MCTS against each other system. Then summary.md, report.html and W&B tables (offline by default) with sample
-revisions.
+tokens, seconds, R_g of the answer and of the input) -> accuracy (per level C1-C4 and per constraint type, bootstrap
+95% CIs over instances; gold constraints; every table has the `copy` row, the input returned unchanged) -> quality
+(App. D.3's R_g, `quality.*`), cost, one-tailed sign tests of every system against copy and against Iter, and the
+share of search children that meet more gold constraints than the copy. Then summary.md, report.html and W&B
+tables (offline by default) with sample revisions.
+
+Budgets: every system's reviser answers under `agent.reviser_max_tokens` (one number for all), and the job refuses
+a config whose budget is below what the longest selected input needs to be rewritten whole
+(`agent.tokens_per_word` x its words + `REWRITE_MARGIN`).
 
 CORD itself: the authors' release (github.com/nusnlp/CRAFT, `data/test_input/test.agent.constraint_{0..4}.jsonl`);
 `data.path` takes that directory as it is, or files renamed `cord.constraint_<n>.jsonl`.
@@ -46,15 +53,16 @@ from core.ray_env import init_ray
 from core.runstore import RunStore
 from eval import report_html as rh
 from eval.craft import results as cr
-from eval.craft.agent import AgentConfig
+from eval.craft.agent import AgentConfig, rewrite_budget
 from eval.craft.cord import FILE_PATTERN, CordRow, read_cord
 from eval.craft.mcts_config import MCTSConfig
+from eval.craft.quality import QualityConfig
 from jobs.entry import entry
 from jobs.frames import stage_frame, to_dataset
 
 log = logging.getLogger("quorum.craft")
 JOB = "craft"
-SYSTEMS = ("direct", "iter", "agent", "mcts")
+SYSTEMS = ("direct", "iter", "agent", "mcts", "mcts_oracle")
 
 
 @dataclass
@@ -91,7 +99,8 @@ class ReportConfig(Section):
 @dataclass
 class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)  # the CORD files, levels and rows to run
-    # which systems run: a non-empty list of distinct names from direct, iter, agent, mcts
+    # which systems run: a non-empty list of distinct names from direct, iter, agent, mcts, mcts_oracle (the search
+    # with CORD's gold calls as R_c's list: the oracle-planner control)
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
     planner: EngineSpec = field(default_factory=EngineSpec)
     reviser: EngineSpec = field(default_factory=EngineSpec)
@@ -99,6 +108,8 @@ class Config(JobSections):
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(batch_size=1))
     agent: AgentConfig = field(default_factory=AgentConfig)
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
+    # R_g / the quality column: App. D.3 (normalised PPL and BARTScore; SOME not built) or the difflib proxy
+    quality: QualityConfig = field(default_factory=QualityConfig)
     # base sampling seed of every system (per-step and per-sample seeds are derived from it)
     seed: int = 0
     report: ReportConfig = field(default_factory=ReportConfig)  # bootstrap CIs and the sample revisions of the report
@@ -113,6 +124,7 @@ class Config(JobSections):
             raise ConfigError("agent.guard, mcts.guard: one degenerate-revision rule judges every system; set both "
                               f"alike (agent.guard {dataclasses.asdict(self.agent.guard)} != mcts.guard "
                               f"{dataclasses.asdict(self.mcts.guard)})")
+        check_budget(self.agent, self.data)
         if self.agent.planner_grammar and not _takes_grammar(self.planner):
             raise ConfigError(f"agent.planner_grammar: planner kind {self.planner.kind!r} decodes no grammar "
                               "(hf and vllm do, openai only with planner.structured_outputs=true)")
@@ -120,6 +132,23 @@ class Config(JobSections):
                 self.pool.min_actors * self.pool.num_cpus + LIGHT_CPU > self.ray.num_cpus:
             raise ConfigError(f"pool: {self.pool.min_actors} x {self.pool.num_cpus} CPUs plus {LIGHT_CPU} for Ray "
                               f"Data's tasks exceed ray.num_cpus {self.ray.num_cpus}")
+
+
+def check_budget(agent: AgentConfig, data: DataConfig) -> None:
+    """Refuse a reviser budget below what the longest selected input needs to be rewritten whole (issue 41: 128
+    new tokens for 396-1,049-word texts made Direct and Iter answers cut, then scored)."""
+    try:
+        rows = load_rows(data)
+    except Exception:  # noqa: BLE001 - a bad data path or line is reported by main() with its own message
+        return
+    longest = max(rows["text"], key=lambda t: len(t.split()))
+    need = rewrite_budget(longest, agent.tokens_per_word)
+    if agent.reviser_max_tokens < need:
+        raise ConfigError(
+            f"agent.reviser_max_tokens: {agent.reviser_max_tokens} new tokens cannot rewrite the longest selected input "
+            f"({len(longest.split())} words need {need} at agent.tokens_per_word={agent.tokens_per_word}); every "
+            "system answers under this one budget, so raise it (or lower agent.tokens_per_word if your tokenizer is "
+            "denser)")
 
 
 # vLLM's worker refuses to start when the GPU's free memory is below gpu_memory_utilization x its total
@@ -174,7 +203,7 @@ def run_systems(cfg: Config, store: RunStore, cache: str):
             fn_constructor_kwargs={"planner": dataclasses.asdict(cfg.planner), "reviser": dataclasses.asdict(cfg.reviser),
                                    "agent": dataclasses.asdict(cfg.agent), "mcts": dataclasses.asdict(cfg.mcts),
                                    "systems": list(cfg.systems), "cache_dir": cache, "seed": cfg.seed,
-                                   "secrets": secrets},
+                                   "secrets": secrets, "quality": dataclasses.asdict(cfg.quality)},
             **cfg.pool.map_batches_kwargs()).to_pandas()
         # list columns come back as numpy arrays, which pandas' take cannot reorder: plain lists first
         for col in ("gold_calls", "constraint_types"):
@@ -191,7 +220,7 @@ def run_systems(cfg: Config, store: RunStore, cache: str):
 
     key = {"systems": list(cfg.systems), "planner": dataclasses.asdict(cfg.planner),
            "reviser": dataclasses.asdict(cfg.reviser), "agent": dataclasses.asdict(cfg.agent),
-           "mcts": dataclasses.asdict(cfg.mcts), "seed": cfg.seed}
+           "mcts": dataclasses.asdict(cfg.mcts), "seed": cfg.seed, "quality": dataclasses.asdict(cfg.quality)}
     return stage_frame(cfg, store, "runs", key, build, summarize)
 
 
@@ -255,19 +284,27 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
         [s for s in order if s in set(level["system"])])
     checks = cr.constraint_checks(runs)
     solved = {s: cr.calls_per_solved(runs, checks, s) for s in cfg.systems}
-    target = "mcts" if "mcts" in cfg.systems else cfg.systems[-1]
-    signs = pd.DataFrame([cr.sign_test(checks, target, other, cfg.report.n_boot, cfg.report.seed)
-                          for other in order if other != target])
+    signs = pd.DataFrame([cr.sign_test(checks, system, baseline, cfg.report.n_boot, cfg.report.seed)
+                          for baseline in (cr.COPY, "iter") for system in cfg.systems
+                          if system != baseline and baseline in order])
+    children = cr.children_share(runs)
+    quality_note = (
+        "Quality: R_g of App. D.3, the mean of PPL_nom = 100 x (1 - PPL / PPL(input)) and BART_nom = 100 x (BART - "
+        f"BART_min) / (BARTScore(input, input) - BART_min), BART_min = {-cfg.quality.neg_bart_min:g}; perplexity from "
+        f"{cfg.quality.ppl_model}, BARTScore from {cfg.quality.bart_model} ({cfg.quality.bart_kind}); SOME not built "
+        "(off), so the copy scores (0 + 100) / 2 = 50." if cfg.quality.metric == "d3" else
+        "Quality: 100 x word-level difflib similarity to the original (quality.metric=difflib, not the paper's R_g).")
     notes = [
         (f"Data: {runs['id'].nunique()} CORD instances from {cfg.data.path} (levels {cfg.data.levels}, "
         f"{cfg.data.per_level or 'all'} per level); systems {', '.join(cfg.systems)}."),
         "The copy row returns the input unchanged (no model call): the floor every system must beat.",
         (f"Planner {cfg.planner.model} ({cfg.planner.kind}), reviser {cfg.reviser.model} ({cfg.reviser.kind}); agent "
         f"max_steps {cfg.agent.max_steps}, Iter rounds {cfg.agent.iter_rounds}; TG-MCTS width {cfg.mcts.width}, "
-        f"{cfg.mcts.max_iterations} iterations, depth {cfg.mcts.max_depth}."),
+        f"{cfg.mcts.max_iterations} iterations, depth {cfg.mcts.max_depth}, R_c list {cfg.mcts.rc_tools} "
+        f"(mcts_oracle: CORD's gold calls); every system's reviser budget {cfg.agent.reviser_max_tokens} new tokens; "
+        f"guard {'on' if cfg.agent.guard.enabled else 'off'}."),
         ("Constraint accuracy on CORD's gold constraints (a failed row counts 0); 95% CIs: "
-        f"{cfg.report.n_boot} bootstrap resamples of instances. Quality: 100 x word-level similarity to the "
-        "original (a content-preservation proxy, not the paper's PPL/BARTScore/SOME mean)."),
+        f"{cfg.report.n_boot} bootstrap resamples of instances. " + quality_note),
         "LLM calls per solved instance (every gold constraint met): "
         + ", ".join(f"{s} {rh.fmt(v, 1)}" for s, v in solved.items()) + ".",
     ]
@@ -275,13 +312,16 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
         rh.Section("Constraint accuracy per level (mean over instances)", wide.reset_index()),
         rh.Section("Constraint accuracy per level, 95% CIs", _with_ci(level, "accuracy")),
         rh.Section("Constraint accuracy per constraint type, 95% CIs", _with_ci(by_type, "accuracy")),
-        rh.Section(f"One-tailed sign test: {target} against each system (per-instance accuracy, ties dropped; "
-                   "win share with 95% bootstrap CI)", _with_ci(signs, "win_share")),
-        rh.Section("Text quality (word-level similarity to the original, 0-100), 95% CIs", _with_ci(quality, "quality")),
+        rh.Section("One-tailed sign tests: each system against copy and against Iter (per-instance accuracy, ties "
+                   "dropped; win share with 95% bootstrap CI)", _with_ci(signs, "win_share")),
+        rh.Section("Search children that meet more gold constraints than the copy (share of usable children)",
+                   children),
+        rh.Section("Text quality (R_g, 0-100 scale; raw PPL and BARTScore means), 95% CIs",
+                   _with_ci(quality, "quality")),
         rh.Section("Cost per system (LLM calls sent to a model, tokens, seconds)", cost),
         rh.Section("Sample revisions", cr.sample_revisions(runs, cfg.report.samples)),
     ]
-    title = "CRAFT on CORD: Direct vs Iter vs agent vs TG-MCTS"
+    title = "CRAFT on CORD: Direct vs Iter vs agent vs TG-MCTS (and its oracle-planner control)"
     markdown = rh.render_markdown(title, notes, sections)
     store.write_text("summary.md", markdown)
     store.write_text("report.html", rh.render_html(title, notes, sections, []))
@@ -291,6 +331,7 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
     tracker.table("report/quality", quality)
     tracker.table("report/cost", cost)
     tracker.table("report/sign_test", signs)
+    tracker.table("report/children_vs_copy", children)
     tracker.table("report/sample_revisions", cr.sample_revisions(runs, cfg.report.samples), max_rows=100)
     overall = level[level["level"] == "all"]
     tracker.summary("accuracy", {r.system: r.accuracy for r in overall.itertuples()})

@@ -30,10 +30,12 @@ import pandas as pd
 from actors.engines.base import EngineSpec
 from actors.stage_config import PoolConfig
 from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive, require_file
+from core.corpora import hint_suffix
 from core.jobrun import JobSections, open_run, record_stages
 from core.ray_env import init_ray
 from core.tracking import trainer_tracking
 from eval.craft.agent import AgentConfig
+from eval.craft.quality import QualityConfig
 from eval.craft.selftrain import ScoreWeights, stop_decision
 from eval.prompts import load_template, prompt_path
 from jobs.craft.revise import check_two_engines
@@ -81,7 +83,7 @@ class DataConfig(Section):
 
     def check(self, where: str = "") -> None:
         if not Path(self.path).exists():
-            fail(dotted(where, "path"), f"{self.path!r} does not exist")
+            fail(dotted(where, "path"), f"{self.path!r} does not exist{hint_suffix(self.path)}")
         one_of(self.format, ("cord", "text"), dotted(where, "format"))
         if self.max_words and self.max_words < self.min_words:
             fail(dotted(where, "max_words"), f"{self.max_words} is below min_words {self.min_words}")
@@ -137,7 +139,9 @@ class RoundsConfig(Section):
     temperature: float = 0.7  # sampling temperature of the k candidate actions, in (0, 2] (the authors' code: 0.7)
     # H_i: i ~ U{0..max_history_steps} planner steps before the sampled one (paper: at most 5 steps in all)
     max_history_steps: int = 4
-    # a state whose best and worst S_a differ by this or less gives no pair (the paper is silent on ties)
+    # a state whose best and worst S_a differ by this or less gives no pair (the paper is silent on ties); -1 pairs
+    # tied candidates too (not for training a planner: tests/test_craft_selftrain_job.py uses it to get pairs from
+    # any CPU's numbers)
     min_margin: float = 0.0
     # stop after `patience` rounds without a dev-score gain above `min_delta` (paper: "no further measurable
     # improvement", no rule)
@@ -174,6 +178,8 @@ class Config(JobSections):
     # the vanilla reviser of footnote 2 (no adapter)
     reviser: EngineSpec = field(default_factory=EngineSpec)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # S_r of Eq. 1: App. D.3 (normalised PPL and BARTScore; SOME not built) or the difflib proxy
+    quality: QualityConfig = field(default_factory=QualityConfig)
     # the self-training rounds: candidates, scored pairs, the preference trainer and the stop rule
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
 

@@ -160,7 +160,7 @@ def score_states(cfg, frame: pd.DataFrame, adapter: str, *, k: int, agent: dict,
         PlannerActionWorker, batch_format="pandas",
         fn_constructor_kwargs={"planner_spec": planner, "reviser_spec": reviser, "agent": agent,
                                "weights": dataclasses.asdict(cfg.rounds.weights), "k": k, "cache_dir": cache_dir,
-                               "seed": cfg.data.seed},
+                               "seed": cfg.data.seed, "quality": dataclasses.asdict(cfg.quality)},
         **cfg.planner.pool.map_batches_kwargs())
     return ds.to_pandas().sort_values("id", kind="stable").reset_index(drop=True)
 
@@ -238,4 +238,4 @@ def stage_dev(store: RunStore, cfg, round_no: int, adapter: str, cache_dir: str)
 def model_key(cfg) -> dict:
     """What decides a planner's sampled actions besides its adapter (part of every scoring stage's hash)."""
     return {"planner": dataclasses.asdict(cfg.planner), "reviser": dataclasses.asdict(cfg.reviser),
-            "agent": dataclasses.asdict(cfg.agent)}
+            "agent": dataclasses.asdict(cfg.agent), "quality": dataclasses.asdict(cfg.quality)}

@@ -45,18 +45,20 @@ def sigmoid_preference_loss(logits: torch.Tensor, beta: float, label_smoothing: 
 def compute_nll(
     logps: torch.Tensor,
     n_tokens: torch.Tensor,
-    reduction: Literal["token_mean", "seq_mean"] = "token_mean",
+    reduction: Literal["token_mean", "seq_mean", "sum"] = "token_mean",
 ) -> torch.Tensor:
     """Per-example negative log-likelihood of the chosen (or target) tokens, scaled for a chosen batch reduction.
 
     "token_mean" returns ``−logps_i · b / Σ_j n_j``: its batch mean is ``−Σ logps / Σ n``, the single token-level
     cross-entropy that TRL's CPOTrainer and ALMA compute with ``nn.CrossEntropyLoss`` (longer examples weigh
-    more). "seq_mean" returns ``−logps_i / n_i`` (every example weighs the same). Rows with no tokens give 0.
+    more). "seq_mean" returns ``−logps_i / n_i`` (every example weighs the same). "sum" returns ``−logps_i``, the
+    sequence NLL ``−log π(w | H)`` as paper 002's Eq. 2 prints it (it grows with the response's length, while the
+    SimPO term beside it is length-normalised). Rows with no tokens give 0.
 
     Args:
         logps: Summed log-probs of the target tokens. Shape: (b,).
         n_tokens: Number of target tokens. Shape: (b,).
-        reduction: "token_mean" or "seq_mean", as above.
+        reduction: "token_mean", "seq_mean" or "sum", as above.
 
     Returns:
         Per-example NLL contribution. Shape: (b,).
@@ -66,7 +68,9 @@ def compute_nll(
         return -logps * logps.shape[0] / n.sum().clamp(min=1)
     if reduction == "seq_mean":
         return -logps / n.clamp(min=1)
-    raise ValueError(f"unknown nll reduction {reduction!r}; expected 'token_mean' or 'seq_mean'")
+    if reduction == "sum":
+        return -logps
+    raise ValueError(f"unknown nll reduction {reduction!r}; expected 'token_mean', 'seq_mean' or 'sum'")
 
 
 def _reward_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> Metrics:
@@ -282,7 +286,7 @@ def arpo_loss(
 def sft_loss(
     target_logps: torch.Tensor,
     target_n_tokens: torch.Tensor,
-    reduction: Literal["token_mean", "seq_mean"] = "token_mean",
+    reduction: Literal["token_mean", "seq_mean", "sum"] = "token_mean",
 ) -> tuple[torch.Tensor, Metrics]:
     """Supervised NLL on target tokens (SFT-on-chosen and SFT-on-references baselines).
 
@@ -291,7 +295,7 @@ def sft_loss(
     Args:
         target_logps: Summed log-probs of the target tokens. Shape: (b,).
         target_n_tokens: Number of target tokens. Shape: (b,).
-        reduction: "token_mean" or "seq_mean" (see `compute_nll`).
+        reduction: "token_mean", "seq_mean" or "sum" (see `compute_nll`).
 
     Returns:
         Per-example loss, Shape: (b,); metrics ``nll_loss`` and ``n_tokens`` (total).
