@@ -8,7 +8,7 @@ import os
 
 from bench.llamacpp import INSTALL_HINT as LLAMACPP_HINT
 from bench.llamacpp import load_llama_cpp
-from bench.vllm_cpu import INSTALL_HINT as VLLM_CPU_HINT
+from bench.vllm_cpu.generate import INSTALL_HINT as VLLM_CPU_HINT
 
 ENGINES = ("hf", "llamacpp", "vllmcpu")
 
@@ -36,7 +36,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llamacpp-kv-unified", action="store_true",
                         help="llama.cpp's one KV buffer for all sequences (faster at 16 rows here, slower at 64)")
     parser.add_argument("--vllm-python", default=os.environ.get("QUORUM_VLLM_CPU_PYTHON", ""),
-                        help="vllmcpu: the Python of a virtual environment with vLLM's CPU build (bench/vllm_cpu.py)")
+                        help="vllmcpu: the Python of a virtual environment with vLLM's CPU build (bench/vllm_cpu/generate.py)")
     parser.add_argument("--vllm-eager", action="store_true", help="vllmcpu: no torch.compile (enforce_eager)")
 
 

@@ -10,6 +10,9 @@ Prints `bench <name> = <value>` lines (plus `info ...` context lines):
 - `bare_generate_tokens_per_s`: plain transformers, the way most code does it: `from_pretrained` (checkpoint
   dtype, float32 here), left-padded batches of 16 in the given order, `model.generate(do_sample=False)`.
 - `engine_vs_bare_generate`: the ratio of the two.
+- `engine_float32_tokens_per_s`, `roofline_fraction_float32`, `engine_float32_vs_bare_generate`: the same engine at
+  float32 (fused, prepacked), the path a CPU without native bf16 runs, on the same prompts in the same run, just
+  before bare `generate`; the auto-dtype run's own figures where `auto` is float32 already (`QUORUM_CPU_BF16=0`).
 - `batched_vs_single`: engine tokens/s on the first 16 prompts as one batch / engine tokens/s on the same 16
   prompts sent one by one (a subset keeps the slow one-by-one side to ~30 s).
 - `roofline_fraction`: useful FLOP/s of the batched engine run / a bf16-or-fp32 (the engine's dtype) matmul
@@ -28,7 +31,7 @@ from the same chat template, right after the engine's run, when llama-cpp-python
   have a peak of their own; this is the engine-to-engine yardstick, not llama.cpp's own efficiency);
 - `llamacpp_vs_engine`: llama.cpp tokens/s / the engine's. `--engines llamacpp` measures llama.cpp alone.
 
-With `--engines hf,vllmcpu --vllm-python PY` vLLM's CPU backend (bench/vllm_cpu.py, in its own virtual
+With `--engines hf,vllmcpu --vllm-python PY` vLLM's CPU backend (bench/vllm_cpu/generate.py, in its own virtual
 environment, a child process) completes the same prompt ids at the same batch size, right after the engine's run:
 `vllmcpu_tokens_per_s`, `vllmcpu_roofline_fraction` (same useful FLOPs, same peak), `vllmcpu_vs_engine`; its
 compile time at load is printed apart (`info vllmcpu ... load_s`), not counted.
@@ -53,13 +56,14 @@ engine, bare-loop and Ray Data sides alike.
 `--ray-worker-niceness 15` starts the Ray Data side's cluster with Ray's own worker nice value instead of quorum's
 0 (core.ray_env.RayConfig.worker_niceness), to see what it costs beside a busy process.
 
-Completion token counts include the EOS token, for both the engine and bare generate. Runtime ~2 min on 2
+Completion token counts include the EOS token, for both the engine and bare generate. Runtime ~3 min on 2
 idle cores; on a busy machine every number is noisy, ratios less so (each side is measured back to back).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -75,102 +79,10 @@ from actors.models import resolve_model_dir
 from bench.contention import competitors
 from bench.engines import add_engine_arguments, choose_engines
 from bench.llamacpp import measure_llamacpp, measure_llamacpp_alone
+from bench.prompts import INSTRUCTION, SENTENCES, SYSTEM
 from bench.roofline import useful_flops
-from bench.vllm_cpu import measure_vllm_cpu
+from bench.vllm_cpu.generate import measure_vllm_cpu
 from core.thread_tuner import mean_threads
-
-INSTRUCTION = (
-    "Simplify this sentence for a young reader, then explain in two or three short sentences what you "
-    "changed and why.\n\nSentence: "
-)
-SYSTEM = "You are a careful writing assistant."
-SENTENCES = [
-    ("Notwithstanding the considerable reservations expressed by several members of the committee, the proposal "
-    "was ultimately adopted by a narrow majority."),
-    ("The municipality, having conducted an exhaustive review of its procurement procedures, determined that the "
-    "existing contracts were not in compliance with the newly enacted regulations."),
-    "Photosynthesis is the process by which green plants convert light energy into chemical energy.",
-    ("In the event that the aforementioned conditions are not satisfied within the stipulated period, the "
-    "agreement shall be deemed null and void."),
-    ("The patient's symptoms, which had initially been attributed to a benign viral infection, were subsequently "
-    "found to be indicative of a more serious autoimmune disorder."),
-    "Despite the fact that it was raining heavily, the children insisted on going outside to play.",
-    ("The archaeological excavation uncovered a remarkably well-preserved collection of ceramic vessels, which "
-    "researchers believe date from the late Bronze Age."),
-    ("It is imperative that all employees familiarize themselves with the revised safety protocols prior to "
-    "commencing operations."),
-    "The committee postponed its decision.",
-    ("Owing to unprecedented demand, the manufacturer has been compelled to implement a temporary allocation "
-    "system for its most popular products."),
-    ("Although the novel received widespread critical acclaim upon its publication, its commercial performance "
-    "was considerably less impressive than its publisher had anticipated."),
-    ("The governor vetoed the bill, citing concerns about its fiscal implications for the state's already "
-    "strained budget."),
-    ("Individuals who wish to participate in the study must provide written informed consent and demonstrate "
-    "that they meet the eligibility criteria outlined in the protocol."),
-    ("The river, swollen by weeks of incessant rainfall, eventually breached its banks and inundated the "
-    "low-lying agricultural land."),
-    ("Subsequent to the merger, the newly formed entity embarked upon a comprehensive restructuring of its "
-    "operations, resulting in the elimination of numerous redundant positions."),
-    "The physician prescribed a course of antibiotics.",
-    ("Mitochondria, often described as the powerhouses of the cell, are responsible for generating the majority "
-    "of the chemical energy required to power biochemical reactions."),
-    ("The legislation, which was enacted in response to widespread public concern regarding data privacy, "
-    "imposes stringent obligations on organizations that process personal information."),
-    ("Her meticulous attention to detail, combined with an unwavering commitment to excellence, distinguished "
-    "her from her contemporaries."),
-    ("The expedition was abandoned when the team encountered impassable terrain and rapidly deteriorating "
-    "weather conditions."),
-    "Consumption of alcoholic beverages is strictly prohibited on the premises at all times.",
-    ("The economist argued that the central bank's decision to raise interest rates would exacerbate rather "
-    "than alleviate the prevailing economic downturn."),
-    ("Upon arrival at the facility, visitors are required to present valid photographic identification and to "
-    "sign the register maintained at the reception desk."),
-    ("The cathedral, constructed over a period of nearly two centuries, exemplifies the transition from "
-    "Romanesque to Gothic architectural styles."),
-    "Volcanic eruptions can have profound and far-reaching consequences for global climate patterns.",
-    ("The defendant maintained his innocence throughout the protracted legal proceedings, notwithstanding the "
-    "substantial body of circumstantial evidence presented by the prosecution."),
-    ("In order to mitigate the risk of further contamination, the authorities ordered the immediate evacuation "
-    "of all residents within a two-kilometre radius."),
-    "The orchestra performed the symphony with extraordinary precision and emotional depth.",
-    ("Numerous studies have demonstrated a statistically significant correlation between regular physical "
-    "exercise and improved cognitive function in older adults."),
-    ("The company's quarterly earnings exceeded analysts' expectations, primarily as a consequence of robust "
-    "sales in emerging markets."),
-    ("Because the bridge had been deemed structurally unsound by independent engineers, the county closed it "
-    "indefinitely pending extensive repairs."),
-    ("The ambassador conveyed her government's profound regret regarding the incident and assured her "
-    "counterparts that a thorough investigation would be undertaken."),
-    "Glaciers are retreating at an accelerating rate.",
-    ("Participants were randomly assigned to either the intervention group or the control group, and outcomes "
-    "were assessed by investigators who were unaware of group allocation."),
-    ("The manuscript, which had been presumed lost for several centuries, was discovered in the archives of a "
-    "provincial monastery by a doctoral student conducting unrelated research."),
-    "Children under the age of twelve must be accompanied by an adult at all times while on the premises.",
-    ("The proliferation of misinformation on social media platforms has prompted calls for more rigorous "
-    "content moderation policies."),
-    ("Having exhausted all available avenues of appeal, the organization reluctantly accepted the tribunal's "
-    "ruling and undertook to comply with its directives."),
-    "The telescope enables astronomers to observe galaxies that are billions of light-years away.",
-    ("The renovation of the historic theatre, which was financed through a combination of public grants and "
-    "private donations, was completed ahead of schedule and under budget."),
-    ("Insufficient hydration can precipitate a range of adverse physiological effects, including fatigue, "
-    "headaches and impaired concentration."),
-    ("The board of directors unanimously endorsed the chief executive's strategic plan for expansion into the "
-    "Asian market."),
-    ("Residents expressed vehement opposition to the proposed construction of a waste incineration plant in "
-    "close proximity to the primary school."),
-    ("The migratory patterns of numerous avian species have been significantly altered as a result of changes "
-    "in temperature and precipitation."),
-    "Applicants are advised that incomplete submissions will not be considered.",
-    ("The philosopher contended that moral obligations derive not from divine command but from the rational "
-    "nature of human beings."),
-    ("Following the discovery of significant irregularities in the financial statements, the auditors declined "
-    "to issue an unqualified opinion."),
-    ("The vaccine was developed in record time owing to unprecedented international collaboration and "
-    "substantial public investment."),
-]
 
 
 def build_requests(count: int, max_tokens: int) -> list[ChatRequest]:
@@ -197,6 +109,24 @@ def measure_engine(engine: HFEngine, requests: list[ChatRequest]) -> tuple[float
     start = time.perf_counter()
     completions = engine.generate(requests)
     return time.perf_counter() - start, completions
+
+
+def measure_float32(spec: EngineSpec, requests: list[ChatRequest], warm_up: list[ChatRequest]) -> float:
+    """Tokens/s of the engine forced to float32 (fused and prepacked as on a CPU without bf16), measured like the
+    auto-dtype run: a warm-up call, then all `requests` in one call, between two fp32 matmul peaks."""
+    engine = HFEngine(dataclasses.replace(spec, dtype="float32"))
+    peak = measure_matmul_peak(torch.float32)
+    engine.generate(warm_up)
+    seconds, completions = measure_engine(engine, requests)
+    peak = max(peak, measure_matmul_peak(torch.float32))
+    tps = sum(c.completion_tokens for c in completions) / seconds
+    print(f"info float32 fused_modules={engine.fused_modules} packed_linear_layers={engine.packed_layers} "
+          f"matmul_peak_gflops={peak / 1e9:.1f}")
+    print(f"bench engine_float32_tokens_per_s = {tps:.1f}")
+    print(f"bench roofline_fraction_float32 = {count_useful_flops(engine.model, completions) / seconds / peak:.3f}",
+          flush=True)
+    engine.close()
+    return tps
 
 
 def measure_one_at_a_time(engine: HFEngine, requests: list[ChatRequest]) -> float:
@@ -367,11 +297,17 @@ def main(argv: list[str] | None = None) -> None:
     subset_seconds, subset_completions = measure_engine(engine, subset)
     batch_tps = sum(c.completion_tokens for c in subset_completions) / subset_seconds
     print(f"bench batched_vs_single = {batch_tps / measure_one_at_a_time(engine, subset):.2f}", flush=True)
+    float32 = engine.dtype == torch.float32
     engine.close()
+    f32_tps = measure_float32(spec, requests, subset) if not float32 else engine_tps
+    if float32:
+        print(f"bench engine_float32_tokens_per_s = {engine_tps:.1f}")
+        print(f"bench roofline_fraction_float32 = {roofline:.3f}", flush=True)
 
     bare_tps, *bare_busy = measure_bare_generate(requests, spec, args.contention)
     print(f"bench bare_generate_tokens_per_s = {bare_tps:.1f}")
     print(f"bench engine_vs_bare_generate = {engine_tps / bare_tps:.2f}", flush=True)
+    print(f"bench engine_float32_vs_bare_generate = {f32_tps / bare_tps:.2f}", flush=True)
     if args.contention:
         print(f"bench bare_generate_contention_tokens_per_s = {bare_busy[0]:.1f}")
         print(f"bench engine_vs_bare_generate_contention = {busy_tps / bare_busy[0]:.2f}", flush=True)

@@ -307,24 +307,31 @@ from core.resource_fit import Ask
 
 logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 ray.init(address=sys.argv[1])
-print(ensure_fits(Ask("generate", "actors", 1, {"CPU": 0.5, "gpu_slot": 1}, ("pool.resources",)), limit_s=240).kind)
+kind = ensure_fits(Ask("generate", "actors", 1, {"CPU": 0.5, "gpu_slot": 1}, ("pool.resources",)), limit_s=240).kind
+with open(sys.argv[2], "w") as out:
+    out.write(kind)
 """
 
 
 @pytest.mark.slow
-def test_a_stage_waits_for_the_autoscaler_then_goes_on():
+def test_a_stage_waits_for_the_autoscaler_then_goes_on(tmp_path):
     """On an autoscaling cluster (Ray's fake multi-node provider, cluster.yaml's node types) whose head has no
     `gpu_slot`, a pool asking for one is neither refused nor left hanging: the autoscaler is asked for the node,
     the stage waits for it (logged, bounded) and goes on once it has joined. Its own driver process, as a job's:
-    this one keeps the session's `ray_local`."""
+    this one keeps the session's `ray_local`.
+
+    The driver writes its result to a file: Ray prints the autoscaler's events on the driver's stdout, and the new
+    node's 3 s idle timeout can fire ("Removing 1 nodes of type gpu_worker (idle)") before a slower CPU's driver
+    has exited, after anything the script printed (issue 43)."""
     from tests.fake_cluster import FakeCluster, mirrored_node_types
 
     fake = FakeCluster(mirrored_node_types(cpus=1), head_cpus=1, idle_timeout_minutes=0.05)
+    result = tmp_path / "fits.txt"
     try:
         fake.start()
-        proc = subprocess.run([sys.executable, "-c", WAIT_FOR_GPU_SLOT, fake.gcs_address], check=False, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+        proc = subprocess.run([sys.executable, "-c", WAIT_FOR_GPU_SLOT, fake.gcs_address, str(result)], check=False,
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and result.read_text() == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "waiting for it to add nodes" in proc.stderr and "the cluster has room now" in proc.stderr
         assert fake.gpu_nodes()
     finally:

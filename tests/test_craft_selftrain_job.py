@@ -1,6 +1,7 @@
 """CRAFT planner self-training end to end (paper 002 Algorithm 1) on CPU with SmolLM2-135M: SFT on demo
 trajectories, one round of sampled actions -> Eq. 1 -> pairs -> SimPO + NLL on Ray Train + DeepSpeed; the round's
-LoRA differs from the SFT one, its dev score is in the run store, and a second run reuses every stage."""
+LoRA differs from the SFT one, its dev score is in the run store, a second run reuses every stage, and a third whose
+margin ties every state ends after the pairs, saying why."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ TINY = ["wandb.mode=disabled", "data.train_texts=2", "data.dev_texts=1", "rounds
         "sft.trainer.max_prompt_length=384", "sft.trainer.max_completion_length=64",
         # the round trains after its pairs are drawn: shorter prompts (the last 128 of ~650 tokens) change nothing
         # the test reads, and its one step on 384-token prompts took ~9 s of compute (857 tokens -> 345)
-        "rounds.trainer.max_prompt_length=128", "rounds.trainer.max_completion_length=64"]
+        "rounds.trainer.max_prompt_length=128", "rounds.trainer.max_completion_length=64",
+        # a pair per state by construction: S_a margins are >= 0 > -1, so tied candidates pair too (only empty or
+        # identical responses drop). Whether SmolLM2's 3 candidates differ in Eq. 1 depends on the CPU's kernels:
+        # with float32 ones every 64-token planner answer ended before its plan, every revision was empty, every
+        # S_a 25, and the round never trained (dropped_tie=2; issue 43)
+        "rounds.min_margin=-1"]
 
 
 def lora(adapter_dir: Path) -> dict[str, torch.Tensor]:
@@ -70,6 +76,17 @@ def test_one_round_trains_the_planner_records_its_dev_score_and_resumes(ray_loca
         assert again["stages"][name]["finished_at"] == entry["finished_at"], f"{name} ran again"
     assert (run / "r1_train" / "run" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter_bytes
     assert again["rounds"] == rounds
+
+    # the no-pairs path, by construction: S_a is on 0..100, so a margin of 100 makes every state a tie. Only the
+    # pairs are drawn again (from the same candidates); the round trains nothing and the stop reason says why
+    assert cli_main([*args, "rounds.min_margin=100"]) == 0
+    tied = json.loads((run / "manifest.json").read_text())
+    assert tied["stages"]["r1_candidates"]["finished_at"] == stages["r1_candidates"]["finished_at"]
+    summary = tied["stages"]["r1_pairs"]["summary"]
+    assert summary["pairs"] == 0 and summary.get("dropped_tie", 0) >= 1
+    assert sum(count for name, count in summary.items() if name.startswith("dropped_")) == 2  # both states
+    assert tied["stop_reason"] == "round 1: 0 pairs, fewer than one global batch (1)"
+    assert [r["round"] for r in tied["rounds"]] == [0]
 
 
 @pytest.mark.parametrize("override, named", [

@@ -114,10 +114,12 @@ def test_batched_greedy_equals_one_at_a_time(tiny_engine):
     assert len({c.raw_text for c in batched}) > 1
 
 
-def test_greedy_equals_model_generate_on_tiny_model(tiny_engine):
+def test_greedy_equals_model_generate_on_tiny_model(tiny_engine, tiny_model_dir):
+    # the reference is the unmodified model: the engine's own is fused and prepacked on CPU, float32 included
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(DEVICE).eval()
     completions = tiny_engine.generate([ask(p, max_tokens=12) for p in PROMPTS[:3]])
     for prompt, completion in zip(PROMPTS[:3], completions):
-        reference = reference_greedy(tiny_engine.tokenizer, tiny_engine.model, prompt, max_new_tokens=12)
+        reference = reference_greedy(tiny_engine.tokenizer, plain, prompt, max_new_tokens=12)
         assert completion.raw_text == reference
 
 
@@ -304,9 +306,12 @@ def test_smollm2_chat_completion_matches_generate():
     engine = HFEngine(EngineSpec(model=resolve_model_dir("smollm2-135m"), dtype="float32", device=DEVICE))
     prompts = ["What is the capital of France?", "Simplify: The committee postponed its decision."]
     completions = engine.generate([ask(p, max_tokens=24) for p in prompts])
+    # the unmodified model, not the engine's fused and prepacked one (tests/test_hf_fast_path.py pins more prompts)
+    plain = AutoModelForCausalLM.from_pretrained(resolve_model_dir("smollm2-135m"), dtype=torch.float32)
+    plain = plain.to(DEVICE).eval()
     for prompt, completion in zip(prompts, completions):
         assert completion.text.strip()
-        assert completion.raw_text == reference_greedy(engine.tokenizer, engine.model, prompt, max_new_tokens=24)
+        assert completion.raw_text == reference_greedy(engine.tokenizer, plain, prompt, max_new_tokens=24)
     assert "Paris" in completions[0].text
     engine.close()
 

@@ -1,5 +1,6 @@
 """The numerics of a training worker's forward: its precision with `auto` resolved (native bf16 asked of
-`actors.engines.hf.weights.cpu_has_native_bf16`, as the engine asks it), and the autocast context that
+`actors.engines.hf.weights.cpu_has_native_bf16`, as the engine asks it; `QUORUM_CPU_BF16=0` answers no for both, to
+run as on a CPU without bf16), and the autocast context that
 `precision: bf16-autocast` runs the forward in (`train.ds_config.PRECISIONS`). Torch only, no Ray or DeepSpeed."""
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ Greedy output is token-for-token what `generate(do_sample=False)` gives for the 
 same forward, the same position ids (`cumsum(mask) - 1`), the same argmax on float32 logits. A shared prefix
 computed apart from the rest of the prompt, and attention merged from its part and the row's own part, sum in
 another order than the joint forward: in float32 the tests find the same tokens, in bfloat16 they are close (not
-bitwise; a near-tie can flip a greedy token).
+bitwise; a near-tie can flip a greedy token). So do float32 prepacked layers (oneDNN) against the plain model's
+(MKL): the same tokens on SmolLM2-135M (tests/test_hf_fast_path.py).
 """
 
 from __future__ import annotations

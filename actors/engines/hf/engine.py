@@ -9,13 +9,15 @@ What makes it fast on a small CPU (measured in `bench/generate.py`, see bench/RE
 
 - bfloat16 on CPUs with native bf16 dot products (avx512_bf16 / AMX) when a quick matmul probe confirms it;
 - nn.Linear weights pre-reordered into oneDNN's blocked layout (`actors.engines.hf.weights.PackedLinear`): the skinny
-  decode matmuls stream weights far faster, with bit-identical results in bf16; in Llama layers q/k/v and
-  gate/up run as one such matmul each (`actors.engines.hf.fused`), also bit-identical;
+  decode matmuls stream weights far faster, with bit-identical results in bf16 and results within float32
+  rounding of MKL's in float32 (another summation order; the dtype `auto` picks on CPUs without native bf16); in
+  Llama layers q/k/v and gate/up run as one such matmul each (`actors.engines.hf.fused`), probed the same way;
 - prompts sorted by length and continuous batching with a preallocated KV cache (`actors.engines.hf.decode`);
 - a prompt prefix shared by the requests of a call (a judge's instructions and few-shot examples; per group of
   requests when a call mixes templates) is prefilled once (`enable_prefix_caching`, on by default).
 
-Greedy decoding (temperature 0) gives the same tokens as `model.generate(do_sample=False)`.
+Greedy decoding (temperature 0) gives the same tokens as `model.generate(do_sample=False)` on the unmodified model
+(tests/test_hf_fast_path.py pins this at float32 on SmolLM2-135M).
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ class HFEngine:
         self.model = load_model(model_dir, spec.adapter, self.dtype).to(self.device).eval()
         use_prefix_attention(self.model)  # shared prompt prefixes held once per group of rows
         self.packed_layers = self.fused_modules = 0
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
-            # q/k/v and gate/up as one prepacked matmul each (Llama layers), then every other linear prepacked
+        if self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32):
+            # q/k/v and gate/up as one prepacked matmul each (Llama layers), then every other linear prepacked;
+            # at float32 too, the dtype of CPUs without native bf16 (weights.PackedLinear; docs/engine.md: 1.2-3x a layer)
             self.fused_modules = fuse_decoder_layers(self.model, spec.max_batch_size)
             self.packed_layers = pack_linear_layers(self.model, spec.max_batch_size)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
