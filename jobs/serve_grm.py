@@ -87,7 +87,7 @@ def run(cfg: ServeConfig, detach: bool) -> int:
         wait_until_running(cfg.serve.app_name, _READY_TIMEOUT_S)
         base = f"http://{cfg.serve.host}:{cfg.serve.port}{cfg.serve.route_prefix.rstrip('/')}"
         print(f"quorum serve: app {cfg.serve.app_name!r} running at {base} "
-              "(/v1/chat/completions /score /compare /reward/group /health /ready /stats)", flush=True)
+              "(/v1/chat/completions /score /compare /reward/group /openrlhf /health /ready /stats)", flush=True)
         if detach:
             return 0
         print("quorum serve: Ctrl-C to stop", flush=True)
@@ -98,9 +98,9 @@ def run(cfg: ServeConfig, detach: bool) -> int:
                 time.sleep(_POLL_S)
         except KeyboardInterrupt:
             print("quorum serve: stopping", flush=True)
-            if not started_local:
-                # on a shared cluster the app must go; a local cluster goes away with this process anyway
-                serve.delete(cfg.serve.app_name)
+            # the app goes first, on a local cluster too: its replicas stop gracefully (their judge engines closed,
+            # the monitors' W&B runs finished and written) before the cluster that ran them does
+            serve.delete(cfg.serve.app_name)
         return 0
     finally:
         if started_local:
@@ -147,6 +147,74 @@ def wait_until_running(app_name: str, timeout_s: float) -> None:
         if (app is not None and app.status == "DEPLOY_FAILED") or time.monotonic() > deadline:
             raise RuntimeError(f"Serve app {app_name!r} did not start: {app}")
         time.sleep(1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One app per run (policy GRPO deploys its judge as `serve.config.run_app_name(app_name, run id)`)
+
+# the namespace of the actors that say which run holds which app (any job of the cluster can look them up there)
+OWNER_NAMESPACE = "quorum-serve-apps"
+
+
+def app_owner(app: str):
+    """The live owner actor of `app` (another driver holds it), or None."""
+    import ray
+
+    try:
+        return ray.get_actor(app, namespace=OWNER_NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _clash(app: str, owner) -> ConfigError:
+    import ray
+
+    try:
+        job = ray.get(owner.job_id.remote(), timeout=30)
+    except Exception:  # noqa: BLE001 - the owner just went away: still a clash at the moment we looked
+        job = "unknown"
+    return ConfigError(
+        f"run.id: the Serve app {app!r} of this run id is held by a running job (Ray job {job}); a second run "
+        "would replace its judge and delete it when it ends. Give this run its own run.id, or stop that job first")
+
+
+def check_app_free(app: str) -> None:
+    """Refuse (ConfigError, exit 2) before any work when a live driver holds `app` (`claim_app`)."""
+    owner = app_owner(app)
+    if owner is not None:
+        raise _clash(app, owner)
+
+
+def claim_app(app: str):
+    """Hold `app` for this driver: a named actor in `OWNER_NAMESPACE`, created atomically (a second driver's create
+    fails while it lives) and fate-shared with this driver, so a driver that dies releases it. Returns the actor;
+    `release_app` ends it. Raises ConfigError when another live driver holds the name."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class AppOwner:
+        def job_id(self) -> str:
+            return ray.get_runtime_context().get_job_id()
+
+    try:
+        owner = AppOwner.options(name=app, namespace=OWNER_NAMESPACE).remote()
+        ray.get(owner.job_id.remote(), timeout=60)
+    except ValueError:  # the name is taken: Ray refuses a second actor of one name in a namespace
+        raise _clash(app, app_owner(app)) from None
+    return owner
+
+
+def release_app(owner) -> None:
+    import ray
+
+    ray.kill(owner, no_restart=True)
+
+
+def existing_app(app: str):
+    """Serve's status of `app` in the connected cluster, or None."""
+    from ray import serve
+
+    return serve.status().applications.get(app)
 
 
 # ---------------------------------------------------------------------------------------------------------------

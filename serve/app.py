@@ -5,8 +5,9 @@
 
 Endpoints: POST /v1/chat/completions (OpenAI-compatible), GET /v1/models, POST /score (pointwise grade),
 POST /compare (pairwise grades + preference), POST /reward/group (a reward per response, all_pairs,
-vs_reference or listwise: one call ranks the group), GET /health (liveness), GET /ready (model loaded, its
-identity), GET /stats (engine mode, judgments in flight or batch sizes, cache).
+vs_reference or listwise: one call ranks the group), POST /openrlhf (OpenRLHF's remote reward-model protocol),
+GET /health (liveness), GET /ready (model loaded, its identity), GET /stats (engine mode, judgments in flight or
+batch sizes, cache, and per caller the reward-hacking monitors of `serve.monitoring`).
 Request formats, parsing and reward maths live in the pure `serve.protocol`, message rendering in `serve.judge_prompts`.
 
 This module holds the routes and the app builders. How a judgment reaches the engine (vLLM's continuous batching
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import math
 import time
 import uuid
 
@@ -29,6 +32,7 @@ from starlette.exceptions import HTTPException
 from actors.secrets import Secrets
 from actors.stage_config import engine_secrets
 from core.config import ConfigError, build, with_defaults
+from core.tracking import resolve_mode, wandb_secret_names
 from eval.judging.grammar import judge_grammar
 from eval.judging.listwise import listwise_grammar
 from eval.reward_wire import GroupRewardResponse
@@ -38,8 +42,10 @@ from serve.config import ReplicaSettings, ServeConfig
 from serve.errors import error_body, install_error_handlers, validation_error_body
 from serve.guard import admit
 from serve.judging import JudgeCore
+from serve.monitoring import probe_step
 
 DEPLOYMENT_NAME = "GRMServer"
+log = logging.getLogger("ray.serve")
 
 api = FastAPI(title="quorum generative reward model")
 
@@ -151,7 +157,10 @@ class GRMServer(JudgeCore):
         sampling = self._judge_sampling(settings, body.sampling,
                                         "pointwise" if self.prompts.pointwise_format == "menlo" else "score")
         completion, cached = await self._with_deadline(self._complete(messages, sampling), body.timeout_s)
-        return P.score_response(completion, self.model_name, cached, self.prompts.pointwise_format)
+        out = P.score_response(completion, self.model_name, cached, self.prompts.pointwise_format)
+        self.record(body.caller, body.prompt, [body.response], [None if out.grade is None else float(out.grade)],
+                    failed_judgments=int(out.parse_status != "ok"))
+        return out
 
     @api.post("/compare")
     async def compare(self, body: P.CompareRequest) -> P.CompareResponse:
@@ -173,7 +182,8 @@ class GRMServer(JudgeCore):
         texts = {R.REFERENCE: body.reference}
         texts.update(enumerate(P.clean_response(r, settings.judge.strip_think) for r in body.responses))
         if body.scheme == "listwise":
-            return await self._reward_listwise(settings, body, [texts[i] for i in range(len(body.responses))])
+            out = await self._reward_listwise(settings, body, [texts[i] for i in range(len(body.responses))])
+            return self._recorded(body, out)
         pairs = R.plan_pairs(len(body.responses), body.scheme, body.both_orders)
         sampling = self._judge_sampling(settings, body.sampling, "pairwise")
         messages = [self.prompts.compare_messages(body.prompt, texts[a], texts[b], body.dimension, body.locale)
@@ -181,8 +191,112 @@ class GRMServer(JudgeCore):
         calls = [self._complete(m, sampling) for m in messages]
         results = await self._with_deadline(asyncio.gather(*calls), body.timeout_s)
         judgments = [R.read_judgment(a, b, c, cached) for (a, b), (c, cached) in zip(pairs, results)]
-        return R.group_response(body.scheme, len(body.responses), judgments, [c for c, _ in results],
-                                self.model_name)
+        return self._recorded(body, R.group_response(body.scheme, len(body.responses), judgments,
+                                                     [c for c, _ in results], self.model_name))
+
+    def _recorded(self, body: P.GroupRewardRequest, out: GroupRewardResponse) -> GroupRewardResponse:
+        """Record a group answer for its caller's monitors (serve.monitoring), as the caller will train on it."""
+        if body.caller is not None:
+            verdicts = [(j.grade_a, j.grade_b) for j in out.judgments if j.parse_status == "ok"]
+            self.record(body.caller, body.prompt, body.responses, R.caller_rewards(out, body.caller.signal), verdicts,
+                        out.counts.n_failed_judgments)
+        return out
+
+    async def _probe(self, caller: str, step: int) -> None:
+        """monitor.probe_path's pairs judged as `/reward/group` judges a pair (all_pairs, both orders; through the
+        cache, so an unchanged judge costs nothing after the first step): the preference of the higher mean margin,
+        None when no judgment parsed or the request failed (counted wrong), against the gold preference."""
+        pairs = self.probe
+
+        async def verdict(pair: dict) -> str | None:
+            request = P.GroupRewardRequest(prompt=pair["prompt"], responses=[pair["response_a"], pair["response_b"]],
+                                           scheme="all_pairs", both_orders=True, dimension=pair["dimension"],
+                                           locale=pair["locale"])
+            try:
+                margins = (await self.reward_group(request)).rewards
+            except (HTTPException, P.RequestError, ValueError):
+                return None
+            if None in margins:
+                return None
+            return "tie" if margins[0] == margins[1] else "A" if margins[0] > margins[1] else "B"
+
+        try:
+            predicted = await asyncio.gather(*[verdict(pair) for pair in pairs])
+            monitor = self.ledger.callers.get(caller)
+            if monitor is None:  # dropped past monitor.max_callers meanwhile
+                return
+            metrics = probe_step(monitor, step, list(predicted), [pair["gold"] for pair in pairs])
+        except Exception as exc:  # noqa: BLE001 - a background task: its failure is counted and logged, never lost
+            self.counters["probe_errors"] += 1
+            log.warning("the probe run after step %s of caller %s failed: %s: %s", step, caller,
+                        type(exc).__name__, exc)
+            return
+        self.counters["probe_runs"] += 1
+        if self.sink is not None:
+            self.sink.put([(caller, step, metrics)])
+
+    @api.post("/openrlhf")
+    async def openrlhf(self, body: P.OpenRLHFRequest, scheme: str = "score", signal: str = "own_grade",
+                       caller: str | None = None, dimension: str | None = None, locale: str | None = None,
+                       failed_reward: float | None = None) -> dict:
+        """OpenRLHF's remote reward model (`--reward.remote_url http://HOST:PORT/openrlhf?...`): one reward per
+        query, each response recovered from its query and prompt (`P.openrlhf_response`). Query parameters
+        (OpenRLHF sends only the URL): `scheme` score (each response graded alone, reward = its grade),
+        vs_reference (judged against its label), all_pairs | listwise (the queries of this request that share a
+        prompt form a group); `signal` own_grade | margin for the pairwise schemes; `caller` names the run for the
+        monitors; `failed_reward`: the reward of a response whose judgment failed, counted in `extra_logs`
+        `quorum_failed` (omitted: such a request is answered 502, OpenRLHF retries it and then has no reward)."""
+        settings = self._ready_settings()
+        P.check_openrlhf(body, settings.limits)
+        if scheme not in P.OPENRLHF_SCHEMES:
+            raise P.RequestError("scheme", f"{scheme!r} is not one of {P.OPENRLHF_SCHEMES}")
+        if signal not in ("own_grade", "margin"):
+            raise P.RequestError("signal", f"{signal!r} is not own_grade or margin")
+        if failed_reward is not None and not math.isfinite(failed_reward):
+            raise P.RequestError("failed_reward", f"must be a finite number, got {failed_reward}")
+        tag = None if caller is None else P.CallerTag(name=caller, signal=signal)
+        context = {"dimension": dimension, "locale": locale, "caller": tag}
+        responses = [P.openrlhf_response(q, p, f"query[{i}]") for i, (q, p) in enumerate(zip(body.query, body.prompts))]
+        rewards: list[float | None] = [None] * len(responses)
+        failures: list[str] = [""] * len(responses)
+        if scheme == "score":
+            outs = await asyncio.gather(*[self.score(P.ScoreRequest(prompt=p, response=r, **context))
+                                          for p, r in zip(body.prompts, responses)])
+            for i, out in enumerate(outs):
+                rewards[i] = None if out.grade is None else float(out.grade)
+                failures[i] = out.parse_status
+        else:
+            groups: dict[str, list[int]] = {}
+            for i, prompt in enumerate(body.prompts):
+                # vs_reference judges each row against its own label; the group schemes group a prompt's rows
+                groups.setdefault(str(i) if scheme == "vs_reference" else prompt, []).append(i)
+            requests = []
+            for rows in groups.values():
+                reference = None
+                if scheme == "vs_reference":
+                    reference = (body.labels or [None] * len(responses))[rows[0]]
+                    if not isinstance(reference, str):
+                        raise P.RequestError(f"labels[{rows[0]}]", "scheme vs_reference judges against the label: "
+                                                                   "it must be a string")
+                requests.append(P.GroupRewardRequest(prompt=body.prompts[rows[0]], responses=[responses[i] for i in rows],
+                                                     reference=reference, scheme=scheme, **context))
+            for request in requests:
+                P.check_group(request, settings.limits)  # every group acceptable before any is judged
+            outs = await asyncio.gather(*[self.reward_group(r) for r in requests])
+            for rows, out in zip(groups.values(), outs):
+                values = R.caller_rewards(out, signal)
+                for k, i in enumerate(rows):
+                    rewards[i] = values[k]
+                    failures[i] = "ok" if values[k] is not None else "; ".join(out.items[k].errors) or "failed"
+        failed = [r is None for r in rewards]
+        if any(failed) and failed_reward is None:
+            first = failed.index(True)
+            raise HTTPException(502, f"the judgment of query[{first}] failed ({failures[first]}) and the URL sets "
+                                     "no failed_reward")
+        self.counters["openrlhf_failed"] += sum(failed)
+        final = [failed_reward if r is None else r for r in rewards]
+        return {"rewards": final, "scores": final,
+                "extra_logs": {"quorum_failed": [float(f) for f in failed]}}
 
     async def _reward_listwise(self, settings, body: P.GroupRewardRequest, responses: list[str]):
         """Scheme listwise: one judge call for the whole group, decoded under the permutation (or grades) grammar."""
@@ -265,8 +379,9 @@ def check_replicas_fit(cfg: ServeConfig) -> None:
 
 
 def replica_secrets(cfg: ServeConfig) -> Secrets:
-    """The auth token and the judge engine's API key, by the names the config gives."""
-    return Secrets([cfg.serve.auth_token_env, *engine_secrets(cfg.judge.engine).names])
+    """The auth token, the judge engine's API key and (monitors logged to W&B online) the W&B key, by name."""
+    wandb_key = wandb_secret_names(resolve_mode(cfg.wandb.mode)) if cfg.wandb.on else []
+    return Secrets([cfg.serve.auth_token_env, *engine_secrets(cfg.judge.engine).names, *wandb_key])
 
 
 def config_from_args(args: dict) -> ServeConfig:

@@ -17,6 +17,7 @@ Secrets never appear here: `serve.auth_token_env` is the *name* of the environme
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,30 @@ from actors.engines.vllm_sync import check_extra_args
 from actors.stage_config import SamplingConfig
 from core.config import Section, check_tree, dotted, fail, in_range, one_of, positive
 from core.ray_env import RayConfig
+from core.resource_fit import Ask
 from serve import judge_prompts, protocol
+from serve.monitor_sink import ServiceWandbConfig
+from serve.monitoring import ServiceMonitorConfig
+
+
+def run_app_name(app_name: str, run_id: str) -> str:
+    """The Serve application a job deploys for one run: `serve.app_name` and the run id, so two runs never share
+    (or delete) one app. Characters a route prefix or an actor name would not take become ``-``.
+
+    >>> run_app_name("grm-policy-grpo", "policy_grpo_cluster"), run_app_name("grm", "a b/c")
+    ('grm-policy-grpo-policy_grpo_cluster', 'grm-a-b-c')
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip("-") or "run"
+    return f"{app_name}-{safe}"
+
+
+def run_route_prefix(route_prefix: str, app: str) -> str:
+    """A run's app under its own route prefix (Serve refuses a second app on a prefix another app holds).
+
+    >>> run_route_prefix("/", "grm-r1"), run_route_prefix("/grpo/", "grm-r1")
+    ('/grm-r1', '/grpo/grm-r1')
+    """
+    return f"{route_prefix.rstrip('/')}/{app}"
 
 
 @dataclass
@@ -36,7 +60,8 @@ class HTTPConfig:
     port: int = 8000  # TCP port of the Serve HTTP proxy, 1..65535
     # URL prefix of this app (several Serve apps can share one proxy)
     route_prefix: str = "/"
-    # Serve application name; re-running `quorum serve` with the same name updates that app
+    # Serve application name; re-running `quorum serve` with the same name updates that app. policy_grpo deploys
+    # its own app per run: <app_name>-<run id>, under the route prefix <route_prefix>/<that name>
     app_name: str = "grm"
     # per-request deadline inside the replica; a request past it gets 504 (a client may ask for less)
     request_timeout_s: float = 120.0
@@ -177,6 +202,8 @@ class ReplicaSettings:
     request_timeout_s: float = 120.0
     auth_token_env: str = ""
     health: HealthConfig = field(default_factory=HealthConfig)
+    monitor: ServiceMonitorConfig = field(default_factory=ServiceMonitorConfig)
+    wandb: ServiceWandbConfig = field(default_factory=ServiceWandbConfig)
 
 
 @dataclass
@@ -195,6 +222,18 @@ class ServeConfig:
     limits: protocol.Limits = field(default_factory=protocol.Limits)  # request size limits (refused past them)
     # LRU entries of (model identity, rendered prompt, sampling) -> completion per replica; 0 = no cache
     cache_size: int = 1024
+    # reward-hacking monitors per caller (serve.monitoring): requests that name a `caller` are recorded and monitored
+    monitor: ServiceMonitorConfig = field(default_factory=ServiceMonitorConfig)
+    # W&B runs of the monitors, one per caller (serve.monitor_sink); off by default for the service
+    wandb: ServiceWandbConfig = field(default_factory=ServiceWandbConfig)
+
+    def replicas_ask(self, key_prefix: str = "") -> Ask:
+        """What Serve must place before the app runs: `min_replicas` replicas of `resources` (`max_replicas` is a
+        ceiling Serve's autoscaler grows towards as the cluster makes room, not a reservation). `key_prefix` names
+        where a job sets this config (policy GRPO: ``grm.overrides: ``)."""
+        unit = {"CPU": float(self.resources.num_cpus), "GPU": float(self.resources.num_gpus)}
+        keys = ("autoscaling.min_replicas", "resources.num_cpus", *(("resources.num_gpus",) if unit["GPU"] else ()))
+        return Ask("serve", "replicas", self.autoscaling.min_replicas, unit, tuple(key_prefix + k for k in keys))
 
     def validate(self) -> None:
         """The rules across sections (check_tree has run every section's own `check` and the number floors)."""
@@ -228,7 +267,8 @@ class ServeConfig:
         return ReplicaSettings(
             judge=self.judge, prompts=self.prompts, sampling=self.sampling, batching=self.batching,
             limits=self.limits, cache_size=self.cache_size, request_timeout_s=self.serve.request_timeout_s,
-            auth_token_env=self.serve.auth_token_env, health=self.health,
+            auth_token_env=self.serve.auth_token_env, health=self.health, monitor=self.monitor,
+            wandb=self.wandb,
         )
 
     def user_config(self) -> dict:
@@ -240,6 +280,7 @@ class ServeConfig:
         for key in ("pointwise", "pairwise", "listwise"):
             data["prompts"][key] = absolute_if_path(getattr(settings.prompts, key))
         data["prompts"]["rubrics"] = absolute(settings.prompts.rubrics)
+        data["monitor"]["probe_path"] = absolute(settings.monitor.probe_path)
         return data
 
 

@@ -52,6 +52,8 @@ from serve.adapter import (
 )
 from serve.cache import LRUCache
 from serve.config import ReplicaSettings, judge_engine_mode, load_prompts, validate_replica_settings
+from serve.monitor_sink import MonitorSink
+from serve.monitoring import CallerLedger, probe_pairs, served_markers
 
 log = logging.getLogger("ray.serve")
 PROBE = ChatRequest(messages=[{"role": "user", "content": "Say OK."}],
@@ -75,6 +77,12 @@ class JudgeCore:
         # monotonic start of the engine call now running (a batch or the health probe); None = idle
         self._engine_busy_since: float | None = None
         self.counters = collections.Counter()
+        # the reward-hacking monitors of the callers that name themselves (serve.monitoring)
+        self.ledger = CallerLedger()
+        self.sink: MonitorSink | None = None
+        # monitor.probe_path's pairs, judged after each monitored step of a caller (serve.app `_probe`)
+        self.probe: list[dict] = []
+        self._probes: set[asyncio.Task] = set()
         self.batch_sizes = collections.Counter()
         # async mode: start times of the judgments in flight, and a gate closed while the engine is reloaded
         self._in_flight: dict[int, float] = {}
@@ -104,6 +112,12 @@ class JudgeCore:
         if settings.auth_token_env and not self._token:
             log.warning("serve.auth_token_env names %s but it is unset on this replica: auth is OFF",
                         settings.auth_token_env)
+        self.ledger.configure(settings.monitor, served_markers(prompts, settings.monitor.format_ngram))
+        self.probe = await asyncio.to_thread(probe_pairs, settings.monitor)
+        if self.sink is None or self.sink.cfg != settings.wandb:
+            if self.sink is not None:
+                await asyncio.to_thread(self.sink.close)
+            self.sink = MonitorSink(settings.wandb)
         self.settings, self.prompts = settings, prompts
 
     def _engine_settings_changed(self, judge) -> bool:
@@ -156,8 +170,30 @@ class JudgeCore:
         self.cache.clear()
         return old
 
+    def record(self, caller, prompt: str, texts: list[str], rewards: list[float | None],
+               verdicts: list[tuple[int, int]] = (), failed_judgments: int = 0) -> None:
+        """A judged group for its caller's monitors (`serve.monitoring`); closed steps' metrics go to W&B, and
+        with a probe set each monitored step is followed by the judge's probe accuracy (`_probe`)."""
+        if caller is None:
+            return
+        self.ledger.add(caller.name, caller.step, prompt, texts, rewards, verdicts, failed_judgments)
+        closed = self.ledger.take_metrics()
+        if self.sink is not None:
+            self.sink.put(closed)
+        for name, step, _ in closed if self.probe else ():
+            task = asyncio.get_running_loop().create_task(self._probe(name, step))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, caller: str, step: int) -> None:
+        """The probe pairs through this replica's judge; the routes' class implements it (`serve.app`)."""
+        raise NotImplementedError
+
     def __del__(self):
         # Serve calls it when the replica stops: a vLLM engine core is a process of its own, freed here
+        sink = getattr(self, "sink", None)
+        if sink is not None:
+            sink.close(timeout_s=30)
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             try:
@@ -274,6 +310,8 @@ class JudgeCore:
                         max_batch_size=self.settings.batching.max_batch_size if self.settings else None)
         body["cache"] = {"size": len(self.cache), "capacity": self.cache.capacity, "hits": self.cache.hits,
                          "misses": self.cache.misses}
+        # per caller: counts, monitor/* metrics, alerts and the record of returned rewards (serve.monitoring)
+        body["callers"] = self.ledger.stats()
         return {**body, **dict(self.counters)}
 
 

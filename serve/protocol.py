@@ -92,6 +92,18 @@ class SamplingOverride(BaseModel):
     seed: Seed | None = None
 
 
+class CallerTag(BaseModel):
+    """Who sent a request, for the service-side reward monitors (`serve.monitoring`): a run's name and its training
+    step (None: the service counts steps itself, every `monitor.step_rollouts` rollouts)."""
+
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")
+    step: int | None = Field(None, ge=0)
+    # which value of a pairwise group answer the caller trains on, recorded and monitored as its reward: the body's
+    # `rewards` (margin) or its items' `mean_grade` (own_grade); listwise and /score have one value each
+    signal: Literal["margin", "own_grade"] = "margin"
+
+
 class JudgeRequest(BaseModel):
     model_config = _STRICT
     sampling: SamplingOverride | None = None
@@ -106,6 +118,8 @@ class ScoreRequest(JudgeRequest):
     prompt: Text = Field(min_length=1)
     response: Text
     reference: Text | None = None
+    # the run this request belongs to: its rewards are recorded and monitored per caller (omitted: not recorded)
+    caller: CallerTag | None = None
 
 
 class CompareRequest(JudgeRequest):
@@ -120,6 +134,55 @@ class GroupRewardRequest(JudgeRequest):
     reference: Text | None = None
     scheme: Literal["all_pairs", "vs_reference", "listwise"] = "all_pairs"
     both_orders: bool = False
+    # as ScoreRequest's: the caller whose monitors record this group
+    caller: CallerTag | None = None
+
+
+class OpenRLHFRequest(BaseModel):
+    """OpenRLHF's remote reward-model body (openrlhf 0.11.2 `openrlhf/utils/agent.py`,
+    `SingleTurnAgentExecutor._fetch_rewards_via_http`): `query` is the decoded prompt + response, special tokens
+    kept; `prompts` the prompts as given to the tokenizer; `labels` the dataset's label column. Unknown fields are
+    ignored, as OpenRLHF's own RM server does."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    query: list[Text] = Field(min_length=1)
+    prompts: list[Text]
+    labels: list[Text | None] | None = None
+
+
+OPENRLHF_SCHEMES = ("score", "vs_reference", "all_pairs", "listwise")
+# special-token text a decode with skip_special_tokens=False leaves after a response (ChatML, Llama, Gemma, ...)
+_TRAILING_SPECIAL_RE = re.compile(r"(?:\s*(?:<\|[A-Za-z0-9_]+\|>|</s>|<eos>|<end_of_turn>))+\s*$")
+
+
+def openrlhf_response(query: str, prompt: str, field: str) -> str:
+    """The policy's response inside OpenRLHF's `query` (decode(prompt tokens + response tokens), special tokens
+    kept): what follows the prompt, without the end-of-sequence tokens after it.
+
+    >>> openrlhf_response("<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>",
+    ...                   "<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n", "query[0]")
+    'Hello!'
+    """
+    if query.startswith(prompt):
+        rest = query[len(prompt):]
+    else:
+        # a tokenizer round trip may not give the prompt back verbatim at the start (a BOS it adds, spacing);
+        # the prompt's last occurrence still ends where the response begins
+        at = query.rfind(prompt) if prompt else -1
+        if at < 0:
+            raise RequestError(field, "does not contain its prompt (prompts[i]): cannot tell the response apart")
+        rest = query[at + len(prompt):]
+    return _TRAILING_SPECIAL_RE.sub("", rest)
+
+
+def check_openrlhf(req: OpenRLHFRequest, limits: Limits) -> None:
+    n = len(req.query)
+    if len(req.prompts) != n:
+        raise RequestError("prompts", f"{len(req.prompts)} prompts for {n} queries")
+    if req.labels is not None and len(req.labels) != n:
+        raise RequestError("labels", f"{len(req.labels)} labels for {n} queries")
+    check_texts([(f"query[{i}]", q) for i, q in enumerate(req.query)]
+                + [(f"prompts[{i}]", p) for i, p in enumerate(req.prompts)], limits)
 
 
 class ChatMessage(BaseModel):

@@ -124,5 +124,13 @@ def listwise_response(n: int, mode: str, completion: Completion, cached: bool, m
                                listwise=out)
 
 
+def caller_rewards(out: GroupRewardResponse, signal: str) -> list[float | None]:
+    """The reward per response a caller trains on: the body's `rewards` (margins; listwise: normalised ranks) or,
+    with signal "own_grade" on a pairwise scheme, each item's `mean_grade`. None where no judgment parsed."""
+    if signal == "own_grade" and out.scheme != "listwise":
+        return [item.mean_grade for item in out.items]
+    return list(out.rewards)
+
+
 def _mean(values: list[int]) -> float | None:
     return sum(values) / len(values) if values else None

@@ -11,10 +11,10 @@ import pytest
 import jobs.policy.grpo as job
 from actors.engines.base import Completion
 from core.config import load_config
+from eval.reward_monitors import JudgeMarkers
 from serve.rewards import group_response, plan_pairs, read_judgment
 from train.grpo.monitoring import LoopMonitors, read_alerts, sample_groups
 from train.grpo.reward.client import parse_group_body
-from train.grpo.reward.monitors import JudgeMarkers
 
 REPO = Path(__file__).resolve().parents[1]
 GRADES = "<think>x</think><final_grade_A> FINAL GRADE: {} - X </final_grade_A><final_grade_B> FINAL GRADE: {} - X " \

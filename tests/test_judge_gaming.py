@@ -11,17 +11,20 @@ from each answer, but
 Policies: honest (similar lengths, qualities that vary), length-gaming (padding, lengths spread), position-gaming
 (one answer, repeated: every pair is a tie the first slot wins) and format-gaming (quotes the judge's output tags).
 Each run goes through the same per-worker sums and monitors as `train.grpo.loop`, two workers' sums added as
-`reduce_sums` adds them.
+`reduce_sums` adds them; the same groups sent to the reward service's per-caller monitors (`serve.monitoring`, what
+a TRL / OpenRLHF / verl run gets) raise the same alerts.
 """
 
+import dataclasses
 import random
 
 import pytest
 
 from eval.prompts import load_template, prompt_path
+from eval.reward_monitors import MonitorConfig, RewardMonitors, judge_markers, step_sums
 from eval.reward_wire import JudgmentOut
+from serve.monitoring import CallerLedger, ServiceMonitorConfig
 from serve.rewards import compute_rewards, plan_pairs
-from train.grpo.reward.monitors import MonitorConfig, RewardMonitors, judge_markers, step_sums
 
 GROUP, GROUPS_PER_STEP, STEPS = 4, 4, 6
 WORDS = ("river", "lantern", "orchard", "pebble", "harbor", "meadow", "violet", "copper", "maple", "candle")
@@ -132,3 +135,27 @@ def test_a_looser_threshold_lets_the_length_gaming_run_pass(markers):
     # the threshold is what decides: the same run under length_corr_max 1 (never exceeded) raises no length alert
     alerts = run(length_gaming, markers, MonitorConfig(length_corr_max=1.0, length_ratio_max=100.0))
     assert alerts == []
+
+
+def run_on_the_service(policy, markers, cfg: MonitorConfig, seed: int = 0) -> list:
+    """The same rollouts and verdicts, group by group, into the service's ledger for one caller (steps as TRL sends
+    them); the last step closes as the next request would close it."""
+    rng, ledger = random.Random(seed), CallerLedger()
+    shared = {f.name for f in dataclasses.fields(ServiceMonitorConfig)}
+    ledger.configure(ServiceMonitorConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k in shared}), markers)
+    for step in range(1, STEPS + 1):
+        for g in range(GROUPS_PER_STEP):
+            group = policy(rng, step)
+            rewards, verdicts = judge_group(group)
+            ledger.add("run", step, f"prompt {step}.{g}", group, rewards, verdicts)
+    monitor = ledger.callers["run"]
+    monitor.close()
+    return monitor.alerts
+
+
+@pytest.mark.parametrize("policy", [honest, length_gaming, position_gaming, format_gaming])
+def test_the_service_side_monitors_raise_the_trainers_alerts(markers, policy):
+    trainer = [(a.monitor, a.step, round(a.value, 9)) for a in run(policy, markers, CFG)]
+    service = [(a.monitor, a.step, round(a.value, 9)) for a in run_on_the_service(policy, markers, CFG)]
+    assert service == trainer
+    assert bool(trainer) == (policy is not honest)

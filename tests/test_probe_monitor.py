@@ -13,9 +13,9 @@ from typing import ClassVar
 import pytest
 
 from core.config import ConfigError, load_config
+from eval.reward_monitors import MonitorConfig, gold_preference
 from train.grpo.batch import GroupOutcome
 from train.grpo.monitoring import LoopMonitors, probe_verdict
-from train.grpo.reward.monitors import MonitorConfig, gold_preference
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Reward-hacking monitors (train/grpo/reward/monitors.py): statistics, sums, windows and alerts, by hand-worked numbers."""
+"""Reward-hacking monitors (eval/reward_monitors.py): statistics, sums, windows and alerts, by hand-worked numbers."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 from core.config import ConfigError
 from eval.prompts import load_template, prompt_path
-from train.grpo.reward.monitors import (
+from eval.reward_monitors import (
     Alert,
     JudgeMarkers,
     MonitorConfig,

@@ -39,7 +39,7 @@ class GroupOutcome:
         latency_s: Wall time spent obtaining the rewards, retries and back-off included.
         failed_judgments: Judge generations of this group whose grades could not be parsed (GRM only).
         verdicts: (grade of the slot shown first, grade of the second) of every parsed pairwise judgment (GRM only;
-            the position-preference monitor, `train.grpo.reward.monitors`).
+            the position-preference monitor, `eval.reward_monitors`).
     """
 
     rewards: list[float] | None

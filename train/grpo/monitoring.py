@@ -1,4 +1,4 @@
-"""The reward-hacking monitors (`train.grpo.reward.monitors`) inside the GRPO worker loop (`train.grpo.loop`).
+"""The reward-hacking monitors (`eval.reward_monitors`) inside the GRPO worker loop (`train.grpo.loop`).
 
 The job puts a ``monitor`` entry in the reward spec (policy GRPO against the served judge: `jobs.policy.grpo`):
 
@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from train.grpo.reward.monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, probe_accuracy, step_sums
+from eval.reward_monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, probe_accuracy, step_sums
 
 log = logging.getLogger("quorum.grpo.monitor")
 Metrics = dict[str, float]

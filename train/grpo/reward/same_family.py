@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from train.grpo.reward.monitors import Alert
+from eval.reward_monitors import Alert
 
 # name parts that say nothing about the family: size, tuning and format suffixes
 _NAME_NOISE = re.compile(r"[-_.](?:\d+(?:\.\d+)?[mbk]|instruct|chat|base|it|hf|gguf|awq|gptq|fp16|bf16|v\d+(?:\.\d+)*)"

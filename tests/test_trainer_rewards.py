@@ -1,0 +1,514 @@
+"""quorum's reward service as the reward of TRL, OpenRLHF and verl (docs/trainers.md), against a real `quorum serve`.
+
+One `quorum serve configs/grm.yaml` process (its own local Ray, real Serve, real HTTP) serves the module. Its judge
+is a scripted hosted model (tests/fake_openai_server.py, the edge of the world) that answers MENLO's grade blocks
+with the judge-gaming fixture's weaknesses (tests/test_judge_gaming.py: the longer answer wins, then the quality
+mark, then the first slot), and answers a prompt holding UNJUDGEABLE with text no parser reads: a real judgment
+failure, which the service reports as a null reward and counts. Everything else runs for real: TRL's GRPOTrainer on
+the bundled SmolLM2, OpenRLHF's body and response handling (openrlhf 0.11.2), verl's calling convention (0.9.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from fake_openai_server import FakeOpenAIServer
+
+from eval.judging.menlo_parse import MENLO_LABELS
+from tests.test_judge_gaming import GROUP, GROUPS_PER_STEP, STEPS, honest, length_gaming, scripted_judge
+from tests.test_serve_app import free_port
+
+# a `quorum serve` with its own Ray cluster serves the module; the TRL test trains SmolLM2
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+UNJUDGEABLE = "UNJUDGEABLE"
+CONTEXT = {"dimension": "fluency", "locale": "en_US"}
+# labelled pairs for the service's probe monitor: gold prefers what the scripted judge prefers (the longer answer)
+PROBE = [{"pair_id": f"probe-{i}", "prompt": "Describe the harbor.", "gold_a": a, "gold_b": b, **CONTEXT,
+          "response_a": ra, "response_b": rb}
+         for i, (ra, rb, a, b) in enumerate([("The harbor is calm and full of small boats at dawn.", "Boats.", 5, 2),
+                                             ("Calm.", "Gulls circle the harbor while fishermen mend their nets.", 1, 4)])]
+
+
+def grade_block(tag: str, grade: int) -> str:
+    return f"<{tag}> FINAL GRADE: {grade} - {MENLO_LABELS[grade]} </{tag}>"
+
+
+def pairwise_grades(a: str, b: str) -> tuple[int, int]:
+    """The gaming fixture's judge for its own answers ([q=...] marks); by length for anything else."""
+    if "[q=" in a and "[q=" in b:
+        return scripted_judge(a, b)
+    la, lb = len(a.split()), len(b.split())
+    return (4, 2) if la > lb else (2, 4) if la < lb else (3, 3)
+
+
+def judge_reply(message: str) -> str:
+    """The scripted judge's answer to a rendered MENLO template (its last user message)."""
+    if UNJUDGEABLE in message:
+        return "I would rather not grade these."
+    if "[Response A]" in message:
+        a = message.split("[Response A]\n", 1)[1].split("\n\n[Response B]\n", 1)[0]
+        b = message.split("\n\n[Response B]\n", 1)[1]
+        grade_a, grade_b = pairwise_grades(a, b)
+        return f"<think> compared </think>{grade_block('final_grade_A', grade_a)}{grade_block('final_grade_B', grade_b)}"
+    response = message.split("[Response]\n", 1)[1]
+    return f"<think> read </think>{grade_block('final_grade', min(5, 1 + len(response.split()) // 3))}"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """`quorum serve` with the scripted judge, no auth (OpenRLHF's HTTP path sends no token), its own Ray, and the
+    monitors logged to offline W&B runs under `wandb_dir`. `stop()` ends it (the W&B files are complete then)."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="qt", dir="/tmp"))
+    wandb_dir = tmp_path_factory.mktemp("serve-wandb")
+    probe = wandb_dir.parent / "probe.jsonl"
+    probe.write_text("".join(json.dumps(row) + "\n" for row in PROBE))
+    port = free_port()
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline",
+           "WANDB_DIR": str(wandb_dir)}
+    env.pop("RAY_ADDRESS", None)
+    with FakeOpenAIServer(reply=judge_reply) as judge:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobs.cli", "serve", "configs/grm.yaml", f"serve.port={port}",
+             "serve.auth_token_env=", "resources.num_cpus=0.25", "ray.num_cpus=2", "health.probe=false",
+             f"judge.engine={{kind: openai, model: scripted-judge, base_url: '{judge.base_url}', max_retries: 0}}",
+             "judge.constrained=false", "cache_size=0", "wandb.enabled=true", "wandb.mode=offline",
+             f"monitor.probe_path={probe}"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        base = f"http://127.0.0.1:{port}"
+
+        def stop() -> str:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            return proc.stdout.read()
+
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                assert proc.poll() is None, proc.stdout.read()[-3000:]
+                assert time.monotonic() < deadline, "quorum serve did not become ready"
+                try:
+                    if httpx.get(f"{base}/ready", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+            yield SimpleNamespace(url=base, judge=judge, stop=stop, wandb_dir=wandb_dir)
+        finally:
+            stop()
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def caller_stats(service, name: str) -> dict:
+    return httpx.get(f"{service.url}/stats", timeout=30).json()["callers"][name]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The clients stay light
+
+
+def test_the_trainer_clients_import_neither_torch_nor_ray():
+    code = ("import sys, serve.clients.trl, serve.clients.verl, serve.clients.openrlhf\n"
+            "print(sorted(m for m in ('torch', 'ray', 'transformers', 'pydantic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TRL
+
+
+def test_trl_grpo_trains_two_steps_on_the_services_rewards(service, smollm2_dir, tmp_path):
+    """A real GRPOTrainer run (SmolLM2, CPU, num_generations=2): each step one judgeable prompt and one the judge
+    cannot grade. TRL's per-completion rewards are the ones the service recorded for this caller, step by step; the
+    unjudged completions are NaN in TRL (no reward, zero advantage), never 0, and counted through log_metric."""
+    import pandas as pd
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from serve.clients.trl import QuorumReward
+
+    reward = QuorumReward(service.url, caller="trl-run", scheme="all_pairs", signal="own_grade", **CONTEXT)
+    data = Dataset.from_list([{"prompt": "Write one sentence about a river."},
+                              {"prompt": f"{UNJUDGEABLE}: write one sentence about a lantern."}])
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=6, learning_rate=1e-6, beta=0.0, logging_steps=1, log_completions=True,
+                      report_to=[], save_strategy="no", use_cpu=True, bf16=False, seed=0, temperature=1.0)
+    trainer = GRPOTrainer(model=smollm2_dir, reward_funcs=reward, args=args, train_dataset=data)
+    try:
+        trainer.train()
+    finally:
+        reward.close()
+
+    logs = [entry for entry in trainer.state.log_history if "quorum/failed_rows" in entry]
+    assert len(logs) == 2
+    for entry in logs:
+        # one call per step: 4 completions, the UNJUDGEABLE prompt's 2 without a reward, its 1 judgment failed
+        assert entry["quorum/rows"] == 4 and entry["quorum/failed_rows"] == 2
+        assert entry["quorum/failed_judgments"] == 1 and entry["quorum/failed_groups"] == 0
+    stats = caller_stats(service, "trl-run")
+    assert stats["null_rewards"] == 4 and stats["failed_judgments"] == 2 and stats["rollouts"] == 8
+    for step in (0, 1):  # TRL's global_step when it generated the batch
+        table = pd.read_parquet(tmp_path / "trl" / "completions" / f"completions_{step + 1:05d}.parquet")
+        logged = table["quorum"].tolist()
+        recorded = [r for group in stats["record"] if group["step"] == step for r in group["rewards"]]
+        assert len(logged) == len(recorded) == 4
+        assert sorted(r for r in logged if not math.isnan(r)) == sorted(r for r in recorded if r is not None)
+        assert sum(math.isnan(r) for r in logged) == sum(r is None for r in recorded) == 2
+        judged = [r for r in recorded if r is not None]
+        assert all(r in (2.0, 3.0, 4.0) for r in judged), judged
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The monitors on the service side
+
+
+def send_policy(reward, policy, seed: int = 0) -> None:
+    """The gaming fixture's steps through the TRL reward function, called as TRL calls it."""
+    rng = random.Random(seed)
+    metrics: dict[str, list[float]] = {}
+    for step in range(1, STEPS + 1):
+        prompts, completions = [], []
+        for g in range(GROUPS_PER_STEP):
+            group = policy(rng, step)
+            prompts += [f"Describe place {g} of step {step}."] * GROUP
+            completions += group
+        rewards = reward(prompts=prompts, completions=completions, completion_ids=[[0]] * len(completions),
+                         trainer_state=SimpleNamespace(global_step=step),
+                         log_metric=lambda name, value: metrics.setdefault(name, []).append(value))
+        assert len(rewards) == len(completions) and None not in rewards
+    assert sum(metrics["quorum/failed_rows"]) == 0
+
+
+def test_length_gaming_through_the_trl_reward_raises_the_length_alert_on_the_service(service):
+    from serve.clients.trl import QuorumReward
+
+    gaming = QuorumReward(service.url, caller="gaming-run", signal="own_grade", **CONTEXT)
+    honest_run = QuorumReward(service.url, caller="honest-run", signal="own_grade", **CONTEXT)
+    try:
+        send_policy(gaming, length_gaming)
+        send_policy(honest_run, honest)
+    finally:
+        gaming.close()
+        honest_run.close()
+    stats = caller_stats(service, "gaming-run")
+    corr = [a for a in stats["alerts"] if a["monitor"] == "length_corr"]
+    # the service's window (monitor.length_corr_window 3) fills at the third monitored step
+    assert corr and corr[0]["step"] <= 3 and corr[0]["value"] == pytest.approx(1.0), stats["alerts"]
+    assert corr[0]["key"] == "monitor.length_corr_max"
+    assert stats["metrics"]["monitor/length/reward_corr_window"] == pytest.approx(1.0)
+    assert stats["steps_monitored"] == STEPS - 1 and stats["open_step"] == STEPS
+    assert {a["monitor"] for a in stats["alerts"]} <= {"length_corr", "length_ratio"}
+    assert caller_stats(service, "honest-run")["alerts"] == []
+    # the probe set after each monitored step (asynchronously): the scripted judge agrees with its gold
+    deadline = time.monotonic() + 60
+    while "monitor/probe/accuracy" not in stats["metrics"]:
+        assert time.monotonic() < deadline, stats["metrics"]
+        time.sleep(0.5)
+        stats = caller_stats(service, "gaming-run")
+    assert stats["metrics"]["monitor/probe/accuracy"] == 1.0 and stats["metrics"]["monitor/probe/pairs"] == 2.0
+    assert stats["metrics"]["monitor/probe/failed"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenRLHF (0.11.2)
+
+
+def openrlhf_query(tokenizer, prompt: str, response: str) -> str:
+    """What `SingleTurnAgentExecutor.execute` posts as `query` (openrlhf/utils/agent.py): the prompt tokenized with
+    add_special_tokens=False, the engine's action tokens (ending in EOS) appended, decoded keeping special tokens."""
+    prompt_ids = tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
+    action_ids = tokenizer(text=response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return tokenizer.decode(prompt_ids + action_ids, skip_special_tokens=False)
+
+
+async def openrlhf_post(url: str, payload: dict) -> dict:
+    """`_fetch_rewards_via_http`'s `_post_request` (openrlhf/utils/agent.py): aiohttp, json=payload, no headers,
+    raise_for_status, up to 5 tries a second apart, then RuntimeError."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=180)
+    for _ in range(5):
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:  # noqa: SIM117 - OpenRLHF's own nesting
+                async with session.post(url, json=payload) as response:
+                    response.raise_for_status()
+                    return await response.json()
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(1)
+    raise RuntimeError("Request error for 5 times, returning None. Please check the API server.")
+
+
+def openrlhf_reward(url: str, query: str, prompt: str, label) -> dict:
+    """One rollout's reward as OpenRLHF reads it: execute() posts one query, takes `rewards_info_list[0]`, reward
+    = its `rewards`, scores = `scores` (else `rewards`); samples_generator.py makes `torch.tensor([reward_val])`."""
+    import torch
+
+    rewards_info = asyncio.run(openrlhf_post(url, {"query": [query], "prompts": [prompt], "labels": [label]}))
+    score_value = rewards_info.get("scores")
+    if score_value is None:
+        score_value = rewards_info.get("rewards")
+    reward = torch.tensor([rewards_info.get("rewards")])
+    extra = {k: torch.tensor([v]) for k, v in (rewards_info.get("extra_logs") or {}).items()}
+    return {"reward": reward, "score": torch.tensor([score_value]), "extra": extra}
+
+
+def test_openrlhf_remote_rm_gets_rewards_it_accepts(service, smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say something about rivers."}],
+                                           tokenize=False, add_generation_prompt=True)
+    response = "Rivers carry water from the hills down to the sea every single day."
+    query = openrlhf_query(tokenizer, prompt, response)
+    assert query.endswith(tokenizer.eos_token) and query != prompt + response
+
+    got = openrlhf_reward(f"{service.url}/openrlhf?caller=orl-run&dimension=fluency&locale=en_US", query, prompt, None)
+    expected = min(5, 1 + len(response.split()) // 3)  # the scripted pointwise grade of the recovered response
+    assert got["reward"].flatten().tolist() == [expected] and got["score"].flatten().tolist() == [expected]
+    assert got["extra"]["quorum_failed"].flatten().tolist() == [0.0]
+    # the shape PPO's experience maker concatenates and reshapes per prompt group (n_samples_per_prompt = 2)
+    both = __import__("torch").cat([got["reward"].reshape(1), got["reward"].reshape(1)]).reshape(-1, 2)
+    assert both.shape == (1, 2)
+
+    # vs_reference: the label is the reference
+    ref = openrlhf_reward(f"{service.url}/openrlhf?scheme=vs_reference&dimension=fluency&locale=en_US", query,
+                          prompt, "Rivers flow.")
+    assert ref["reward"].flatten().tolist() == [4.0]  # longer than the reference: the scripted judge gives it 4
+
+    # a judgment that fails: 502 without failed_reward (OpenRLHF retries, then has no reward); counted with it
+    bad_prompt = prompt.replace("Say something", f"{UNJUDGEABLE} say something")
+    bad_query = openrlhf_query(tokenizer, bad_prompt, response)
+    refused = httpx.post(f"{service.url}/openrlhf?scheme=vs_reference&dimension=fluency&locale=en_US",
+                         json={"query": [bad_query], "prompts": [bad_prompt], "labels": ["Rivers flow."]}, timeout=60)
+    assert refused.status_code == 502 and "query[0]" in refused.json()["error"]["message"]
+    failed = openrlhf_reward(f"{service.url}/openrlhf?scheme=vs_reference&failed_reward=0&caller=orl-run&"
+                             "dimension=fluency&locale=en_US", bad_query, bad_prompt, "Rivers flow.")
+    assert failed["reward"].flatten().tolist() == [0.0]
+    assert failed["extra"]["quorum_failed"].flatten().tolist() == [1.0]
+    stats = caller_stats(service, "orl-run")
+    assert stats["rollouts"] == 2 and stats["null_rewards"] == 1
+
+
+class FakeVLLMEngine:
+    """The edge OpenRLHF's executor talks to (its vLLM engine actor on a GPU): `generate` answers fixed tokens."""
+
+    def __init__(self, token_ids: list[int]):
+        self.token_ids = token_ids
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        output = SimpleNamespace(token_ids=list(self.token_ids), text="", finish_reason="stop", logprobs=None)
+        return SimpleNamespace(outputs=[output])
+
+
+def test_openrlhf_own_executor_gets_the_services_reward(service, smollm2_dir):
+    """Through OpenRLHF's own code where it installs (`pip install --no-deps openrlhf`: its agent module needs no
+    GPU; its vLLM engine is faked): `SingleTurnAgentExecutor.execute` tokenizes, posts to --reward.remote_url and
+    reads the answer; the reward becomes `torch.tensor([reward_val])` as samples_generator.py does (that module
+    imports vLLM, so it is replicated)."""
+    agent = pytest.importorskip("openrlhf.utils.agent", reason="openrlhf is not installed (it is not a quorum "
+                                                              "dependency: its GPU stack does not install on CPU)")
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say something about rivers."}],
+                                           tokenize=False, add_generation_prompt=True)
+    response = "Rivers carry water from the hills down to the sea every single day."
+    engine = FakeVLLMEngine(tokenizer(text=response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+    executor = agent.SingleTurnAgentExecutor(f"{service.url}/openrlhf?caller=orl-own&dimension=fluency&locale=en_US")
+    params = SimpleNamespace(max_tokens=32, logprobs=None)
+    output = asyncio.run(executor.execute(prompt, None, params, 512, tokenizer, engine))
+    expected = float(min(5, 1 + len(response.split()) // 3))
+    assert output["reward"] == [expected] and output["scores"] == [expected], output
+    assert output["extra_logs"] == {"quorum_failed": [0.0]}
+    assert torch.tensor([output["reward"]]).flatten().tolist() == [expected]
+    assert caller_stats(service, "orl-own")["rollouts"] == 1
+
+
+def test_openrlhf_reward_func_file_posts_the_same_body(service, monkeypatch):
+    """The `.py` form OpenRLHF loads with `spec_from_file_location` and calls as reward_func(queries, prompts, labels)."""
+    import importlib.util
+
+    from serve.clients import openrlhf
+
+    monkeypatch.setenv("QUORUM_REWARD_URL", f"{service.url}/openrlhf?dimension=fluency&locale=en_US")
+    spec = importlib.util.spec_from_file_location("reward_func", openrlhf.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = module.reward_func(["Q: hi A: three small words<|im_end|>"], ["Q: hi A: "], [None])
+    assert out["rewards"] == [2.0] and out["extra_logs"]["quorum_failed"] == [0.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verl (0.9.1)
+
+
+def verl_custom_reward_fn(path: str, name: str, reward_kwargs: dict):
+    """verl/trainer/ppo/reward.py `get_custom_reward_fn`: load_extern_object (pkg:// -> import_module), then
+    partial(_call_with_kwargs, raw_fn, reward_kwargs), the config's kwargs taking precedence."""
+    module = importlib.import_module(path.removeprefix("pkg://").replace("/", "."))
+    raw_fn = getattr(module, name)
+
+    def _call_with_kwargs(raw_fn, extra_kwargs, *args, **kwargs):
+        return raw_fn(*args, **{**kwargs, **extra_kwargs})
+
+    return functools.partial(_call_with_kwargs, raw_fn, dict(reward_kwargs))
+
+
+def verl_run_single(compute_score, data_source: str, response_str: str, ground_truth, extra_info: dict) -> dict:
+    """verl/experimental/reward_loop/reward_manager/naive.py `run_single`: extra_info gains num_turns and
+    rollout_reward_scores, a sync compute_score runs in the loop's executor; a dict result's `score` is the reward."""
+
+    async def run():
+        info = dict(extra_info, num_turns=None, rollout_reward_scores={})
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(None, lambda: compute_score(
+            data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=info))
+        if isinstance(result, dict):
+            return {"reward_score": result["score"], "reward_extra_info": dict(result)}
+        return {"reward_score": result, "reward_extra_info": {"acc": result}}
+
+    return asyncio.run(run())
+
+
+def test_verl_naive_manager_calls_compute_score_per_response(service):
+    from serve.clients.verl import RewardJudgmentError
+
+    kwargs = {"url": service.url, "caller": "verl-run", **CONTEXT}
+    fn = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score", kwargs)
+    response = "The river bends twice before it reaches the old mill."
+    out = verl_run_single(fn, "menlo", response, "unused", {"question": "Describe a river.", "index": 0})
+    assert out["reward_score"] == float(min(5, 1 + len(response.split()) // 3))
+    assert out["reward_extra_info"]["quorum_failed"] == 0.0
+
+    ref = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score", {**kwargs, "scheme": "vs_reference"})
+    assert verl_run_single(ref, "menlo", response, "A river.", {"question": "Describe a river."})["reward_score"] == 4.0
+
+    with pytest.raises(RewardJudgmentError, match="failed_reward"):
+        verl_run_single(fn, "menlo", response, None, {"question": f"{UNJUDGEABLE} river"})
+    lenient = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score", {**kwargs, "failed_reward": -1})
+    failed = verl_run_single(lenient, "menlo", response, None, {"question": f"{UNJUDGEABLE} river"})
+    assert failed["reward_score"] == -1.0 and failed["reward_extra_info"]["quorum_failed"] == 1.0
+    with pytest.raises(ValueError, match="extra_info"):
+        verl_run_single(fn, "menlo", response, None, {"index": 3})
+    assert caller_stats(service, "verl-run")["null_rewards"] == 2
+
+
+def verl_batch(tokenizer, prompts: list[str], responses: list[str], ground_truths: list, extra_infos: list[dict]):
+    """A verl DataProto as its rollout leaves it: left-padded prompts, right-padded responses, one attention mask
+    over both, and the dataset's non-tensor fields (data_source, reward_model.ground_truth, extra_info)."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    def pad(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id or 0)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            span = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[i, span], mask[i, span] = torch.tensor(r), 1
+        return ids, mask
+
+    p_ids, p_mask = pad([tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts], left=True)
+    r_ids, r_mask = pad([tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                         for r in responses], left=False)
+    return DataProto.from_dict(
+        tensors={"prompts": p_ids, "responses": r_ids, "attention_mask": torch.cat([p_mask, r_mask], dim=1),
+                 "input_ids": torch.cat([p_ids, r_ids], dim=1)},
+        non_tensors={"data_source": np.array(["menlo"] * len(prompts), dtype=object),
+                     "reward_model": np.array([{"ground_truth": g} for g in ground_truths], dtype=object),
+                     "extra_info": np.array([dict(e) for e in extra_infos], dtype=object)})
+
+
+def test_verl_own_reward_managers_score_through_the_service(service, smollm2_dir):
+    """Through verl's own code where it installs (`pip install --no-deps verl` and its pure dependencies):
+    `get_custom_reward_fn` loads `pkg://serve.clients.verl` with the config's reward_kwargs, the reward loop's
+    `naive` manager scores one response per `run_single`, the `batch` manager a batch in one call."""
+    pytest.importorskip("verl", reason="verl is not installed (not a quorum dependency: its CUDA stack does not "
+                                       "install on CPU)")
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.workers.reward_manager.batch import BatchRewardManager
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    kwargs = {"url": service.url, "caller": "verl-own", **CONTEXT}
+    config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://serve.clients.verl", "name": "compute_score", "reward_kwargs": kwargs}}})
+    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
+    responses = ["The river bends twice before it reaches the old mill.", "Water."]
+    data = verl_batch(tokenizer, ["Describe a river."] * 2, responses, [None, None],
+                      [{"question": "Describe a river."}] * 2)
+    scores = [manager.loop.run_until_complete(manager.run_single(data[i:i + 1])) for i in range(2)]
+    expected = [float(min(5, 1 + len(r.split()) // 3)) for r in responses]
+    assert [s["reward_score"] for s in scores] == expected
+    assert [s["reward_extra_info"]["quorum_failed"] for s in scores] == [0.0, 0.0]
+
+    batch_config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://serve.clients.verl", "name": "compute_score_batch",
+        "reward_kwargs": {**kwargs, "caller": "verl-own-batch"}}}})
+    batch_manager = BatchRewardManager(tokenizer, 0, get_custom_reward_fn(batch_config))
+    data = verl_batch(tokenizer, ["P1", "P1"], ["short one", "a much longer answer than the other one here"],
+                      [None, None], [{"question": "P1"}, {"question": "P1"}])
+    out = batch_manager(data, return_dict=True)
+    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(dim=1) - 1
+    assert [out["reward_tensor"][i, last[i]].item() for i in range(2)] == [2.0, 4.0]
+    assert out["reward_extra_info"]["quorum_failed"] == [0.0, 0.0]
+
+
+def test_verl_batch_manager_groups_rows_by_prompt(service):
+    """verl/workers/reward_manager/batch.py `verify`: compute_score(data_sources=, solution_strs=, ground_truths=,
+    extra_infos=, **reward_kwargs) once per batch, a list with one score per row."""
+    fn = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score_batch",
+                               {"url": service.url, "caller": "verl-batch", "signal": "own_grade", **CONTEXT})
+    solutions = ["short one", "a much longer answer than the other one here", "mid length answer", "tiny"]
+    infos = [{"question": "P1", "rollout_reward_scores": {}}] * 2 + [{"question": "P2", "rollout_reward_scores": {}}] * 2
+    scores = fn(data_sources=["menlo"] * 4, solution_strs=solutions, ground_truths=[None] * 4, extra_infos=infos)
+    assert [s["score"] for s in scores] == [2.0, 4.0, 4.0, 2.0]  # each pair: the longer answer wins 4 to 2
+    assert re.fullmatch(r"\d+", str(caller_stats(service, "verl-batch")["open_step"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# W&B (last: it stops the service, so that the offline run files are complete)
+
+
+def test_the_monitors_reach_wandb_under_monitor_keys_one_run_per_caller(service):
+    from wandb_reader import find_run_files, read_run
+
+    caller_stats(service, "gaming-run")  # the length-gaming run above was monitored
+    service.stop()
+    runs = {r["run"]["name"]: r for r in (read_run(f) for f in find_run_files(service.wandb_dir))}
+    assert {"serve/gaming-run", "serve/honest-run"} <= set(runs), sorted(runs)
+    gaming = runs["serve/gaming-run"]
+    assert gaming["run"]["group"] == "gaming-run" and gaming["run"]["job_type"] == "serve_monitor"
+    alerts = [h for h in gaming["history"] if h.get("monitor/length_corr/alert") == 1.0]
+    assert alerts and alerts[0]["_step"] <= 3 and alerts[0]["monitor/length/reward_corr_window"] == pytest.approx(1.0)
+    assert any(h.get("monitor/probe/accuracy") == 1.0 for h in gaming["history"])
+    honest_history = runs["serve/honest-run"]["history"]
+    assert honest_history and all(h.get("monitor/length_corr/alert", 0.0) == 0.0 for h in honest_history)
