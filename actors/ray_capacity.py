@@ -7,7 +7,8 @@ cluster config the autoscaler reports to the GCS, which Ray Data and Ray Train r
 never fit raises `ConfigError` (exit 2) naming the stage, the numbers and the keys; one that fits only once the
 autoscaler adds nodes asks the autoscaler for them (`ray.autoscaler.sdk.request_resources`) and waits up to
 `QUORUM_AUTOSCALE_WAIT_S` seconds (default 900), logging what it waits for every 30 s, then raises. Without a
-connected Ray it does nothing (the jobs connect before their first Ray stage).
+connected Ray it does nothing (the jobs connect before their first Ray stage). `ensure_all_fit(asks)` does the
+same for everything a job must hold at once (`core.resource_fit.verdict_all`: each ask and their sum).
 """
 
 from __future__ import annotations
@@ -18,7 +19,18 @@ import os
 import time
 
 from core.errors import ConfigError
-from core.resource_fit import OK, REFUSE, Ask, Capacity, NodeType, Verdict, autoscaler_in_status, describe, verdict
+from core.resource_fit import (
+    OK,
+    REFUSE,
+    Ask,
+    Capacity,
+    NodeType,
+    Verdict,
+    autoscaler_in_status,
+    describe,
+    describe_all,
+    verdict_all,
+)
 
 log = logging.getLogger("quorum.resources")
 
@@ -113,17 +125,27 @@ def ensure_fits(ask: Ask, read=capacity, limit_s: float | None = None, clock=tim
     """Return once `ask` fits the cluster's nodes; raise ConfigError if it never can (or the autoscaler did not make
     room within the limit). While it waits, the autoscaler is asked for the room (`demand`). `read`, `clock`,
     `sleep` and `demand` are for tests."""
+    return ensure_all_fit([ask], read, limit_s, clock, sleep, demand)
+
+
+def ensure_all_fit(asks: list[Ask], read=capacity, limit_s: float | None = None, clock=time.monotonic,
+                   sleep=time.sleep, demand=request_nodes) -> Verdict:
+    """`ensure_fits` for everything a job places at the same time (`core.resource_fit.verdict_all`): each ask and
+    their sum. A job calls it once, before any work, with all of them (policy GRPO: the training workers and the
+    reward service's replicas); each stage still checks its own ask when it starts."""
     import ray
 
-    if read is capacity and not ray.is_initialized():
+    asks = [ask for ask in asks if ask.count > 0]
+    if not asks or (read is capacity and not ray.is_initialized()):
         return Verdict(OK)
+    what = describe(asks[0]) if len(asks) == 1 else describe_all(asks)
     try:
         first = read()
     # a guard must not stop a job Ray could run: a connection that cannot report its nodes (Ray Client) skips it
     except Exception as exc:  # noqa: BLE001
-        log.warning("%s: cannot read the cluster's resources (%s); not checked", describe(ask), exc)
+        log.warning("%s: cannot read the cluster's resources (%s); not checked", what, exc)
         return Verdict(OK)
-    result = verdict(ask, first)
+    result = verdict_all(asks, first)
     if result.kind == OK:
         return result
     if result.kind == REFUSE:
@@ -131,13 +153,13 @@ def ensure_fits(ask: Ask, read=capacity, limit_s: float | None = None, clock=tim
     limit = wait_limit_s() if limit_s is None else limit_s
     started = last_log = clock()
     log.warning("%s (up to %.0f s, %s)", result.message, limit, WAIT_ENV)
-    demand([{k: v for k, v in ask.unit.items() if v > 0}] * ask.count)
+    demand([{k: v for k, v in ask.unit.items() if v > 0} for ask in asks for _ in range(ask.count)])
     try:
         while clock() - started < limit:
             sleep(POLL_S)
-            result = verdict(ask, read())
+            result = verdict_all(asks, read())
             if result.kind == OK:
-                log.info("%s: the cluster has room now, after %.0f s", describe(ask), clock() - started)
+                log.info("%s: the cluster has room now, after %.0f s", what, clock() - started)
                 return result
             if result.kind == REFUSE:
                 raise ConfigError(result.message)
@@ -147,6 +169,7 @@ def ensure_fits(ask: Ask, read=capacity, limit_s: float | None = None, clock=tim
     finally:
         # the stage's own request for actors / workers holds the nodes from here on
         demand([])
-    keys = " or ".join(ask.keys) if ask.keys else "the stage's resources"
+    keys = " or ".join(key for ask in asks for key in ask.keys) or "the stage's resources"
     raise ConfigError(f"{result.message}; after {limit:.0f} s the cluster still has no room ({WAIT_ENV} sets the "
                       f"wait). Change {keys}, or check the autoscaler")
+

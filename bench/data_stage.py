@@ -3,7 +3,7 @@
     PYTHONPATH=. ~/vllm-cpu/bin/python -m bench.data_stage            # 1,024 prompts (the target's figure)
     PYTHONPATH=. ~/vllm-cpu/bin/python -m bench.data_stage --smoke    # 32 prompts, end to end in minutes
 
-Runs in the vLLM-CPU environment (bench/vllm_cpu.py says how to build one), one side after the other so they never
+Runs in the vLLM-CPU environment (bench/vllm_cpu/generate.py says how to build one), one side after the other so they never
 share the CPU:
 
 1. `vllm.LLM(...).generate` on the prompts' token ids (each chat rendered by the model's template, as

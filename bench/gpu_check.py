@@ -1,5 +1,6 @@
-"""Everything quorum can check on one bare CUDA GPU, in one command under 8 minutes: the `gpu`-marked tests, the hf
-engine on the GPU, and a GRPO update step with chunked and with full log-probs side by side.
+"""Everything quorum can check on one bare CUDA GPU, in one command under 8 minutes: the `gpu`-marked tests, quorum's
+collectives under a real one-rank NCCL group, the hf engine on the GPU, and a GRPO update step with chunked and with
+full log-probs side by side.
 
     python -m bench.gpu_check                          # CUDA: tests, bench.gpu_engine, the update step on SmolLM2
     python -m bench.gpu_check --device cpu             # smoke run of the same code at small sizes (no tests)
@@ -13,6 +14,9 @@ Train loop's own micro-batch (LoRA on every linear, gradient checkpointing, Adam
 random rollouts and weights once with `logprob_chunk_tokens` 0 and once chunked. Prints `bench <name> = <value>`:
 
 - `gpu_check_tests_failed`: failed `pytest -m gpu` files (each file's outcome on an `info` line);
+- `gpu_check_collectives_ok`: 1 when every helper of `train.collectives` reduced correctly under a one-rank NCCL
+  group (gloo in the smoke run); `gpu_check_cpu_tensor_refused`: 1 when the same group refused a CPU tensor, as
+  quorum's pre-`train.collectives` helpers handed it (`cuda:gloo` stands in for NCCL in the smoke run);
 - `bench.gpu_engine`'s lines (CUDA) or `gpu_check_engine_tokens_per_s` (the smoke run's few prompts on the CPU);
 - `gpu_check_update_peak_gib_full` / `_chunked`: torch's peak allocated memory during one update step (CUDA);
   `gpu_check_update_peak_chunked_vs_full`: their ratio; `gpu_check_budget_update_gib_full` / `_chunked`:
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from train import collectives
 from train.config import GRPOConfig, LoraSection
 from train.grpo.micro import micro_loss, policy_logps
 from train.memory_budget import KNOWN_MODELS, WorkerPlan, shape_from_hf_config, update_step_gib
@@ -79,6 +84,57 @@ def run_gpu_tests(timeout_s: float) -> int:
             outcome = f"FAILED (exit {code}): {tail}"
         print(f"info tests {path.name}: {outcome} ({time.perf_counter() - started:.0f} s)", flush=True)
     return failed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The collectives
+
+
+def run_in_group(backend: str, fn):
+    """`fn()` inside a one-rank default process group of `backend` (a FileStore in a temp dir), then torn down."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory(prefix="quorum-gpu-check-") as tmp:
+        dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            return fn()
+        finally:
+            dist.destroy_process_group()
+
+
+def collective_results() -> dict:
+    """What `train.collectives`' helpers give in the current group, and whether the answers are right."""
+    big = 2.0**53  # exact in float64 only
+    got = {"device": str(collectives.collective_device()),
+           "sum": collectives.all_reduce_values([1.0, big]), "max": collectives.all_reduce_values([3.0], "max"),
+           "any": collectives.any_rank(True), "objects": collectives.gather_objects({"rank": 0}),
+           "inplace": collectives.all_reduce_(torch.ones(4)).tolist()}
+    collectives.barrier()
+    got["ok"] = (got["sum"] == [1.0, big] and got["max"] == [3.0] and got["any"] is True
+                 and got["objects"] == [{"rank": 0}] and got["inplace"] == [1.0] * 4)
+    return got
+
+
+def cpu_tensor_refused() -> bool:
+    """Whether the group refuses a CPU tensor in all_reduce, as NCCL does."""
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError as exc:
+        return "No backend type associated with device type cpu" in str(exc)
+    return False
+
+
+def check_collectives(cuda: bool) -> dict:
+    """`train.collectives` under real NCCL (CUDA) or gloo (smoke), and the CPU-tensor refusal of NCCL's device map."""
+    if cuda:
+        torch.cuda.set_device(0)  # what Ray Train does for each worker before its first collective
+    results = run_in_group("nccl" if cuda else "gloo", collective_results)
+    results["cpu_tensor_refused"] = run_in_group("nccl" if cuda else "cuda:gloo", cpu_tensor_refused)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-collectives", action="store_true")
     parser.add_argument("--test-timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
@@ -258,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         print("info tests skipped" + ("" if cuda else ": --device cpu (the gpu tests need CUDA)"), flush=True)
     else:
         print(f"bench gpu_check_tests_failed = {run_gpu_tests(args.test_timeout_s)}", flush=True)
+    if args.skip_collectives:
+        print("info collectives skipped", flush=True)
+    else:
+        got = check_collectives(cuda)
+        print(f"info collectives: {'nccl' if cuda else 'gloo'} group, tensors on {got['device']}, sum {got['sum']}, "
+              f"max {got['max']}, any {got['any']}, objects {got['objects']}", flush=True)
+        print(f"bench gpu_check_collectives_ok = {int(got['ok'])}", flush=True)
+        print(f"bench gpu_check_cpu_tensor_refused = {int(got['cpu_tensor_refused'])}", flush=True)
     if args.skip_engine:
         print("info engine skipped", flush=True)
     elif cuda:

@@ -3,7 +3,7 @@
     PYTHONPATH=. ~/vllm-cpu/bin/python -m bench.judge_service            # the figures (256 requests, 16 clients)
     PYTHONPATH=. ~/vllm-cpu/bin/python -m bench.judge_service --smoke    # a few minutes: does it run
 
-Runs in the vLLM-CPU environment (bench/vllm_cpu.py says how to build ~/vllm-cpu; it has Ray 2.60 with Serve), with
+Runs in the vLLM-CPU environment (bench/vllm_cpu/generate.py says how to build ~/vllm-cpu; it has Ray 2.60 with Serve), with
 SmolLM2-135M-Instruct (`actors.models.resolve_model_dir`), `enforce_eager` and a small CPU KV cache
 (VLLM_CPU_KVCACHE_SPACE, GiB, default 1 here). One run measures, in this order, one engine alive at a time:
 

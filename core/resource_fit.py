@@ -200,3 +200,119 @@ def verdict(ask: Ask, cap: Capacity) -> Verdict:
     else:
         where = f"{_shortfall(ask, cap)}, and no autoscaler to add nodes"
     return Verdict(REFUSE, f"{describe(ask)}, but {where}. Change {keys}, or give the cluster more")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Everything a job must hold at once
+#
+# Ray Train's worker group is placed whole (one placement group) and waits for ever for what is missing; a Serve app
+# keeps its replicas for as long as it runs. A job that needs both at once (policy GRPO: the training workers call
+# the reward service's replicas) can never start when their sum exceeds the cluster, though each alone fits. The
+# actor pools of one Ray Data plan (a stage's per-model branches, unioned) are not summed: Ray Data provisions pool
+# actors asynchronously (DataContext.wait_for_min_actors_s is -1 by default: ray/data/_internal/execution/operators/
+# actor_pool_map_operator.py `start`) and a finished operator releases its actors, so pools the cluster cannot
+# hold together run partly one after the other instead of waiting for ever.
+
+
+def _sum(asks: list[Ask]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for ask in asks:
+        for name, amount in ask.unit.items():
+            if amount > 0:
+                out[name] = out.get(name, 0.0) + ask.count * amount
+    return out
+
+
+def _packs(asks: list[Ask], nodes: tuple[Mapping[str, float], ...], held: Mapping[str, float]) -> bool:
+    """Whether every unit of every ask can be placed whole on one of `nodes` at the same time (first fit, largest
+    units first; `held` is taken from the first node that has it). A found placement proves the asks fit."""
+    free = [dict(node) for node in nodes]
+    for name, amount in held.items():
+        for node in free:
+            take = min(amount, node.get(name, 0.0))
+            node[name] = node.get(name, 0.0) - take
+            amount -= take
+        if amount > 1e-9:
+            return False
+    units = sorted(((ask.unit, n) for ask in asks for n in range(ask.count)),
+                   key=lambda u: sorted(((-v, k) for k, v in u[0].items() if v > 0)))
+    for unit, _ in units:
+        for node in free:
+            if units_on(node, unit) >= 1:
+                for name, amount in unit.items():
+                    if amount > 0:
+                        node[name] = node.get(name, 0.0) - amount
+                break
+        else:
+            return False
+    return True
+
+
+def _grown(cap: Capacity) -> tuple[tuple[Mapping[str, float], ...], bool]:
+    """The nodes there are plus every autoscaler node type at its `max_count`; True when a type has no limit."""
+    grown = list(cap.nodes)
+    unlimited = False
+    for node_type in cap.node_types:
+        if node_type.max_count < 0:
+            unlimited = True
+        else:
+            grown += [node_type.resources] * node_type.max_count
+    return tuple(grown), unlimited
+
+
+def describe_all(asks: list[Ask]) -> str:
+    """`training: 8 workers × {4 CPU, 1 GPU} = 32 CPU, 8 GPU + serve: 1 replica × ... = 9 GPU, 36 CPU at once`.
+
+    >>> describe_all([Ask("training", "workers", 2, {"CPU": 1, "GPU": 1}), Ask("serve", "replicas", 1, {"GPU": 1})])
+    'training: 2 workers × {1 CPU, 1 GPU} = 2 CPU, 2 GPU + serve: 1 replica × 1 GPU = 1 GPU: 2 CPU, 3 GPU at once'
+    """
+    total = ", ".join(f"{_num(v)} {k}" for k, v in _sum(asks).items())
+    return " + ".join(describe(ask) for ask in asks) + f": {total} at once"
+
+
+def verdict_all(asks: list[Ask], cap: Capacity) -> Verdict:
+    """`verdict` for everything a job must hold at the same time (training workers beside the reward service's
+    replicas they call): each ask must fit, and so must their sum. REFUSE only when the sum of a
+    resource exceeds what the cluster holds even grown to its autoscaler's limits (certain); WAIT when the nodes there
+    are cannot hold them all but an autoscaler may add nodes; OK otherwise (a placement was found, or none is ruled
+    out: Ray places them).
+
+    >>> two_by_four = Capacity(nodes=(), node_types=(NodeType("gpu_worker", {"CPU": 48, "GPU": 4}, 2),))
+    >>> asks = [Ask("training", "workers", 8, {"CPU": 4, "GPU": 1}, ("grpo.num_workers",)),
+    ...         Ask("serve", "replicas", 1, {"CPU": 4, "GPU": 1}, ("grm.overrides autoscaling.min_replicas",))]
+    >>> verdict_all(asks[:1], two_by_four).kind, verdict_all(asks, two_by_four).kind
+    ('wait', 'refuse')
+    >>> print(verdict_all(asks, two_by_four).message)  # doctest: +NORMALIZE_WHITESPACE
+    training: 8 workers × {4 CPU, 1 GPU} = 32 CPU, 8 GPU + serve: 1 replica × {4 CPU, 1 GPU} = 4 CPU, 1 GPU: 36 CPU,
+    9 GPU at once, but the cluster holds at most 8 GPU (the 0 nodes there are and its autoscaler's limits:
+    gpu_worker: up to 2 × {48 CPU, 4 GPU}). Change grpo.num_workers or grm.overrides autoscaling.min_replicas, or give
+    the cluster more
+    """
+    asks = [ask for ask in asks if ask.count > 0]
+    for ask in asks:
+        single = verdict(ask, cap)
+        if single.kind == REFUSE:
+            return single
+    if len(asks) <= 1:
+        return verdict(asks[0], cap) if asks else Verdict(OK)
+    if _packs(asks, cap.nodes, cap.held):
+        return Verdict(OK)
+    grown, unlimited = _grown(cap)
+    need, have = _sum(asks), _totals(grown)
+    short = {name: amount for name, amount in need.items()
+             if amount > have.get(name, 0.0) - cap.held.get(name, 0.0) + 1e-9}
+    if short and not unlimited and not cap.autoscaler_unknown:
+        holds = ", ".join(f"{_num(have.get(k, 0.0) - cap.held.get(k, 0.0))} {k}" for k in short)
+        held = ", ".join(f"{_num(cap.held[k])} {k}" for k in short if cap.held.get(k))
+        limits = ", ".join(f"{t.name}: up to {t.max_count} × {{" + ", ".join(
+            f"{_num(v)} {k}" for k, v in sorted(t.resources.items())) + "}" for t in cap.node_types)
+        where = f"the {len(cap.nodes)} nodes there are" + (f" and its autoscaler's limits: {limits}" if limits
+                                                             else ", and no autoscaler to add nodes")
+        keys = " or ".join(key for ask in asks for key in (ask.keys or (f"{ask.stage}'s resources",)))
+        return Verdict(REFUSE, f"{describe_all(asks)}, but the cluster holds at most {holds} ({where})"
+                               + (f", {held} of it held by this job's driver" if held else "")
+                               + f". Change {keys}, or give the cluster more")
+    if cap.node_types or cap.autoscaler_unknown:
+        return Verdict(WAIT, f"{describe_all(asks)}: more than the nodes there are hold; waiting for the autoscaler "
+                             "to add nodes")
+    return Verdict(OK)

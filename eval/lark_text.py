@@ -21,7 +21,7 @@ def lark_string(text: str) -> str:
 def up_to(item: str, n: int) -> str:
     """`item` 0 to `n` times, as nested optionals: Lark's `item ~ 0..n` in a form llguidance 1.7 reads too.
 
-    vLLM 0.33 (the `gpu` extra) requires llguidance < 1.8, whose Lark reader has no `~ a..b` ranges; its
+    vLLM 0.32 (the `gpu` extra) requires llguidance < 1.8, whose Lark reader has no `~ a..b` ranges; its
     `guidance` backend gets these grammars as they are. Same language either way.
 
     >>> up_to("x", 3), up_to("x", 0)

@@ -1,4 +1,4 @@
-"""The vLLM side of `bench.generate` (bench/vllm_cpu.py): the note when no vLLM environment is named, the error a
+"""The vLLM side of `bench.generate` (bench/vllm_cpu/generate.py): the note when no vLLM environment is named, the error a
 failed child gives, and (with `QUORUM_VLLM_CPU_PYTHON` naming one) real greedy decoding on vLLM's CPU backend."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bench.engines import parse_engines
-from bench.vllm_cpu import run_vllm_cpu
+from bench.vllm_cpu.generate import run_vllm_cpu
 
 VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
 

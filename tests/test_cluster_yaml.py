@@ -88,24 +88,20 @@ def test_nodes_boot_from_the_image_not_from_pip(cluster, pins):
     assert at == sorted(at)
 
 
-# vLLM 0.33.0's own requirements (its wheel's METADATA, 2026-11-26) on packages quorum constrains too, and the
-# version of each that `pip install -e '.[gpu]'` can then get
-VLLM_REQUIRES = {"torch": ("==2.13.0", "2.13.0"), "transformers": (">=5.16.1,<5.20.0", "5.19.0"),
-                 "llguidance": (">=1.7.0,<1.8.0", "1.7.6"), "fastapi": (">=0.133.0,<0.137.0", "0.136.0")}
-
-
-def test_gpu_extra_resolves_with_vllms_requirements(pins):
-    from packaging.requirements import Requirement
-    from packaging.specifiers import SpecifierSet
-
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    ours = {Requirement(s).name.lower(): Requirement(s).specifier for s in project["dependencies"]}
-    assert pins["vllm"] == "0.33.0", "VLLM_REQUIRES is vLLM 0.33.0's: refresh it with the vllm pin"
-    for name, (theirs, version) in VLLM_REQUIRES.items():
-        assert version in SpecifierSet(theirs) and version in ours[name], (name, str(ours[name]), theirs)
-    # the CPU install (no vLLM) resolves the ranges to the versions CI tests, their upper bounds
-    assert "5.23.0" in ours["transformers"] and "5.23.1" not in ours["transformers"]
-    assert "1.9.1" in ours["llguidance"] and "1.9.2" not in ours["llguidance"]
+def test_gpu_nodes_check_cuda_before_ray_starts_and_boot_an_ami_with_a_current_driver(cluster):
+    """The image's torch is a CUDA build (tests/test_gpu_extra.py reads which from the wheel): a GPU node boots an
+    AMI whose driver runs it, and its setup (which runs before `ray start`) stops with one clear line when it
+    cannot (train/cuda_check.py)."""
+    gpu = cluster["available_node_types"]["gpu_worker"]
+    assert gpu["worker_setup_commands"] == ["cd ~/quorum && python -m train.cuda_check"]
+    ami = gpu["node_config"]["ImageId"]
+    # EC2 resolves a public SSM parameter at launch; Ray's launcher passes ImageId through unchanged
+    assert ami.startswith("resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-"), ami
+    # the CPU node types keep Ray's default AMI: their containers run no CUDA
+    for name in ("head", "cpu_worker"):
+        assert "ImageId" not in cluster["available_node_types"][name]["node_config"], name
+    prepared = prepare_config(copy.deepcopy(cluster))
+    assert prepared["available_node_types"]["gpu_worker"]["node_config"]["ImageId"] == ami
 
 
 def test_images_are_the_quorum_image_on_the_pinned_ray_and_python(cluster, pins):

@@ -17,7 +17,7 @@ def test_ds_config_batch_sizes_zero_stage_and_precision():
     # global batch = micro x accum x workers = paper 000's 128
     assert config["train_batch_size"] == 128
     assert config["train_micro_batch_size_per_gpu"] == 4 and config["gradient_accumulation_steps"] == 8
-    assert config["zero_optimization"] == {"stage": 3}
+    assert config["zero_optimization"]["stage"] == 3
     assert config["bf16"] == {"enabled": True} and "fp16" not in config
     fp32 = build_ds_config(1, 1, 2, zero_stage=2, precision="fp32")
     assert "bf16" not in fp32 and "fp16" not in fp32
@@ -113,3 +113,44 @@ def test_train_config_loads_from_yaml_style_overrides():
 def test_worker_env_selects_deepspeed_cpu_accelerator_off_gpu():
     assert worker_env(TrainConfig(cpus_per_worker=2)) == {"OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
     assert "DS_ACCELERATOR" not in worker_env(TrainConfig(use_gpu=True))
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_deepspeed_reads_the_zero_buffers_the_memory_budget_counts(stage):
+    """The bucket and live-parameter settings the budget reads are the ones DeepSpeed's own config class parses
+    from the config this module builds (a renamed or ignored key would leave DeepSpeed at a value the budget never
+    saw)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from train.ds_config import STAGE2_OVERLAP_COMM, ZERO_BUFFERS
+
+    zero = build_ds_config(1, 1, 2, zero_stage=stage, precision="bf16")["zero_optimization"]
+    parsed = DeepSpeedZeroConfig(**zero)
+    if stage == 0:
+        assert zero == {"stage": 0}
+        return
+    assert parsed.reduce_bucket_size == ZERO_BUFFERS["reduce_bucket_size"] == zero["reduce_bucket_size"]
+    if stage == 2:
+        assert parsed.allgather_bucket_size == zero["allgather_bucket_size"] == ZERO_BUFFERS["allgather_bucket_size"]
+        assert parsed.overlap_comm is STAGE2_OVERLAP_COMM is zero["overlap_comm"]
+    else:
+        assert parsed.prefetch_bucket_size == zero["stage3_prefetch_bucket_size"]
+        assert parsed.max_live_parameters == zero["stage3_max_live_parameters"]
+        assert parsed.max_reuse_distance == zero["stage3_max_reuse_distance"]
+        assert parsed.param_persistence_threshold == zero["stage3_param_persistence_threshold"]
+        assert {k: zero[k] for k in ZERO_BUFFERS if k in zero} == {
+            k: v for k, v in ZERO_BUFFERS.items() if k != "allgather_bucket_size"}
+
+
+def test_the_worker_builds_the_deepspeed_config_the_budget_reads():
+    """train.engine.build_engine and train.memory_budget.grpo_plan both take it from trainer_ds_config."""
+    import inspect
+
+    from train import engine
+    from train.config import GRPOConfig
+    from train.ds_config import trainer_ds_config
+
+    assert "trainer_ds_config(cfg, world)" in inspect.getsource(engine.build_engine)
+    cfg = GRPOConfig(model="hf:Qwen/Qwen3-4B", use_gpu=True, gpu_type="H100", num_workers=2, prompts_per_step=2,
+                     group_size=4, micro_batch_size=4, deepspeed=DeepSpeedSection(zero_stage=3))
+    assert cfg.memory_plan().zero_config == trainer_ds_config(cfg, 2)["zero_optimization"]

@@ -16,6 +16,8 @@ def test_the_cpu_smoke_run_prints_its_bench_lines(tiny_model_dir, capsys):
     out = capsys.readouterr().out
     lines = dict(re.findall(r"^bench (\S+) = (\S+)$", out, re.MULTILINE))
     assert "info tests skipped: --device cpu" in out
+    # train.collectives under gloo; cuda:gloo (NCCL's device map) refuses a CPU tensor as NCCL does
+    assert lines["gpu_check_collectives_ok"] == "1" and lines["gpu_check_cpu_tensor_refused"] == "1"
     assert float(lines["gpu_check_engine_tokens_per_s"]) > 0
     for name in ("full", "chunked"):
         assert float(lines[f"gpu_check_update_s_{name}"]) > 0

@@ -20,7 +20,9 @@ PAPERS = sorted((REPO / "docs" / "papers").glob("0*.md"))
 
 
 def packages() -> list[Path]:
-    return sorted(p.parent for layer in LAYERS for p in (REPO / layer).rglob("__init__.py"))
+    """Every package of the layers, and the benchmarks' folders (run as `python -m bench.<name>`)."""
+    bench = {p.parent for p in (REPO / "bench").rglob("*.py")}
+    return sorted({p.parent for layer in LAYERS for p in (REPO / layer).rglob("__init__.py")} | bench)
 
 
 def modules(package: Path) -> list[str]:

@@ -3,11 +3,14 @@ numbers, and the bounded wait around it (actors.ray_capacity.ensure_fits) on a s
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from actors.ray_capacity import ensure_fits
-from core.config import ConfigError
-from core.resource_fit import OK, REFUSE, WAIT, Ask, Capacity, NodeType, units_on, verdict
+import pytest
+import yaml
+
+from actors.ray_capacity import ensure_all_fit, ensure_fits
+from core.config import ConfigError, load_config
+from core.resource_fit import OK, REFUSE, WAIT, Ask, Capacity, NodeType, units_on, verdict, verdict_all
 
 WORKERS = ("train.trainer.num_workers", "train.trainer.cpus_per_worker")
 
@@ -117,3 +120,104 @@ def test_ensure_fits_refuses_at_once_without_waiting():
         ensure_fits(Ask("training", "workers", 3, {"CPU": 1.0}), read=script.read, limit_s=600,
                     clock=lambda: script.now, sleep=script.sleep, demand=script.demand)
     assert script.now == 0.0 and script.demands == []
+
+
+# --- everything a job must hold at once (issue 39, item 8) --------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cluster_yaml_types(**max_workers: int) -> tuple[NodeType, ...]:
+    """cluster.yaml's worker node types as the autoscaler reports them (resources, max_workers), with overrides."""
+    types = yaml.safe_load((REPO / "cluster.yaml").read_text())["available_node_types"]
+    return tuple(NodeType(name, {k: float(v) for k, v in t["resources"].items()}, max_workers.get(name, t["max_workers"]))
+                 for name, t in types.items() if name != "head")
+
+
+def test_policy_grpo_s_training_and_reward_service_are_summed_not_checked_one_by_one():
+    """configs/policy_grpo_cluster.yaml needs 8 training GPUs and >= 1 reward-service GPU at once. On a cluster of
+    two 4-GPU nodes each fits alone (what 1761e29 checked: the replicas when the app deployed, the workers when
+    training started, each against the whole cluster), so the job deployed its judge and then waited for ever for
+    the workers. Their sum is refused with the numbers."""
+    import jobs.policy.grpo as job
+
+    cfg = load_config(job.Config, REPO / "configs" / "policy_grpo_cluster.yaml")
+    training, serve = job.placement(cfg)
+    two_by_four = Capacity(nodes=({"CPU": 0.0},), node_types=cluster_yaml_types(gpu_worker=2, cpu_worker=0))
+    assert verdict(training, two_by_four).kind == WAIT and verdict(serve, two_by_four).kind == WAIT  # one by one
+    refused = verdict_all([training, serve], two_by_four)
+    assert refused.kind == REFUSE
+    assert refused.message.startswith(
+        "training: 8 workers × {4 CPU, 1 GPU} = 32 CPU, 8 GPU + serve: 1 replica × {4 CPU, 1 GPU} = 4 CPU, 1 GPU: "
+        "36 CPU, 9 GPU at once, but the cluster holds at most 8 GPU (the 1 nodes there are and its autoscaler's "
+        "limits: ")
+    assert "gpu_worker: up to 2 × {48 CPU, 4 GPU}" in refused.message
+    assert refused.message.endswith(
+        "Change grpo.num_workers or grpo.cpus_per_worker or grpo.use_gpu or grm.overrides: autoscaling.min_replicas "
+        "or grm.overrides: resources.num_cpus or grm.overrides: resources.num_gpus, or give the cluster more")
+    # cluster.yaml as shipped (up to 6 gpu_worker nodes): the autoscaler can make room, so the job waits for it
+    shipped = Capacity(nodes=({"CPU": 0.0},), node_types=cluster_yaml_types())
+    assert verdict_all([training, serve], shipped).kind == WAIT
+    # and on nodes that are there: the 9th GPU must be on a third node
+    three = Capacity(nodes=({"CPU": 48, "GPU": 4},) * 3)
+    assert verdict_all([training, serve], three).kind == OK
+    assert verdict_all([training, serve], Capacity(nodes=({"CPU": 48, "GPU": 4},) * 2)).kind == REFUSE
+
+
+def test_the_sum_is_refused_only_when_certain():
+    """Units sit whole on one node: totals that fit while no placement is found are not refused (the check refuses
+    only what cannot fit even on the cluster grown to its autoscaler's limits); with an autoscaler they wait."""
+    asks = [Ask("a", "workers", 2, {"CPU": 2}), Ask("b", "replicas", 1, {"CPU": 2})]
+    assert verdict_all(asks, Capacity(nodes=({"CPU": 4}, {"CPU": 2}))).kind == OK  # {a, a} + {b}
+    assert verdict_all(asks, Capacity(nodes=({"CPU": 3}, {"CPU": 3}))).kind == OK  # 6 CPU: not ruled out
+    assert verdict_all(asks, Capacity(nodes=({"CPU": 3}, {"CPU": 3}), node_types=(
+        NodeType("cpu", {"CPU": 4}, 1),))).kind == WAIT
+    assert verdict_all(asks, Capacity(nodes=({"CPU": 2},), node_types=(NodeType("cpu", {"CPU": 2}, 2),))).kind == WAIT
+    refused = verdict_all(asks, Capacity(nodes=({"CPU": 2},), node_types=(NodeType("cpu", {"CPU": 2}, 1),)))
+    assert refused.kind == REFUSE and "6 CPU at once, but the cluster holds at most 4 CPU" in refused.message
+    # a single ask is verdict's own answer
+    assert verdict_all(asks[:1], Capacity(nodes=({"CPU": 1},))) == verdict(asks[0], Capacity(nodes=({"CPU": 1},)))
+
+
+def test_ensure_all_fit_refuses_the_sum_and_waits_for_the_autoscaler():
+    asks = [Ask("training", "workers", 2, {"CPU": 1}, ("grpo.num_workers",)),
+            Ask("serve", "replicas", 1, {"CPU": 1}, ("grm.overrides: autoscaling.min_replicas",))]
+    with pytest.raises(ConfigError, match=r"3 CPU at once, but the cluster holds at most 2 CPU .*Change "
+                                          r"grpo\.num_workers or grm\.overrides: autoscaling\.min_replicas"):
+        ensure_all_fit(asks, read=lambda: Capacity(nodes=({"CPU": 2.0},)), demand=lambda bundles: None)
+    # an autoscaler that can add a node: the whole demand is asked for at once, then the job goes on
+    reads = iter([Capacity(nodes=({"CPU": 2.0},), node_types=(NodeType("cpu", {"CPU": 2}, 1),)),
+                  Capacity(nodes=({"CPU": 2.0}, {"CPU": 2.0}))])
+    demanded = []
+    ticks = iter(range(100))
+    assert ensure_all_fit(asks, read=lambda: next(reads), limit_s=60, clock=lambda: next(ticks),
+                          sleep=lambda s: None, demand=demanded.append).kind == OK
+    assert demanded == [[{"CPU": 1}, {"CPU": 1}, {"CPU": 1}], []]
+
+
+def test_the_cluster_guide_s_table_is_what_the_check_computes(monkeypatch):
+    """docs/cluster.md's "GPUs each shipped cluster config needs at once" is jobs.placement's output for every
+    configs/*_cluster.yaml, and every shipped config fits cluster.yaml grown to its limits."""
+    from jobs.placement import groups, load_unchecked, markdown_table
+
+    monkeypatch.chdir(REPO)  # the configs name their files relative to the repository
+    paths = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*_cluster.yaml"))
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    assert markdown_table(paths) in doc
+    shipped = Capacity(nodes=({"CPU": 0.0},), node_types=cluster_yaml_types())
+    for path in paths:
+        for group in groups(load_unchecked(str(REPO / path))):
+            assert verdict_all(group, shipped).kind != REFUSE, (path, group)
+
+
+def test_the_policy_job_refuses_before_any_work_what_it_cannot_hold_at_once(ray_local, tmp_path, capsys):
+    """A local 2-CPU Ray: the demo's 2 training workers (1 CPU each) fit, a GRM replica of 1 CPU fits, both at once
+    do not. 1761e29 deployed the judge and then waited for ever for the workers; now: exit 2, no run directory."""
+    from jobs.cli import main as cli_main
+
+    root = tmp_path / "runs"
+    code = cli_main(["run", str(REPO / "configs" / "policy_grpo_demo.yaml"), f"run.root={root}",
+                     "grm.overrides=[serve.app_name=grm-fit-test, serve.route_prefix=/grm, resources.num_cpus=1]"])
+    assert code == 2 and not root.exists()
+    assert ("training: 2 workers × 1 CPU = 2 CPU + serve: 1 replica × 1 CPU = 1 CPU: 3 CPU at once, but the cluster "
+            "holds at most 2 CPU") in capsys.readouterr().err

@@ -109,7 +109,7 @@ def test_training_worker_on_a_node_without_a_replica_gets_rewards(cluster, tmp_p
     nodes = {n["node_id"]: n for n in cluster.nodes()}
     worker = result["worker_node"]
     assert nodes[worker]["resources"].get("gpu_slot") == 4
-    replicas = cluster.actor_nodes(f"ServeReplica:{APP}:GRMServer")
+    replicas = cluster.actor_nodes(f"ServeReplica:{APP}-default:GRMServer")  # the run's own app (run id "default")
     assert replicas and worker not in replicas
     assert all(nodes[r]["resources"].get("CPU") == 1 and not nodes[r]["head"] for r in replicas)
     assert worker not in cluster.actor_nodes("ProxyActor")
@@ -127,8 +127,8 @@ def test_training_worker_on_a_node_without_a_replica_gets_rewards(cluster, tmp_p
 
     # the workers call the app by name through Ray; the app's bearer token never travels to them
     config = result["spec"]["config"]
-    assert config["app"] == APP and config["token_env"] == "" and result["secret_names"] == []
-    assert config["url"].endswith(f":{port}/grm")  # the HTTP address, for clients outside the cluster
+    assert config["app"] == f"{APP}-default" and config["token_env"] == "" and result["secret_names"] == []
+    assert config["url"].endswith(f":{port}/grm/{APP}-default")  # the HTTP address, for clients outside the cluster
 
 
 def _free_port() -> int:

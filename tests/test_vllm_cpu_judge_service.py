@@ -1,6 +1,6 @@
 """The optional vLLM-CPU tier for the judge service's async engine (`actors.engines.vllm_async.AsyncVLLMEngine`).
 
-Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu.py says how to
+Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu/generate.py says how to
 build one; docs/engine-vllm.md how to run this tier). One child process of that environment loads SmolLM2 into vLLM's
 `AsyncLLM` (enforce_eager, a 1 GiB CPU KV cache) with an r = 64 LoRA adapter and answers:
 
@@ -19,7 +19,7 @@ import subprocess
 import pytest
 from vllm_cpu_tier import REPO, TIER_MARKS, VLLM_PYTHON
 
-from bench.vllm_cpu_engines import (
+from bench.vllm_cpu.engines import (
     CPU_MEMORY_SHARE,
     SCORE_TOKENS,
     judge_request,

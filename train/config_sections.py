@@ -71,7 +71,8 @@ class RolloutSection(Section):
     top_p: float = 1.0  # rollout nucleus mass in (0, 1]; 1 = no nucleus filter
     # 0 = no top-k cut
     top_k: int = 0
-    # vllm: share of the worker's GPU memory for the rollout engine (weights + KV cache); DeepSpeed gets the rest
+    # vllm: share of the worker's GPU memory for the rollout engine (weights + KV cache); DeepSpeed gets the rest,
+    # less the margin vLLM's start-up check needs (train.memory_budget.VLLM_START_MARGIN_GIB)
     gpu_memory_utilization: float = 0.3
     # prompts per generate call (0 = all of a worker's prompts in one); each call's groups go to the judge as it
     # returns (reward.overlap): smaller calls hide more judging, in smaller batches (docs/throughput.md)
@@ -191,9 +192,13 @@ class WorkerFields:
     gpu_type: str = ""
     # extra environment variables for the workers (never secrets: core.config refuses secret-looking names)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
+    # seconds a rank waits in a collective (all-reduce, barrier) for the others before the worker group fails and
+    # restarts from its last checkpoint (Ray Train's TorchConfig.timeout_s, 1800 in Ray 2.60). GRPO refuses a
+    # reward service whose worst wait for one step's groups is not shorter (reward.timeout_s, reward.retries)
+    collective_timeout_s: int = 1800
 
     def _check_workers(self, where: str) -> None:
-        for name in ("micro_batch_size", "num_workers", "cpus_per_worker"):
+        for name in ("micro_batch_size", "num_workers", "cpus_per_worker", "collective_timeout_s"):
             positive(getattr(self, name), dotted(where, name))
         check_custom_resources(self.resources_per_worker, dotted(where, "resources_per_worker"))
         one_of(self.precision, PRECISIONS, dotted(where, "precision"))
@@ -256,7 +261,8 @@ class PreferenceLossConfig:
             log-probs by the token counts in the gap (see `arpo_loss`). True by default: it is what paper 000 ran;
             False gives the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations).
         nll_reduction: "token_mean" = one mean over all chosen tokens of the batch (TRL/ALMA
-            ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean.
+            ``nn.CrossEntropyLoss``, HF SFT); "seq_mean" = mean over examples of each example's per-token mean;
+            "sum" = each example's summed NLL, ``−log π(w | H)`` as paper 002's Eq. 2 prints it.
     """
 
     beta: float = 0.1  # temperature β of the sigmoid preference term (paper 000: 0.1)
@@ -270,5 +276,5 @@ class PreferenceLossConfig:
     # ran it; false = the gap between per-token averages (docs/papers/000-policy-simplification.md, Deviations)
     reproduce_double_normalisation: bool = True
     # token_mean = one mean over all chosen tokens of the batch (TRL/ALMA, HF SFT) | seq_mean = mean over examples
-    # of each example's per-token mean
-    nll_reduction: Literal["token_mean", "seq_mean"] = "token_mean"
+    # of each example's per-token mean | sum = each example's summed NLL (paper 002's Eq. 2: -log pi(w given H))
+    nll_reduction: Literal["token_mean", "seq_mean", "sum"] = "token_mean"

@@ -18,6 +18,29 @@ ZERO_STAGES = (0, 2, 3)
 # AMX), 1.45x per training step of SmolLM2 + LoRA on this machine (docs/papers/000-policy-simplification.md, Deviations).
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-autocast")
 SCHEDULERS = ("constant", "linear", "cosine")
+# The ZeRO buffers that take GPU memory, written into every config this module builds so that the memory budget
+# (train.memory_budget) reads the same numbers DeepSpeed uses (tests/test_ds_config.py parses them with DeepSpeed's
+# own DeepSpeedZeroConfig). Elements, not bytes; the values are DeepSpeed's defaults, stated here so they are ours.
+ZERO_BUFFERS = {
+    # ZeRO-2 and -3: gradients are reduced through a buffer of this many elements (in the weights' dtype, with
+    # contiguous_gradients): ZeRO-3 allocates it at initialisation and keeps it, ZeRO-2 for each backward pass
+    "reduce_bucket_size": 500_000_000,
+    # ZeRO-2: updated partitions are all-gathered in chunks of this many elements where torch lacks
+    # all_gather_into_tensor (deepspeed/runtime/utils.py all_gather_dp_groups); with it, straight into the weights
+    "allgather_bucket_size": 500_000_000,
+    # ZeRO-3: parameters gathered ahead of their use
+    "stage3_prefetch_bucket_size": 50_000_000,
+    # ZeRO-3: gathered parameters a rank keeps before it releases them, and the reuse distance within which a
+    # gathered parameter is not released
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    # ZeRO-3: parameters smaller than this are never partitioned (each rank holds them whole)
+    "stage3_param_persistence_threshold": 100_000,
+}
+STAGE2_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
+# ZeRO-2 with overlap_comm double-buffers the reduce bucket (stage_1_and_2.py setup_buckets); off, as DeepSpeed
+# leaves it for stage 2, and stated so the budget counts one buffer
+STAGE2_OVERLAP_COMM = False
 
 
 def resolve_precision(precision: str, use_gpu: bool, cpu_bf16: bool = False) -> str:
@@ -79,6 +102,10 @@ def build_ds_config(
     if offload_optimizer and zero_stage == 0:
         raise ValueError("offload_optimizer: optimizer offload needs zero_stage 2 or 3")
     zero: dict = {"stage": zero_stage}
+    if zero_stage == 2:
+        zero |= {k: ZERO_BUFFERS[k] for k in STAGE2_KEYS} | {"overlap_comm": STAGE2_OVERLAP_COMM}
+    elif zero_stage == 3:
+        zero |= {k: v for k, v in ZERO_BUFFERS.items() if k != "allgather_bucket_size"}
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if offload_params:
@@ -100,6 +127,14 @@ def build_ds_config(
     elif precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return config
+
+
+def trainer_ds_config(cfg, world_size: int) -> dict:
+    """The DeepSpeed config of a trainer config (`train.config.TrainerBase`) over `world_size` workers: what
+    `train.engine.build_engine` hands to `deepspeed.initialize` and what the memory budget reads."""
+    return build_ds_config(cfg.micro_batch_size, cfg.grad_accum, world_size, cfg.deepspeed.zero_stage,
+                           resolve_precision(cfg.precision, cfg.use_gpu), cfg.deepspeed.offload_optimizer,
+                           cfg.deepspeed.offload_params, cfg.max_grad_norm)
 
 
 def warmup_steps(total_steps: int, warmup_ratio: float) -> int:

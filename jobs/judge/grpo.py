@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from actors.ray_capacity import ensure_all_fit
 from core.config import ConfigError, require_file
 from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
@@ -46,6 +47,7 @@ from jobs.grpo_stages import (
 )
 from train.config import GRPOConfig
 from train.grpo.reward.judge_training import JudgeRewardConfig
+from train.trainer import workers_ask
 
 log = logging.getLogger("quorum.judge_grpo")
 JOB = "judge_grpo"
@@ -135,6 +137,9 @@ def judge_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
 def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     # bad data fails before the run directory (and its manifest) exists
     validate_grpo(cfg.grpo, int((judge_rows(cfg)["role"] == "train").sum()))
+    init_ray(cfg.ray)
+    # the worker group fits the cluster (or its autoscaler's limits), before the run directory exists
+    ensure_all_fit([workers_ask(cfg.grpo, "grpo")])
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "prompt": dataclasses.asdict(cfg.prompt),
@@ -142,7 +147,6 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     results = [stage_rows(store, rows_key, lambda: judge_rows(cfg))]
     validate_grpo(cfg.grpo, results[0].summary["train_rows"])
     spec = {"kind": "judge", "config": dataclasses.asdict(cfg.reward)}
-    init_ray(cfg.ray)
     results.append(stage_train(store, cfg.grpo, cfg.wandb, {"grpo": dataclasses.asdict(cfg.grpo), "reward": spec},
                                lambda: contextlib.nullcontext((spec, {}))))
     table = report(store, tracker, results, "Judge GRPO (MENLO reward)")

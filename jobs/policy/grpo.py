@@ -45,6 +45,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -54,6 +55,7 @@ from core.ray_env import init_ray
 from eval.judging.listwise import MAX_LISTWISE
 from eval.judging.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl, render_criteria
 from eval.prompts import load_template, prompt_path
+from eval.reward_monitors import JudgeMarkers, MonitorConfig, gold_preference, judge_markers
 from jobs.entry import entry
 from jobs.grpo_stages import (
     SAMPLES,
@@ -67,11 +69,10 @@ from jobs.grpo_stages import (
     train_val_rows,
     validate_grpo,
 )
-from serve.config import ServeConfig
+from serve.config import ServeConfig, run_app_name, run_route_prefix
 from train.config import GRPOConfig
 from train.grpo.monitoring import record_alert
-from train.grpo.reward.client import RewardServiceConfig
-from train.grpo.reward.monitors import JudgeMarkers, MonitorConfig, gold_preference, judge_markers
+from train.grpo.reward.client import RewardServiceConfig, check_wait_within_collective
 from train.grpo.reward.same_family import model_identity, same_family
 
 log = logging.getLogger("quorum.policy_grpo")
@@ -113,7 +114,7 @@ class Config(JobSections):
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(loss_agg="seq_mean_token_sum_norm",
                                                                 normalize_std=False, max_completion_length=1024,
                                                                 thinking=False, val_metric="vs_baseline"))
-    # reward-hacking monitors (train.grpo.reward.monitors, docs/monitors.md): on by default
+    # reward-hacking monitors (eval.reward_monitors, docs/monitors.md): on by default
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
@@ -129,6 +130,8 @@ class Config(JobSections):
         if self.reward.app and not self.reward.url:
             raise ConfigError("reward.app: names a GRM app already running in this job's Ray cluster; give its HTTP "
                               "address too (reward.url), or leave both empty and the job deploys the GRM itself")
+        # a slow judge must cost one step, not the worker group: the wait stays under the collective timeout
+        check_wait_within_collective(self.reward, self.grpo.prompts_per_worker, self.grpo.collective_timeout_s)
         if self.reward.scheme == "listwise" and not 2 <= self.grpo.group_size <= MAX_LISTWISE:
             raise ConfigError(f"reward.scheme: listwise ranks 2..{MAX_LISTWISE} responses in one call; "
                               f"grpo.group_size is {self.grpo.group_size}")
@@ -195,16 +198,29 @@ def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
 
 
 @contextlib.contextmanager
-def served_reward(cfg: Config):
+def served_reward(cfg: Config, run_id: str = ""):
     """Yield (reward spec, secret worker env): the configured service, or a GRM app deployed here and deleted after.
 
-    The deployed app is called through a DeploymentHandle (`reward.app`): no HTTP proxy on the workers' nodes and
-    no bearer token needed, so no secret goes to the workers; an external `reward.url` gets its token."""
-    reward, app = cfg.reward, None
+    The deployed app is this run's own: `serve.app_name` plus the run id (`serve.config.run_app_name`), under its
+    own route prefix, held by this driver while it runs (`jobs.serve_grm.claim_app`): another live run of the same
+    id is refused (ConfigError), never silently redeployed, and on exit this run deletes only its own app. It is
+    called through a DeploymentHandle (`reward.app`): no HTTP proxy on the workers' nodes and no bearer token
+    needed, so no secret goes to the workers; an external `reward.url` gets its token. `run_id` "" = `run.id` (or
+    "default", as `core.jobrun.open_run` names a run without one)."""
+    from jobs.serve_grm import claim_app, release_app
+
+    run_id = run_id or cfg.run.id or "default"
+    reward, app, owner = cfg.reward, None, None
     if not reward.url:
         serve_cfg = cfg.serve_config()
-        app = serve_cfg.serve.app_name
-        url = start_grm(serve_cfg, cfg.grm.start_timeout_s)
+        app = run_app_name(serve_cfg.serve.app_name, run_id)
+        owner = claim_app(app)
+        try:
+            url = start_grm(serve_cfg, app, cfg.grm.start_timeout_s)
+        except BaseException:
+            _delete_app(app)
+            release_app(owner)
+            raise
         reward = dataclasses.replace(reward, url=url, app=app, token_env="")
     secret = {reward.token_env: os.environ[reward.token_env]} if reward.token_env and not reward.app else {}
     spec = {"kind": "grm", "config": dataclasses.asdict(reward)}
@@ -216,9 +232,14 @@ def served_reward(cfg: Config):
         yield spec, secret
     finally:
         if app is not None:
-            from ray import serve
+            _delete_app(app)
+            release_app(owner)
 
-            serve.delete(app)
+
+def _delete_app(app: str) -> None:
+    from ray import serve
+
+    serve.delete(app)
 
 
 def judge_markers_of(cfg: Config) -> JudgeMarkers:
@@ -252,22 +273,49 @@ def same_family_check(cfg: Config, tracker) -> list[dict]:
     return [alert.as_dict()]
 
 
-def start_grm(serve_cfg: ServeConfig, timeout_s: float) -> str:
-    """Deploy the GRM app in the connected Ray cluster (as `quorum serve --detach` would); return its base URL."""
+def start_grm(serve_cfg: ServeConfig, app: str, timeout_s: float) -> str:
+    """Deploy the GRM app as `app` under its own route prefix in the connected Ray cluster (as `quorum serve
+    --detach` would); return its base URL. The caller holds `app` (`jobs.serve_grm.claim_app`): an app of that name
+    that exists already was left by a stopped driver of this run and is replaced."""
     from ray import serve
 
-    from jobs.serve_grm import wait_until_running
+    from jobs.serve_grm import existing_app, wait_until_running
     from serve.app import check_replicas_fit, make_app
 
     http = serve_cfg.serve
+    prefix = run_route_prefix(http.route_prefix, app)
     serve.start(http_options={"host": http.host, "port": http.port})
     check_replicas_fit(serve_cfg)
-    serve.run(make_app(serve_cfg), name=http.app_name, route_prefix=http.route_prefix, blocking=False)
-    wait_until_running(http.app_name, timeout_s)
-    url = f"http://{proxy_host(http.host)}:{http.port}{http.route_prefix.rstrip('/')}"
-    log.info("GRM app %r running; training workers call it through a Serve handle, HTTP clients at %s",
-             http.app_name, url)
+    if existing_app(app) is not None:
+        log.warning("Serve app %r exists but no running job holds it (a stopped run of this id left it): replacing "
+                    "it", app)
+    serve.run(make_app(serve_cfg), name=app, route_prefix=prefix, blocking=False)
+    wait_until_running(app, timeout_s)
+    url = f"http://{proxy_host(http.host)}:{http.port}{prefix}"
+    log.info("GRM app %r running; training workers call it through a Serve handle, HTTP clients at %s", app, url)
     return url
+
+
+def placement(cfg: Config) -> list:
+    """What the job places at once (`core.resource_fit.Ask`s): the training workers and, when it deploys the GRM,
+    the app's replicas (`min_replicas`), which serve the judge for the whole of training."""
+    from train.trainer import workers_ask
+
+    asks = [workers_ask(cfg.grpo, "grpo")]
+    if not cfg.reward.url:
+        asks.append(cfg.serve_config().replicas_ask("grm.overrides: "))
+    return asks
+
+
+def check_before_work(cfg: Config, run_id: str) -> None:
+    """With Ray connected, before the run directory exists: the job's GPUs and CPUs at once fit the cluster (or its
+    autoscaler's limits), and no live job holds this run's Serve app. Each raises ConfigError (exit 2)."""
+    from actors.ray_capacity import ensure_all_fit
+    from jobs.serve_grm import check_app_free
+
+    ensure_all_fit(placement(cfg))
+    if not cfg.reward.url:
+        check_app_free(run_app_name(cfg.serve_config().serve.app_name, run_id))
 
 
 def proxy_host(host: str) -> str:
@@ -287,6 +335,9 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
         raise ConfigError(f"reward.token_env: environment variable {cfg.reward.token_env} is not set")
     # bad data fails before the run directory (and its manifest) exists
     validate_grpo(cfg.grpo, int((policy_rows(cfg)["role"] == "train").sum()))
+    init_ray(cfg.ray)
+    # the run id open_run gives the run (core.jobrun)
+    check_before_work(cfg, cfg.run.id or (Path(config_path).stem if config_path else "default"))
     run = open_run(JOB, cfg, config_path)
     store, tracker = run.store, run.start_tracking(JOB, cfg.wandb)
     rows_key = {"data": dataclasses.asdict(cfg.data), "data_sha": file_sha(cfg.data.path),
@@ -294,13 +345,12 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     family = same_family_check(cfg, tracker)
     results = [stage_rows(store, rows_key, lambda: policy_rows(cfg))]
     validate_grpo(cfg.grpo, results[0].summary["train_rows"])
-    init_ray(cfg.ray)
     # the judge (config + overrides) or the external URL decides the rewards, so both are part of the stage hash
     # (reward.app and reward.overlap are not: they pick how and when the workers ask, not what the service answers)
     reward_key = {k: v for k, v in dataclasses.asdict(cfg.reward).items() if k not in ("app", "overlap")}
     key = {"grpo": dataclasses.asdict(cfg.grpo), "reward": reward_key,
            "grm": dataclasses.asdict(cfg.serve_config()) if not cfg.reward.url else None}
-    results.append(stage_train(store, cfg.grpo, cfg.wandb, key, lambda: served_reward(cfg)))
+    results.append(stage_train(store, cfg.grpo, cfg.wandb, key, lambda: served_reward(cfg, run.run_id)))
     table = report(store, tracker, results, "Policy GRPO against the served GRM")
     best = results[-1].summary.get("best_adapter")
     store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {}),

@@ -40,11 +40,12 @@ from pathlib import Path
 
 import ray.train
 import torch
-import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from train import collectives
 from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import GRPOConfig
+from train.cuda_check import require_cuda
 from train.engine import build_engine, build_lora_model, output_head
 from train.grpo.batch import (
     GroupOutcome,
@@ -72,6 +73,8 @@ def grpo_loop_per_worker(config: dict) -> None:
     if config.get("secrets") is not None:
         config["secrets"].install()  # the reward service's token (actors.secrets), before the reward client reads it
     cfg = GRPOConfig.from_dict(config["train"])
+    if cfg.use_gpu:  # before any collective or allocation: an old driver fails here, by name
+        require_cuda("use_gpu: true")
     cfg.precision = worker_precision(cfg.precision, cfg.use_gpu)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -285,33 +288,27 @@ def _length_sums(completions: list[list[int]], finished: list[bool]) -> Metrics:
 
 def _any_worker(flag: bool) -> bool:
     """True when `flag` holds on at least one worker (every rank must take the same update decision)."""
-    tensor = torch.tensor([float(flag)])
-    dist.all_reduce(tensor)
-    return bool(tensor.item() > 0)
+    return collectives.any_rank(flag)
 
 
 def reduce_sums(sums: Metrics) -> Metrics:
     """All-reduce a metric dict over workers: ``*_max`` keys with max, ``*_min`` with min, the rest summed. Ranks
     may hold different keys (failure kinds, reward components, per-rank figures), so the union of keys is agreed on
     first; a rank without a key adds nothing to it (0, or -inf / inf for an extremum)."""
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, sorted(sums))
-    keys = sorted(set().union(*gathered))
+    keys = sorted(set().union(*collectives.gather_objects(sorted(sums))))
     out = {}
     for op, selected, missing in (
-            (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")], -math.inf),
-            (dist.ReduceOp.MIN, [k for k in keys if k.endswith("_min")], math.inf),
-            (dist.ReduceOp.SUM, [k for k in keys if not k.endswith(("_max", "_min"))], 0.0)):
+            ("max", [k for k in keys if k.endswith("_max")], -math.inf),
+            ("min", [k for k in keys if k.endswith("_min")], math.inf),
+            ("sum", [k for k in keys if not k.endswith(("_max", "_min"))], 0.0)):
         if selected:
-            tensor = torch.tensor([sums.get(k, missing) for k in selected], dtype=torch.float64)
-            dist.all_reduce(tensor, op=op)
-            out |= dict(zip(selected, tensor.tolist()))
+            out |= dict(zip(selected, collectives.all_reduce_values([sums.get(k, missing) for k in selected], op)))
     return out
 
 
 def _finish(totals: Metrics) -> Metrics:
     """Reduced sums -> logged metrics (token-weighted loss metrics, per-rollout means, throughput)."""
-    world = dist.get_world_size()
+    world = collectives.world_size()
     tokens, rollouts = totals.get("loss_tokens", 0.0), totals.get("rollouts", 0.0)
     metrics = finish_outcome_metrics(totals)
     for key, value in totals.items():
@@ -351,9 +348,7 @@ def _error_kinds(metrics: Metrics) -> dict[str, float]:
 
 def _gather_records(records: list[dict], limit: int = 512) -> list[dict]:
     """Every rank's records, in rank order, at most `limit` (a collective)."""
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, records[:limit])
-    return [r for part in gathered for r in part][:limit]
+    return [r for part in collectives.gather_objects(records[:limit]) for r in part][:limit]
 
 
 def _log_records(tracker, name: str, records: list[dict], step: int) -> None:

@@ -33,16 +33,23 @@ class HFRollout:
         ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return ids | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
 
-    @torch.no_grad()
-    def generate(self, model, prompts: list[list[int]], group_size: int,
-                 seed: int = 0, first: int = 0) -> tuple[list[list[int]], list[bool]]:
+    def generate(self, model, prompts: list[list[int]], group_size: int, seed: int = 0, first: int = 0,
+                 adapter: bool = True) -> tuple[list[list[int]], list[bool]]:
         """G sampled completions per prompt, group-major; each trimmed after its stop token (torch's global RNG,
         seeded by the caller, drives the sampling; `seed` and `first`, the step index of the first prompt when a
-        step generates in several calls, are for engines with their own generator).
+        step generates in several calls, are for engines with their own generator). `adapter` False samples the
+        peft model with its LoRA adapter disabled: the initial policy.
 
         Returns:
             ``(completion_ids, finished)``, one entry per rollout.
         """
+        if adapter:
+            return self._generate(model, prompts, group_size)
+        with model.disable_adapter():
+            return self._generate(model, prompts, group_size)
+
+    @torch.no_grad()
+    def _generate(self, model, prompts: list[list[int]], group_size: int) -> tuple[list[list[int]], list[bool]]:
         width = max(len(p) for p in prompts)
         # left padding: every prompt ends where generation starts
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])

@@ -183,21 +183,25 @@ class VLLMRollout:
         if stale.exists():
             shutil.rmtree(stale, ignore_errors=True)
 
-    def generate(self, model, prompts: list[list[int]], group_size: int, seed: int = 0, first: int = 0):
+    def generate(self, model, prompts: list[list[int]], group_size: int, seed: int = 0, first: int = 0,
+                 adapter: bool = True):
         """G samples per prompt with the adapter of the last `sync`; same return value as `HFRollout.generate`.
 
         `seed` is the step's (distinct per rank); prompt i of the step samples with ``seed * 1000 + i``, `first`
         being the step index of `prompts[0]`, so a step generated in several calls (`rollout.prompts_per_generate`)
         samples what one call would. A sleeping engine is woken first and put back to sleep after, also when
-        sampling fails.
+        sampling fails. `adapter` False samples the base model, the initial policy (validation's baseline): no
+        `LoRARequest`, which vLLM 0.32's `LLM.generate(..., lora_request=None)` serves with the base weights.
         """
         from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
 
-        if self.version == 0:
-            raise RuntimeError("VLLMRollout.generate before the first sync: the engine has no policy adapter")
-        request = LoRARequest(f"policy-v{self.version}", self.version,
-                              str(adapter_version_dir(self.scratch, self.version)))
+        request = None
+        if adapter:
+            if self.version == 0:
+                raise RuntimeError("VLLMRollout.generate before the first sync: the engine has no policy adapter")
+            request = LoRARequest(f"policy-v{self.version}", self.version,
+                                  str(adapter_version_dir(self.scratch, self.version)))
         rollout = self.cfg.rollout
         max_tokens = self.cfg.max_completion_length
         params = [SamplingParams(**rollout_sampling_kwargs(rollout.temperature, rollout.top_p, rollout.top_k,

@@ -12,6 +12,11 @@ the current policy, by `grpo.val_metric`:
   and kept (`BaselineAnswers`, also on disk, so a restarted worker judges against the very same answers). A
   mean-margin reward cannot serve here: its group means are 0 by construction.
 
+Every validation generation, the baseline's included, comes from the rollout engine: with `rollout.kind: vllm` the
+colocated vLLM engine (the baseline without a LoRA request), never HF `generate` on the training model, which under
+ZeRO-3 gathers the sharded weights across nodes for every token; with `rollout.kind: hf`, `generate` (adapter
+disabled for the baseline).
+
 Validation samples at the rollout temperature with seeds that depend on the prompt only, never on the step, so
 successive validations compare policies on the same random draws (common random numbers), and it runs inside a
 forked RNG so training samples exactly what it would have without validation.
@@ -30,8 +35,8 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from train import collectives
 from train.grpo.batch import (
     VAL_SCORES,
     improved,
@@ -81,7 +86,7 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
                     raise ValueError("val_metric vs_baseline: validate() needs the baselines cache")
                 if _any_rank(any(i not in baselines.answers for i, _ in part)):
                     # every rank generates when one must: ZeRO-3's generate is collective
-                    texts = _base_answers(engine, tokenizer, cfg, prompts, seed, world)
+                    texts = _base_answers(engine, tokenizer, prompts, seed, rollout)
                     baselines.add({i: text for (i, _), text in zip(part, texts)})
                 torch.manual_seed(seed)
                 ids, _ = rollout.generate(engine.module, prompts, 1, seed)
@@ -153,20 +158,14 @@ class BaselineAnswers:
 
 
 def _any_rank(flag: bool) -> bool:
-    tensor = torch.tensor([float(flag)])
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item() > 0)
+    return collectives.any_rank(flag)
 
 
-def _base_answers(engine, tokenizer, cfg, prompts: list[list[int]], seed: int, world: int) -> list[str]:
-    """One answer per prompt from the model with its LoRA adapter disabled (the initial policy), sampled like the
-    policy's (same seed, temperature, length) with `generate` whatever the rollout engine: it runs once per run."""
-    from train.grpo.rollout_hf import HFRollout
-
-    base = HFRollout(tokenizer, cfg, synced_gpus=cfg.deepspeed.zero_stage == 3 and world > 1)
+def _base_answers(engine, tokenizer, prompts: list[list[int]], seed: int, rollout) -> list[str]:
+    """One answer per prompt from the model with its LoRA adapter off (the initial policy), sampled like the
+    policy's (same seed, temperature, length) by the rollout engine (module docstring)."""
     torch.manual_seed(seed)
-    with engine.module.disable_adapter():
-        ids, _ = base.generate(engine.module, prompts, 1, seed)
+    ids, _ = rollout.generate(engine.module, prompts, 1, seed, adapter=False)
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
@@ -186,9 +185,8 @@ class BestAdapter:
             # a best kept under another score (the config changed on resume) is not comparable: start over
             if saved.get("score_key", VAL_SCORES["reward"]) == self.key:
                 score = float(saved["score"])
-        tensor = torch.tensor([score], dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return None if tensor.item() == -math.inf else tensor.item()
+        (best,) = collectives.all_reduce_values([score], "max")
+        return None if best == -math.inf else best
 
     def offer(self, engine, zero_stage: int, metrics: Metrics, step: int) -> bool:
         """Keep the adapter if `metrics[self.key]` is a new best. Every rank calls it (ZeRO-3 gathers)."""

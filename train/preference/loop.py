@@ -24,11 +24,12 @@ import time
 
 import ray.train
 import torch
-import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from train import collectives
 from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import TrainConfig
+from train.cuda_check import require_cuda
 from train.engine import base_fingerprint, build_engine, build_lora_model, output_head
 from train.logprobs import chunked_token_logps, final_hidden, sequence_logps
 from train.precision import autocast, worker_precision
@@ -47,6 +48,8 @@ def train_loop_per_worker(config: dict) -> None:
     if config.get("secrets") is not None:
         config["secrets"].install()  # the W&B key when the job's run is online (actors.secrets), before wandb.init
     cfg = TrainConfig.from_dict(config["train"])
+    if cfg.use_gpu:  # before any collective or allocation: an old driver fails here, by name
+        require_cuda("use_gpu: true")
     cfg.precision = worker_precision(cfg.precision, cfg.use_gpu)
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     total, rows = config["total_steps"], config["train_rows"]
@@ -171,12 +174,12 @@ def allreduce_seconds(engine, repeats: int = 5) -> float:
     all-gather move the same volume as one all-reduce). Measured apart from the step, since DeepSpeed issues the
     step's collectives from inside backward and step, where they cannot be timed without instrumenting it."""
     numel = sum(p.numel() for p in engine.module.parameters() if p.requires_grad)
-    tensor = torch.zeros(numel, dtype=torch.float32, device=engine.device)
+    tensor = torch.zeros(numel, dtype=torch.float32, device=collectives.collective_device())
     times = []
     for _ in range(repeats):
-        dist.barrier()
+        collectives.barrier()
         started = time.perf_counter()
-        dist.all_reduce(tensor)
+        collectives.all_reduce_(tensor)
         times.append(time.perf_counter() - started)
     return float(sorted(times)[len(times) // 2])
 
@@ -197,9 +200,7 @@ def _add(total: dict, new: dict) -> dict:
 
 
 def _all_reduce(values: list[float]) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(tensor)
-    return tensor.tolist()
+    return collectives.all_reduce_values(values)
 
 
 def _local_phase_means(sums: dict[str, float]) -> Metrics:
@@ -228,11 +229,9 @@ def _peak_memory(engine) -> Metrics:
     peak is reset; nothing off-GPU."""
     if engine.device.type != "cuda":
         return {}
-    peak = torch.tensor([torch.cuda.max_memory_allocated(engine.device) / 2**30], dtype=torch.float64,
-                        device=engine.device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    (peak,) = collectives.all_reduce_values([torch.cuda.max_memory_allocated(engine.device) / 2**30], "max")
     torch.cuda.reset_peak_memory_stats(engine.device)
-    return {"gpu/peak_memory_gib": float(peak.item())}
+    return {"gpu/peak_memory_gib": peak}
 
 
 def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, world: int) -> Metrics:

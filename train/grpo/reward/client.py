@@ -78,7 +78,8 @@ class RewardServiceConfig(Section):
     send_context: bool = True
     # judge every pair in both A/B orders (twice the judge calls, no position bias)
     both_orders: bool = False
-    # client-side deadline of one HTTP attempt (also sent as the request's timeout_s)
+    # client-side deadline of one HTTP attempt (also sent as the request's timeout_s); policy GRPO refuses a worst
+    # wait (attempts x timeout_s + back-offs, per round of `concurrency` groups) not below grpo.collective_timeout_s
     timeout_s: float = 120.0
     # extra attempts after the first one
     retries: int = 3
@@ -102,6 +103,56 @@ class RewardServiceConfig(Section):
             fail(dotted(where, "overlap"), f"expected true or false, got {self.overlap!r}")
 
 
+    def worst_wait_s(self) -> float:
+        """The longest one group can wait for its rewards: every attempt running to `timeout_s`, every back-off at
+        its longest (`backoff_delay` with the full 10% jitter). `retries` 3, `timeout_s` 600, back-off 5 s doubling:
+        4 x 600 + (5 + 10 + 20) x 1.1 = 2438.5 s.
+
+        >>> RewardServiceConfig(timeout_s=600, retries=3, backoff_s=5, backoff_max_s=60).worst_wait_s()
+        2438.5
+        """
+        backoffs = sum(min(self.backoff_s * 2 ** (k - 1), self.backoff_max_s) for k in range(1, self.retries + 1))
+        return round((self.retries + 1) * self.timeout_s + backoffs * (1.0 + MAX_JITTER), 6)
+
+
+# the most `backoff_delay` adds to a back-off, as a share of it
+MAX_JITTER = 0.1
+
+
+def check_wait_within_collective(reward: RewardServiceConfig, groups_per_worker: int, collective_timeout_s: float,
+                                 reward_key: str = "reward", timeout_key: str = "grpo.collective_timeout_s") -> None:
+    """Refuse (ConfigError, exit 2) a reward service a worker may wait on longer than the others wait in a collective.
+
+    While one worker waits for its groups' rewards the others already sit in the step's next collective (DeepSpeed's
+    gradient reduction, the loop's any-worker checks); past `collective_timeout_s` that collective fails the whole
+    worker group, which restarts from its last checkpoint, instead of the slow groups being masked
+    (`max_failed_steps`). A worker scores its `groups_per_worker` groups `concurrency` at a time, so its worst wait is
+    ceil(groups / concurrency) times one group's (`RewardServiceConfig.worst_wait_s`).
+
+    >>> check_wait_within_collective(RewardServiceConfig(timeout_s=120, retries=3), 4, 1800)
+    >>> check_wait_within_collective(RewardServiceConfig(timeout_s=600, retries=3, backoff_s=5, backoff_max_s=60), 4,
+    ...                              1800)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    core.errors.ConfigError: reward.timeout_s: a worker can wait 2438.5 s for one step's rewards ...
+    """
+    waves = -(-groups_per_worker // reward.concurrency)
+    one = reward.worst_wait_s()
+    worst = waves * one
+    if worst < collective_timeout_s:
+        return
+    retry = f"{reward.retries + 1} attempts x {dotted(reward_key, 'timeout_s')} {reward.timeout_s:g} s + back-offs " \
+            f"of up to {one - (reward.retries + 1) * reward.timeout_s:g} s"
+    per_wave = f"{waves} rounds of up to {reward.concurrency} groups ({dotted(reward_key, 'concurrency')}) x " \
+               f"{one:g} s" if waves > 1 else f"one group's {retry}"
+    fail(dotted(reward_key, "timeout_s"),
+         f"a worker can wait {worst:g} s for one step's rewards ({per_wave}{'; each: ' + retry if waves > 1 else ''}), "
+         f"not less than {timeout_key} ({collective_timeout_s:g} s), the longest the other workers wait in a collective: "
+         "a slow judge would then fail the whole worker group (a restart from the last checkpoint) instead of one "
+         f"step. Lower {dotted(reward_key, 'timeout_s')} or {dotted(reward_key, 'retries')} (or "
+         f"{dotted(reward_key, 'backoff_s')} / {dotted(reward_key, 'backoff_max_s')}), or raise {timeout_key} above "
+         f"{worst:g}")
+
+
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
     """Sleep before retry number `attempt` (1-based): base · 2^(attempt-1), capped, plus up to 10% jitter.
 
@@ -109,7 +160,7 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
     True
     """
     delay = min(base_s * 2 ** (attempt - 1), cap_s)
-    return delay * (1.0 + 0.1 * rng.random())
+    return delay * (1.0 + MAX_JITTER * rng.random())
 
 
 class GroupRewardClient:
