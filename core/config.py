@@ -214,8 +214,9 @@ class FieldCheck:
     fn: Callable[[Any, str], None]
 
 
-# numeric keys that may be negative, with their floor (-1 = "no top-k filter")
-NEGATIVE_OK = {"top_k": -1}
+# numeric keys that may be negative, with their floor (top_k -1 = "no top-k filter"; CRAFT self-training's
+# rounds.min_margin -1 = tied candidates make pairs too)
+NEGATIVE_OK = {"top_k": -1, "min_margin": -1}
 # keys naming an input file or directory, wherever a job nests them: when set, it must exist now
 INPUT_PATHS = ("model_dir", "checkpoint", "rubrics", "rubrics_path", "domains_path", "nouns_path", "adapter",
                "init_adapter")
@@ -276,7 +277,9 @@ def _check_value(value: Any, key: str, name: str, checks: tuple[FieldCheck, ...]
             check.fn(value, key)
     elif name in INPUT_PATHS and isinstance(value, str) and value and "://" not in value:
         if not Path(value).expanduser().exists():
-            raise ConfigError(f"{key}: no such file or directory: {value}")
+            from core.corpora import hint_suffix
+
+            raise ConfigError(f"{key}: no such file or directory: {value}{hint_suffix(value)}")
     elif isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite number, got {value}")
@@ -355,9 +358,12 @@ def config_hash(obj: Any) -> str:
 
 
 def require_file(path: str, key: str) -> None:
-    """Raise ConfigError if the file behind config key `key` does not exist."""
+    """Raise ConfigError if the file behind config key `key` does not exist; when the path is where a corpus of
+    `core/corpora.yaml` goes, the message names the `quorum data get` command that puts it there."""
     if path and not Path(path).exists():
-        fail(key, f"file not found: {path}")
+        from core.corpora import hint_suffix
+
+        fail(key, f"file not found: {path}{hint_suffix(path)}")
 
 
 # CPU / GPU / memory have their own fields (num_cpus, num_gpus, ...); Ray refuses them inside `resources`

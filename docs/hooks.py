@@ -1,12 +1,22 @@
-"""mkdocs hook: config key tables generated from the jobs' config dataclasses, so they cannot drift.
+"""Generated blocks of the docs' Markdown sources: the config key tables and the corpus table, written into the
+`.md` files (so they read the same on the repository host as on the site) and checked at build time.
 
-A page marker `<!-- config-table: jobs.policy.simplify:Config -->` becomes a table of every key of that dataclass
-tree: dotted key (list items as `N`, dict entries as `NAME`), type, default and what it does. The description is the
-field's comment (the `#` lines just above it, or a trailing one) or an attribute docstring under it.
+    python docs/hooks.py            rewrite every generated block under docs/ that is out of date
+    python docs/hooks.py --check    exit 1 naming each stale block (tests/test_docs.py runs this)
+
+A block sits between `<!-- generated: KIND ARG -->` and `<!-- end generated -->`:
+
+- `config-table jobs.policy.simplify:Config`: every key of that dataclass tree, dotted (list items as `N`, dict
+  entries as `NAME`), with type, default and what it does; a table of more than SPLIT_ROWS rows gets a `###`
+  sub-heading per top-level section. The description is the field's comment (the `#` lines just above it, or a
+  trailing one) or an attribute docstring under it. A default that names a module constant (`PAPER_TEMPERATURE`),
+  `list(CONSTANT)` or a module function returning a literal shows the value, not the name.
+- `corpora`: the corpus registry `core/corpora.yaml` (`quorum data list`).
 
 The tree is read from source with `ast`, never imported: the job modules import ray and torch at module level, and
 the docs build must run without them (and fast). Names are followed through `from x import y` imports, module
-aliases (`Config = ServeConfig`) and base classes, as Python's dataclass machinery would see them.
+aliases (`Config = ServeConfig`) and base classes, as Python's dataclass machinery would see them. As an mkdocs
+hook it regenerates every block of a page as it builds it.
 """
 
 from __future__ import annotations
@@ -14,12 +24,16 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"<!--\s*config-table:\s*([\w.]+):(\w+)\s*-->")
+BLOCK = re.compile(r"(<!-- generated: (?P<kind>[\w-]+)(?: (?P<arg>[\w.:]+))? -->\n)(?P<body>.*?)(<!-- end generated -->)",
+                   re.DOTALL)
+SPLIT_ROWS = 100  # a key table longer than this gets a sub-heading per top-level section
+MAX_DEFAULT = 90  # characters of a default value shown before it is cut with "…"
 WRAPPERS = {"Optional", "Annotated", "ClassVar", "Final"}
 
 
@@ -50,6 +64,7 @@ class Module:
         self.lines = self.source.splitlines()
         tree = ast.parse(self.source, filename=str(path))
         self.classes: dict[str, ast.ClassDef] = {}
+        self.functions: dict[str, ast.FunctionDef] = {}
         self.imports: dict[str, tuple[str, str]] = {}
         self.assigns: dict[str, ast.expr] = {}
         self.modules: dict[str, str] = {}  # `import x.y as z`: z -> x.y
@@ -57,6 +72,8 @@ class Module:
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
                 self.classes[node.name] = node
+            elif isinstance(node, ast.FunctionDef):
+                self.functions[node.name] = node
             elif isinstance(node, ast.ImportFrom) and node.module is not None or (
                     isinstance(node, ast.ImportFrom) and node.level):
                 base = node.module or ""
@@ -91,6 +108,8 @@ class Module:
             return None
         if name in self.classes:
             return self, name, self.classes[name]
+        if name in self.functions:
+            return self, name, self.functions[name]
         if name in self.assigns:
             value = self.assigns[name]
             if isinstance(value, ast.Name):
@@ -186,25 +205,82 @@ def dataclass_of(annotation: ast.expr, module: Module) -> tuple[Module, ast.Clas
 
 
 def type_text(annotation: ast.expr, module: Module) -> str:
-    return ast.unparse(unwrap(annotation, module)).replace(" | ", " or ")
+    annotation = _Values(module, depth=5).visit(_copy(unwrap(annotation, module)))  # `md.Protocol` -> `Protocol`
+    return ast.unparse(annotation).replace(" | ", " or ")
 
 
-def default_text(value: ast.expr | None) -> str:
+class _Values(ast.NodeTransformer):
+    """Module constants in a default expression replaced by their literal values (as far as they are literals)."""
+
+    def __init__(self, module: Module, depth: int = 0):
+        self.module, self.depth = module, depth
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        found = self.module.resolve(node.id) if self.depth < 5 else None
+        if found and not isinstance(found[2], (ast.ClassDef, ast.FunctionDef)) and _is_literal(found[2], found[0]):
+            return _Values(found[0], self.depth + 1).visit(_copy(found[2]))
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        name = _name(node.func)
+        if name in ("list", "tuple", "sorted") and len(node.args) == 1 and not node.keywords:
+            try:
+                value = ast.literal_eval(node.args[0])
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return node
+            items = list(value) if name != "sorted" else sorted(value)
+            return ast.parse(repr(items if name != "tuple" else tuple(items)), mode="eval").body
+        if isinstance(node.func, ast.Name) and not node.args and not node.keywords:
+            found = self.module.resolve(node.func.id)
+            body = found[2].body if found and isinstance(found[2], ast.FunctionDef) else []
+            if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+                return _Values(found[0], self.depth + 1).visit(_copy(body[0].value))
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Name) and (node.value.id in self.module.modules or
+                                                 node.value.id in self.module.imports):
+            return ast.Name(id=node.attr, ctx=ast.Load())  # `md.Protocol(...)` reads `Protocol(...)`
+        return node
+
+
+def _copy(node: ast.AST) -> ast.AST:
+    return ast.parse(ast.unparse(node), mode="eval").body
+
+
+def _is_literal(node: ast.AST, module: Module) -> bool:
+    try:
+        ast.literal_eval(_Values(module, 4).visit(_copy(node)))
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def _value_text(node: ast.expr, module: Module | None) -> str:
+    if module is not None:
+        node = _Values(module).visit(_copy(node))
+    text = ast.unparse(node)
+    return text if len(text) <= MAX_DEFAULT else text[:MAX_DEFAULT - 1].rstrip() + "…"
+
+
+def default_text(value: ast.expr | None, module: Module | None = None) -> str:
     if value is None:
         return "required"
     if isinstance(value, ast.Call) and _name(value.func) == "field":
         for kw in value.keywords:
             if kw.arg == "default":
-                return ast.unparse(kw.value)
+                return _value_text(kw.value, module)
             if kw.arg == "default_factory":
                 factory = kw.value
                 if isinstance(factory, ast.Lambda):
-                    return ast.unparse(factory.body)
+                    return _value_text(factory.body, module)
                 if isinstance(factory, ast.Name) and factory.id in ("list", "dict", "tuple", "set"):
                     return {"list": "[]", "dict": "{}", "tuple": "()", "set": "set()"}[factory.id]
-                return ast.unparse(factory) + "()"
+                return _value_text(ast.Call(func=factory, args=[], keywords=[]), module)
         return "required"
-    return ast.unparse(value)
+    return _value_text(value, module)
 
 
 def fields(module: Module, cls: ast.ClassDef, seen: tuple[str, ...] = ()) -> list[tuple[Module, ast.AnnAssign, str]]:
@@ -241,11 +317,11 @@ def rows(module: Module, cls: ast.ClassDef, prefix: str = "", stack: tuple[str, 
                 out.append(Row(key, "section", "", " ".join(section_doc.split())))
                 out.extend(rows(nested[0], nested[1], key + ".", (*stack, ident)))
             else:
-                out.append(Row(key, type_text(node.annotation, owner), default_text(node.value),
+                out.append(Row(key, type_text(node.annotation, owner), default_text(node.value, owner),
                                " ".join(section_doc.split())))
                 out.extend(rows(nested[0], nested[1], item_prefix, (*stack, ident)))
         else:
-            out.append(Row(key, type_text(node.annotation, owner), default_text(node.value), doc))
+            out.append(Row(key, type_text(node.annotation, owner), default_text(node.value, owner), doc))
     return out
 
 
@@ -259,24 +335,107 @@ def config_rows(target: str) -> list[Row]:
 
 
 def _cell(text: str, code: bool = False) -> str:
+    """A table cell. A `|` would end the cell (and an escaped one shows as `\\|` in places), so text says "or" and
+    code that holds one is written as HTML with an entity."""
     text = " ".join(text.split())
     if code and text:
-        text = f"`{text}`"
-    elif not code:  # a comment's <think> or <root> is text, not an HTML tag (code spans escape themselves)
-        parts = text.split("`")
-        parts[::2] = [p.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") for p in parts[::2]]
-        text = "`".join(parts)
-    return text.replace("|", "\\|")
+        if "|" in text:
+            return "<code>" + _html(text).replace("|", "&#124;") + "</code>"
+        return f"`{text}`"
+    # a comment's <think> or <root> is text, not an HTML tag (code spans escape themselves)
+    parts = text.split("`")
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            parts[i] = _html(part).replace(" | ", " or ").replace("|", "/")
+        elif "|" in part:
+            parts[i] = "\x00" + _html(part).replace("|", "&#124;") + "\x01"
+    text = "`".join(parts)
+    return re.sub(r"`?\x00(.*?)\x01`?", r"<code>\1</code>", text)
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _table(rows: list[Row]) -> list[str]:
+    lines = ["| key | type | default | what it does |", "|---|---|---|---|"]
+    for row in rows:
+        kind = "section" if row.type == "section" else _cell(row.type, code=True)
+        lines.append(f"| `{row.key}` | {kind} | {_cell(row.default, code=True)} | {_cell(row.doc)} |")
+    return lines
 
 
 def render(target: str) -> str:
-    lines = [f"<!-- generated from {target} by docs/hooks.py -->", "",
-             "| key | type | default | what it does |", "|---|---|---|---|"]
-    for row in config_rows(target):
-        kind = "section" if row.type == "section" else _cell(row.type, code=True)
-        lines.append(f"| `{row.key}` | {kind} | {_cell(row.default, code=True)} | {_cell(row.doc)} |")
+    """The Markdown of `module:Class`'s key table: one table, or one per top-level section when it is long."""
+    rows = config_rows(target)
+    if len(rows) <= SPLIT_ROWS:
+        return "\n".join(_table(rows)) + "\n"
+    groups: list[tuple[str, list[Row]]] = []
+    for row in rows:
+        head = row.key.split(".")[0]
+        name = head if row.type == "section" or "." in row.key else ""
+        if groups and groups[-1][0] == name:
+            groups[-1][1].append(row)
+        else:
+            groups.append((name, [row]))
+    lines = [f"{len(rows)} keys, by section.", ""]
+    for name, group in groups:
+        lines += [f"### `{name}`" if name else "### Top-level keys", ""]
+        lines += _table(group) + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_corpora() -> str:
+    """The corpus registry (core/corpora.yaml) as a table; read with PyYAML, no import of the package."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "core" / "corpora.yaml").read_text(encoding="utf-8"))["corpora"]
+    how = {"download": "`get --to DIR`", "hub": "hub: steps", "request": "on request: steps"}
+    lines = ["| corpus | what | source | licence | read by | `quorum data` |", "|---|---|---|---|---|---|"]
+    for name, c in data.items():
+        short = re.sub(r"^https?://(www\.)?(github\.com/|huggingface\.co/datasets/)?", "", c["source"]).rstrip("/")
+        jobs = ", ".join(f"`{j}`" for j in c["jobs"])
+        lines.append(f"| `{name}` | {_cell(c['title'])} | [{short}]({c['source']}) | "
+                     f"[{_cell(c['licence'])}]({c['licence_url']}) | {jobs} | {how[c['access']]} |")
     return "\n".join(lines) + "\n"
 
 
+def generate(kind: str, arg: str | None) -> str:
+    if kind == "config-table" and arg and ":" in arg:
+        return render(arg)
+    if kind == "corpora":
+        return render_corpora()
+    raise ConfigTableError(f"unknown generated block {kind!r} {arg or ''}".rstrip())
+
+
+def update(markdown: str) -> str:
+    """`markdown` with every generated block regenerated."""
+    return BLOCK.sub(lambda m: m.group(1) + "\n" + generate(m.group("kind"), m.group("arg")) + "\n" + m.group(5),
+                     markdown)
+
+
+def stale_pages(docs: Path = ROOT / "docs") -> list[Path]:
+    return [page for page in sorted(docs.rglob("*.md")) if update(page.read_text(encoding="utf-8"))
+            != page.read_text(encoding="utf-8")]
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return MARKER.sub(lambda m: render(f"{m.group(1)}:{m.group(2)}"), markdown)
+    # the site always shows the tables of the code it is built from; that the .md sources are current too is
+    # tests/test_docs.py's check (`python docs/hooks.py --check`)
+    return update(markdown)
+
+
+def main(argv: list[str]) -> int:
+    stale = stale_pages()
+    if "--check" in argv:
+        for page in stale:
+            print(f"{page.relative_to(ROOT)}: generated block out of date (run `python docs/hooks.py`)")
+        return 1 if stale else 0
+    for page in stale:
+        page.write_text(update(page.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"wrote {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

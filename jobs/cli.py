@@ -8,6 +8,7 @@
     quorum curve RUN_DIR ... --out DIR                        SARI vs training rows over runs (paper 000 Fig. 3)
     quorum simplify-doc FILE [--configuration C] [--html OUT] [key=value ...]   one document through AgentSimp
     quorum stage-models CONFIG.yaml [key=value ...] [--list]  download the config's hf: models into ray.models.hf_home
+    quorum data list | get NAME --to DIR [--accept-licence]    the corpora the jobs read; fetch and verify one
 
 Exit codes: 0 success, 2 bad config or bad input (the message names the key, file or line), 1 anything else.
 """
@@ -57,11 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.submit import main as submit_main
 
             return submit_main(rest, job_module)
+        if command == "data":
+            from jobs.data_cli import main as data_main
+
+            return data_main(rest)
         if command == "stage-models":
             from jobs.stage_models import main as stage_models_main
 
             return stage_models_main(rest, job_module)
-        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve, simplify-doc, serve, submit or stage-models")
+        raise ConfigError(f"unknown command {command!r}; expected run, eval, human, curve, simplify-doc, serve, submit, stage-models or data")
     except ConfigError as exc:
         print(f"quorum: error: {exc}", file=sys.stderr)
         return 2

@@ -97,12 +97,40 @@ def test_every_job_has_a_page_with_a_generated_key_table():
         page = DOCS / "jobs" / f"{job.replace('_', '-')}.md"
         assert page.exists(), f"job {job}: no docs page {page.relative_to(REPO)}"
         assert f"jobs/{page.name}" in nav, f"{page.name} is not in mkdocs.yml's nav"
-        markers = hooks.MARKER.findall(page.read_text(encoding="utf-8"))
-        assert (module, "Config") in markers, f"{page.name}: no config-table marker for {module}:Config"
+        blocks = [(m.group("kind"), m.group("arg")) for m in hooks.BLOCK.finditer(page.read_text(encoding="utf-8"))]
+        assert ("config-table", f"{module}:Config") in blocks, f"{page.name}: no generated key table of {module}:Config"
         rendered = hooks.render(f"{module}:Config")
         rows = [line for line in rendered.splitlines() if line.startswith("| `")]
         assert len(rows) >= 20, f"{page.name}: only {len(rows)} generated rows"
         assert "| `run.root` |" in rendered or job == "serve_grm"
+
+
+def test_the_generated_tables_in_the_markdown_sources_are_current():
+    """The key tables and the corpus table are in the .md files (readable on the repository host too), and
+    `python docs/hooks.py --check` finds none out of date."""
+    proc = subprocess.run([sys.executable, "docs/hooks.py", "--check"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data_page = (DOCS / "data.md").read_text(encoding="utf-8")
+    assert "<!-- generated: corpora -->" in data_page and "| `newsela` |" in data_page
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.rglob("*.md")), ids=lambda p: str(p.relative_to(DOCS)))
+def test_tables_show_values_and_no_escaped_pipes(page):
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("|"):
+            assert "\\|" not in line, f"{page.name}: a literal \\| in a table: {line[:100]}"
+            cells = line.split(" | ")
+            if len(cells) >= 4 and cells[0].startswith("| `") and page.parent.name == "jobs":
+                default = cells[2]
+                assert not re.search(r"`[A-Z][A-Z0-9_]{3,}`|`_?[a-z_]+\(\)`|`list\([A-Z_]+\)`", default), \
+                    f"{page.name}: a default shown as a name, not a value: {line[:120]}"
+
+
+def test_a_long_key_table_has_a_sub_heading_per_section():
+    text = (DOCS / "jobs" / "policy-simplify.md").read_text(encoding="utf-8")
+    for section in ("run", "data", "generate", "jury", "train", "evaluate"):
+        assert f"### `{section}`" in text
 
 
 def test_the_key_table_follows_the_dataclasses(tmp_path, monkeypatch):
