@@ -30,12 +30,13 @@ import collections
 import dataclasses
 import math
 
-from core.config import Section, dotted, positive, require_file
+from core.config import dotted, positive, require_file
 from eval.judging.menlo_data import read_menlo_jsonl, render_criteria
 from eval.reward_monitors import (
     Alert,
     JudgeMarkers,
     MonitorConfig,
+    MonitorThresholds,
     RewardMonitors,
     gold_preference,
     judge_markers,
@@ -45,30 +46,14 @@ from eval.reward_monitors import (
 
 
 @dataclasses.dataclass
-class ServiceMonitorConfig(Section):
+class ServiceMonitorConfig(MonitorThresholds):
     """The `monitor:` section of the reward service: quorum's GRPO monitors (docs/monitors.md) applied per caller,
-    with the same thresholds and windows as policy-grpo's `monitor:` keys, plus how the service forms steps and keeps
-    its record."""
+    with the thresholds and windows of policy-grpo's `monitor:` keys (`MonitorThresholds`), plus how the service
+    forms steps and keeps its record."""
 
     enabled: bool = True  # record and monitor the requests that name a caller; false = none is recorded
     # monitor a caller's first step and every this many of its steps (the step numbers it sends)
     every: int = 1
-    # length drift: mean within-group Spearman correlation of reward with length (in words), over the window
-    length_corr_max: float = 0.5
-    length_corr_window: int = 3  # monitored steps the length correlation is averaged over (>= 1)
-    # length drift: the caller's mean rollout length over its first monitored step's
-    length_ratio_max: float = 1.5
-    # position preference: alert when the pooled first-slot share of the pairwise verdicts leaves [1 - max, max]
-    position_first_max: float = 0.65
-    position_window: int = 3  # monitored steps whose pairwise verdicts the first-slot share pools (>= 1)
-    # fewer pooled verdicts than this in the window: too few to call a bias (logged, no alert)
-    position_min_verdicts: int = 8
-    # format gaming: share of rollouts quoting the served templates' tags, keywords or prompt/rubric word runs
-    format_share_max: float = 0.2
-    format_window: int = 3  # monitored steps the format-gaming share pools (>= 1)
-    format_ngram: int = 6  # a rollout quoting this many consecutive words of a judge template or rubric counts
-    # judge accuracy on the probe set: alert when it drops more than this below the caller's first measurement
-    probe_accuracy_drop_max: float = 0.1
     # labelled pairs (MENLO jsonl: prompt, response_a, response_b, gold_a, gold_b, dimension, locale) the replica
     # judges after each monitored step of a caller, both orders, through its own judge and cache; "" = no probe
     probe_path: str = ""
@@ -87,8 +72,8 @@ class ServiceMonitorConfig(Section):
         return MonitorConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in shared})
 
     def check(self, where: str = "") -> None:
-        self.thresholds().check(where)
-        for name in ("step_rollouts", "record_groups", "max_callers"):
+        super().check(where)
+        for name in ("every", "probe_limit", "step_rollouts", "record_groups", "max_callers"):
             positive(getattr(self, name), dotted(where, name))
         if self.probe_path:
             require_file(self.probe_path, dotted(where, "probe_path"))

@@ -14,13 +14,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.fake_openai_server import FakeOpenAIServer
+from tests.serve_process import wait_until_ready
 from tests.test_serve_app import free_port
 
 pytestmark = pytest.mark.slow
@@ -73,16 +73,7 @@ def test_a_serve_run_writes_no_secret(ray_tmp, tmp_path):
             cwd=REPO, env=child_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.poll() is None, proc.stdout.read()[-3000:]
-                assert time.monotonic() < deadline, "quorum serve did not become ready"
-                try:
-                    if httpx.get(f"{base}/ready", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1)
+            wait_until_ready(proc, base)
             body = {"prompt": "The vote was postponed.", "response": "The vote was delayed."}
             assert httpx.post(f"{base}/score", json=body, timeout=60).status_code == 401
             scored = httpx.post(f"{base}/score", json=body, timeout=60, headers={"Authorization": f"Bearer {token}"})

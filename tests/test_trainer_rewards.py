@@ -32,6 +32,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from eval.judging.menlo_parse import MENLO_LABELS
+from tests.serve_process import wait_until_ready
 from tests.test_judge_gaming import GROUP, GROUPS_PER_STEP, STEPS, honest, length_gaming, scripted_judge
 from tests.test_serve_app import free_port
 
@@ -105,16 +106,7 @@ def service(tmp_path_factory):
             return proc.stdout.read()
 
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.poll() is None, proc.stdout.read()[-3000:]
-                assert time.monotonic() < deadline, "quorum serve did not become ready"
-                try:
-                    if httpx.get(f"{base}/ready", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1)
+            wait_until_ready(proc, base)
             yield SimpleNamespace(url=base, judge=judge, stop=stop, wandb_dir=wandb_dir)
         finally:
             stop()
