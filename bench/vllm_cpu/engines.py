@@ -15,8 +15,10 @@ environment and drives:
   Train workers of a node.
 
 Sleep mode is CUDA-only: on this backend vLLM refuses `enable_sleep_mode` when it builds the model config
-(vllm/config/model.py, "Sleep mode is not supported on current platform"), so the rollout ranks here run without it
-and the config case records the refusal. Prints `bench <name> = <value>` lines (`judge_lora_vs_base`: tokens/s
+(vllm/config/model.py, "Sleep mode is not supported on current platform"), and the config case records the refusal.
+The tier's rollout test lets the CPU platform accept it (the child's `allow_sleep_mode_on_cpu`): then vLLM's own
+engine core pauses and resumes its scheduler on `sleep`/`wake_up` while its CPU worker moves no memory, so the order
+of quorum's calls meets vLLM's real state machine, not a recording. Prints `bench <name> = <value>` lines (`judge_lora_vs_base`: tokens/s
 of the judge's requests with its adapter over the same engine's without it; `colocated_tokens_per_s`: both ranks'
 rollout tokens over the slower rank's sampling time); tests/test_vllm_cpu_tier.py asserts on the same answers.
 """
@@ -118,10 +120,11 @@ def judge_request(model_dir: str, adapter: str) -> dict:
 
 
 def rollout_request(model_dir: str, adapter: str, scratch: str, prompts: list[list[int]], group_size: int = 2,
-                    max_tokens: int = 4) -> dict:
-    """Two training ranks' colocated engines sampling `group_size` rollouts per prompt with the policy adapter."""
+                    max_tokens: int = 4, sleep_mode: bool = False, updated_adapter: str = "") -> dict:
+    """Two training ranks' colocated engines sampling `group_size` rollouts per prompt with the policy adapter;
+    `sleep_mode` and `updated_adapter` as in bench/vllm_cpu/engines_child.py."""
     return {"case": "rollout", "world_size": 2, "model": model_dir, "adapter": adapter, "scratch": scratch,
-            "prompts": prompts, "group_size": group_size,
+            "prompts": prompts, "group_size": group_size, "sleep_mode": sleep_mode, "updated_adapter": updated_adapter,
             "cfg": {"lora_r": ADAPTER_RANK, "seed": 3, "max_prompt_length": MAX_MODEL_LEN - max_tokens,
                     "max_completion_length": max_tokens, "gpu_memory_utilization": CPU_MEMORY_SHARE}}
 

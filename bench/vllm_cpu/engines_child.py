@@ -14,7 +14,11 @@ the one argument (vLLM logs to stdout). Cases:
   without the adapter, so a caller sees that the adapter changes the output.
 - ``rollout``: `world_size` processes, each a stand-in for one Ray Train worker (gloo process group, RANK,
   LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT as Ray Train exports them), build a colocated `VLLMRollout` (vLLM's
-  `external_launcher`) and sample a group per prompt with the policy adapter; ``rollout_rank`` is one of them.
+  `external_launcher`) and sample a group per prompt with the policy adapter; ``rollout_rank`` is one of them. With
+  ``sleep_mode`` the engine sleeps between calls (vLLM's CPU platform let to accept sleep mode: see
+  `allow_sleep_mode_on_cpu`) and every `sleep`/`wake_up`/`generate` is recorded with the engine's own sleeping
+  state; with ``updated_adapter`` the rank publishes that adapter as version 2 after its first calls, as `sync`
+  does after an optimizer step, and samples again with the same seeds.
 """
 
 from __future__ import annotations
@@ -138,8 +142,45 @@ def case_rollout(request: dict) -> dict:
     return {"ranks": answers, "seconds": time.perf_counter() - started}
 
 
+def allow_sleep_mode_on_cpu() -> None:
+    """Let vLLM's CPU platform accept `enable_sleep_mode`, which it refuses only because its workers cannot offload.
+
+    With it the sleep path is vLLM's own down to the worker: `LLM.sleep` pauses the engine core's scheduler (aborting
+    and then queueing requests) and marks the executor asleep, `LLM.wake_up` undoes both; only the CPU worker's
+    `sleep`/`wake_up` are no-ops (vllm/v1/worker/cpu_worker.py: "sleep mode is not supported on CPU, ignore it"), so
+    no memory moves. A `generate` on a sleeping engine would queue its requests and never run them.
+    """
+    from vllm.platforms import current_platform
+
+    type(current_platform).is_sleep_mode_available = lambda self: True
+
+
+def record_engine_calls(log: list) -> None:
+    """Record every `vllm.LLM.sleep` / `wake_up` / `generate` (the real methods still run), with whether the engine
+    slept when the call began and when it ended, so the order of calls and the engine's own state can be read back."""
+    from vllm import LLM
+
+    def recorded(name, real):
+        def call(self, *args, **kwargs):
+            entry = {"call": name, "asleep_before": self.llm_engine.is_sleeping(), "error": ""}
+            log.append(entry)
+            try:
+                return real(self, *args, **kwargs)
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                entry["asleep_after"] = self.llm_engine.is_sleeping()
+        return call
+
+    for name in ("sleep", "wake_up", "generate"):
+        setattr(LLM, name, recorded(name, getattr(LLM, name)))
+
+
 def case_rollout_rank(request: dict) -> dict:
-    """One training worker: its process group first (Ray Train's), then the colocated engine inside it."""
+    """One training worker: its process group first (Ray Train's), then the colocated engine inside it, driven as a
+    GRPO run drives it: adapter version 1, a training group, validation's baseline, a failed call, version 2 after
+    an update (the same seeds, so only the adapter differs), and version 2 again (the control: the same answers)."""
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
@@ -147,6 +188,11 @@ def case_rollout_rank(request: dict) -> dict:
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method="env://")
+    sleep_mode = bool(request.get("sleep_mode"))
+    calls: list[dict] = []
+    if sleep_mode:
+        allow_sleep_mode_on_cpu()
+    record_engine_calls(calls)
     c = request["cfg"]
     cfg = SimpleNamespace(lora=SimpleNamespace(r=c["lora_r"]), seed=c["seed"],
                           max_prompt_length=c["max_prompt_length"], max_completion_length=c["max_completion_length"],
@@ -154,26 +200,42 @@ def case_rollout_rank(request: dict) -> dict:
                                                   temperature=1.0, top_p=1.0, top_k=0))
     tokenizer = AutoTokenizer.from_pretrained(request["model"])
     start = time.perf_counter()
-    rollout = VLLMRollout(tokenizer, cfg, request["model"], request["scratch"], rank, sleep_mode=False)
+    rollout = VLLMRollout(tokenizer, cfg, request["model"], request["scratch"], rank, sleep_mode=sleep_mode)
     load_s = time.perf_counter() - start
-    # what `sync` leaves behind after the first optimizer step: the policy adapter as version 1
-    shutil.copytree(request["adapter"], adapter_version_dir(rollout.scratch, 1), dirs_exist_ok=True)
-    rollout.version = 1
+    # what `sync` does after the first optimizer step, with the policy adapter as the update's output
+    rollout.publish(lambda target: shutil.copytree(request["adapter"], target))
     start = time.perf_counter()
     ids, finished = rollout.generate(None, request["prompts"], request["group_size"], seed=rank + 1)
     seconds = time.perf_counter() - start
     # validation's baseline (train.grpo.validate): the same engine without a LoRA request, one answer per prompt
     base_ids, _ = rollout.generate(None, request["prompts"], 1, seed=rank + 1, adapter=False)
+    failed = ""
+    if sleep_mode:  # a call vLLM refuses (a prompt past max_model_len) must leave the engine asleep too
+        try:
+            rollout.generate(None, [[tokenizer.eos_token_id] * (cfg.max_prompt_length + cfg.max_completion_length + 1)],
+                             1, seed=rank + 1)
+        except Exception as exc:  # noqa: BLE001 -- the answer reports vLLM's refusal, whatever its type
+            failed = f"{type(exc).__name__}: {exc}"
+    answer = {"rank": rank, "ids": ids, "finished": finished, "base_ids": base_ids, "load_s": load_s,
+              "seconds": seconds, "failed_call": failed}
+    if request.get("updated_adapter"):
+        v1_dir = adapter_version_dir(rollout.scratch, 1)
+        rollout.publish(lambda target: shutil.copytree(request["updated_adapter"], target))
+        answer["v1_files_kept"] = v1_dir.exists()
+        answer["version"] = rollout.version
+        answer["updated_ids"], _ = rollout.generate(None, request["prompts"], request["group_size"], seed=rank + 1)
+        answer["updated_again_ids"], _ = rollout.generate(None, request["prompts"], request["group_size"],
+                                                          seed=rank + 1)
+        answer["loaded_loras"] = sorted(rollout.llm.llm_engine.list_loras())
     from vllm.distributed.parallel_state import get_tp_group, get_world_group
 
     config = rollout.llm.llm_engine.vllm_config
-    answer = {"rank": rank, "ids": ids, "finished": finished, "base_ids": base_ids, "load_s": load_s,
-              "seconds": seconds,
-              "world_group_size": get_world_group().world_size, "tp_group_size": get_tp_group().world_size,
-              "torch_world_size": dist.get_world_size(),
-              "distributed_executor_backend": config.parallel_config.distributed_executor_backend,
-              "max_lora_rank": config.lora_config.max_lora_rank, "seed": config.model_config.seed,
-              "engine_in_this_process": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}
+    answer |= {"world_group_size": get_world_group().world_size, "tp_group_size": get_tp_group().world_size,
+               "torch_world_size": dist.get_world_size(),
+               "distributed_executor_backend": config.parallel_config.distributed_executor_backend,
+               "max_lora_rank": config.lora_config.max_lora_rank, "seed": config.model_config.seed,
+               "enable_sleep_mode": config.model_config.enable_sleep_mode,
+               "engine_in_this_process": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"), "calls": calls}
     dist.barrier()  # neither rank tears the group down while the other still samples
     return answer
 

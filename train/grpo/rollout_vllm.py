@@ -176,12 +176,22 @@ class VLLMRollout:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
         from train.engine import lora_state_dict
 
+        state = lora_state_dict(engine, self.cfg.deepspeed.zero_stage)
+        self.publish(lambda target: engine.module.save_pretrained(target, state_dict=state))
+
+    def publish(self, write) -> Path:
+        """Make the adapter `write(directory)` writes the next version, the one the next `generate` samples with.
+
+        A new version gets a new LoRA id, so vLLM loads it instead of serving its cached copy of the last one; the
+        previous version's files are deleted (vLLM has read them when it loaded that version).
+        """
         self.version += 1
         target = adapter_version_dir(self.scratch, self.version)
-        engine.module.save_pretrained(target, state_dict=lora_state_dict(engine, self.cfg.deepspeed.zero_stage))
+        write(target)
         stale = adapter_version_dir(self.scratch, self.version - 1)
         if stale.exists():
             shutil.rmtree(stale, ignore_errors=True)
+        return target
 
     def generate(self, model, prompts: list[list[int]], group_size: int, seed: int = 0, first: int = 0,
                  adapter: bool = True):
