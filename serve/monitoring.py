@@ -32,11 +32,10 @@ import math
 
 from core.config import dotted, positive, require_file
 from eval.judging.menlo_data import read_menlo_jsonl, render_criteria
+from eval.monitor_config import MonitorConfig, MonitorThresholds
 from eval.reward_monitors import (
     Alert,
     JudgeMarkers,
-    MonitorConfig,
-    MonitorThresholds,
     RewardMonitors,
     gold_preference,
     judge_markers,
@@ -67,7 +66,7 @@ class ServiceMonitorConfig(MonitorThresholds):
     max_callers: int = 32
 
     def thresholds(self) -> MonitorConfig:
-        """The trainer-side config with this section's thresholds and windows (`eval.reward_monitors`)."""
+        """The trainer-side config with this section's thresholds and windows (`eval.monitor_config`)."""
         shared = {f.name for f in dataclasses.fields(MonitorConfig)}
         return MonitorConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in shared})
 

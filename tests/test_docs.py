@@ -154,7 +154,7 @@ def test_the_key_table_follows_the_dataclasses(tmp_path, monkeypatch):
         "    rate: float | None = None\n"
         "    \"\"\"a rate, or none\"\"\"\n"
         "    more: b.Inner = field(default_factory=b.Inner)\n")
-    monkeypatch.setattr(hooks, "ROOT", tmp_path)
+    monkeypatch.setattr(hooks.config_source, "ROOT", tmp_path)  # where the source reader looks for modules
     monkeypatch.setattr(hooks.Module, "_cache", {})
     rows = {r.key: r for r in hooks.config_rows("fakepkg.job:Config")}
     assert list(rows) == ["inner", "inner.n", "inner.tags", "items", "items.N.n", "items.N.tags", "name", "rate",

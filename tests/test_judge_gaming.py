@@ -20,8 +20,9 @@ import random
 
 import pytest
 
+from eval.monitor_config import MonitorConfig
 from eval.prompts import load_template, prompt_path
-from eval.reward_monitors import MonitorConfig, RewardMonitors, judge_markers, step_sums
+from eval.reward_monitors import RewardMonitors, judge_markers, step_sums
 from eval.reward_wire import JudgmentOut
 from serve.monitoring import CallerLedger, ServiceMonitorConfig
 from serve.rewards import compute_rewards, plan_pairs

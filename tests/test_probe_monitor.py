@@ -13,7 +13,8 @@ from typing import ClassVar
 import pytest
 
 from core.config import ConfigError, load_config
-from eval.reward_monitors import MonitorConfig, gold_preference
+from eval.monitor_config import MonitorConfig
+from eval.reward_monitors import gold_preference
 from train.grpo.batch import GroupOutcome
 from train.grpo.monitoring import LoopMonitors, probe_verdict
 

@@ -5,11 +5,11 @@ import math
 import pytest
 
 from core.config import ConfigError
+from eval.monitor_config import MonitorConfig
 from eval.prompts import load_template, prompt_path
 from eval.reward_monitors import (
     Alert,
     JudgeMarkers,
-    MonitorConfig,
     RewardMonitors,
     first_slot_credit,
     judge_markers,

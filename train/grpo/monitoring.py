@@ -23,7 +23,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from eval.reward_monitors import Alert, JudgeMarkers, MonitorConfig, RewardMonitors, probe_accuracy, step_sums
+from eval.monitor_config import MonitorConfig
+from eval.reward_monitors import Alert, JudgeMarkers, RewardMonitors, probe_accuracy, step_sums
 
 log = logging.getLogger("quorum.grpo.monitor")
 Metrics = dict[str, float]
