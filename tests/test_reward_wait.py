@@ -54,7 +54,9 @@ def test_rounds_of_groups_beyond_the_concurrency_add_up():
     assert load_config(job.Config, CLUSTER).grpo.prompts_per_worker == 4
     with pytest.raises(ConfigError, match=r"wait 4877 s .*2 rounds of up to 2 groups \(reward.concurrency\)"):
         load_config(job.Config, CLUSTER, ["reward.concurrency=2", "grpo.collective_timeout_s=4877"])
-    assert load_config(job.Config, CLUSTER, ["reward.concurrency=2", "grpo.collective_timeout_s=4878"])
+    # (without the probe, whose 32 pairs would be 16 rounds at 2 in flight: tests/test_reward_wait_phases.py)
+    assert load_config(job.Config, CLUSTER, ["reward.concurrency=2", "grpo.collective_timeout_s=4878",
+                                             "monitor.probe_path="])
 
 
 def test_the_worst_wait_is_the_client_s_own_retry_loop_at_its_longest():

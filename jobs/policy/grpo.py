@@ -54,8 +54,9 @@ from core.jobrun import JobSections, open_run
 from core.ray_env import init_ray
 from eval.judging.listwise import MAX_LISTWISE
 from eval.judging.menlo_data import DIMENSIONS, load_rubrics, read_menlo_jsonl, render_criteria
+from eval.monitor_config import MonitorConfig
 from eval.prompts import load_template, prompt_path
-from eval.reward_monitors import JudgeMarkers, MonitorConfig, gold_preference, judge_markers
+from eval.reward_monitors import JudgeMarkers, gold_preference, judge_markers
 from jobs.entry import entry
 from jobs.grpo_stages import (
     SAMPLES,
@@ -74,6 +75,7 @@ from train.config import GRPOConfig
 from train.grpo.monitoring import record_alert
 from train.grpo.reward.client import RewardServiceConfig, check_wait_within_collective
 from train.grpo.reward.same_family import model_identity, same_family
+from train.grpo.reward.wait import check_phase_wait, probe_wait, validation_wait
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
@@ -132,6 +134,13 @@ class Config(JobSections):
                               "address too (reward.url), or leave both empty and the job deploys the GRM itself")
         # a slow judge must cost one step, not the worker group: the wait stays under the collective timeout
         check_wait_within_collective(self.reward, self.grpo.prompts_per_worker, self.grpo.collective_timeout_s)
+        # so must a validation pass's and rank 0's probe's (train.grpo.reward.wait); both counts read their files
+        val_prompts = val_prompt_count(self)
+        for wait in (validation_wait(self.grpo, self.reward, val_prompts, self.data.val_limit),
+                     probe_wait(self.grpo, self.reward, probe_pair_count(self), self.monitor.probe_limit,
+                                self.monitor.probe_path, val_prompts, self.data.val_limit)):
+            if wait is not None:
+                check_phase_wait(wait, self.reward, self.grpo.collective_timeout_s)
         if self.reward.scheme == "listwise" and not 2 <= self.grpo.group_size <= MAX_LISTWISE:
             raise ConfigError(f"reward.scheme: listwise ranks 2..{MAX_LISTWISE} responses in one call; "
                               f"grpo.group_size is {self.grpo.group_size}")
@@ -149,6 +158,21 @@ class Config(JobSections):
             return load_config(ServeConfig, self.grm.config, [*self.grm.overrides, *extra])
         except ConfigError as exc:
             raise ConfigError(f"grm: {exc}") from None
+
+
+def val_prompt_count(cfg: Config) -> int:
+    """The validation prompts `policy_rows` will hold (0 without data.val_splits)."""
+    if not cfg.data.val_splits:
+        return 0
+    pairs = distinct_prompts(cfg, cfg.data.val_splits)
+    return min(len(pairs), cfg.data.val_limit) if cfg.data.val_limit else len(pairs)  # what limit_rows keeps
+
+
+def probe_pair_count(cfg: Config) -> int:
+    """The probe pairs `probe_pairs` will send (0 when no probe runs)."""
+    if not (cfg.monitor.enabled and cfg.monitor.probe_path):
+        return 0
+    return min(len(read_menlo_jsonl(cfg.monitor.probe_path)), cfg.monitor.probe_limit)
 
 
 def probe_pairs(cfg: Config) -> list[dict]:
@@ -181,10 +205,7 @@ def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
 
     ``judge_prompt`` is what the GRM's template fills {prompt} with: the user prompt itself, its dimension and
     locale travelling as the request's own fields (reward.send_context), as in judge training's rows."""
-    pairs = read_menlo_jsonl(cfg.data.path)
-    pairs = pairs[pairs["split"].isin(splits) & pairs["dimension"].isin(cfg.data.dimensions)]
-    pairs = pairs.drop_duplicates(["dimension", "locale", "prompt"])
-    pairs = limit_rows(pairs, limit, cfg.data.sample, cfg.data.seed, key="pair_id")
+    pairs = limit_rows(distinct_prompts(cfg, splits), limit, cfg.data.sample, cfg.data.seed, key="pair_id")
     if pairs.empty:
         raise ConfigError(f"data: no prompts left in {cfg.data.path} for splits {splits} and dimensions "
                           f"{cfg.data.dimensions}")
@@ -195,6 +216,13 @@ def policy_rows_of(cfg: Config, splits: list[str], limit: int) -> pd.DataFrame:
         "judge_prompt": (row["prompt"] if cfg.reward.send_context
                          else judge_task(row["locale"], rubrics[row["dimension"]], row["prompt"])),
     } for row in pairs.to_dict("records")])
+
+
+def distinct_prompts(cfg: Config, splits: list[str]) -> pd.DataFrame:
+    """The pairs of `splits` and data.dimensions, one per distinct (dimension, locale, prompt)."""
+    pairs = read_menlo_jsonl(cfg.data.path)
+    pairs = pairs[pairs["split"].isin(splits) & pairs["dimension"].isin(cfg.data.dimensions)]
+    return pairs.drop_duplicates(["dimension", "locale", "prompt"])
 
 
 @contextlib.contextmanager

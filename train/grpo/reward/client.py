@@ -79,7 +79,8 @@ class RewardServiceConfig(Section):
     # judge every pair in both A/B orders (twice the judge calls, no position bias)
     both_orders: bool = False
     # client-side deadline of one HTTP attempt (also sent as the request's timeout_s); policy GRPO refuses a worst
-    # wait (attempts x timeout_s + back-offs, per round of `concurrency` groups) not below grpo.collective_timeout_s
+    # wait (attempts x timeout_s + back-offs, per round of `concurrency` requests) not below grpo.collective_timeout_s
+    # in a training step, a validation pass or the probe (train.grpo.reward.wait)
     timeout_s: float = 120.0
     # extra attempts after the first one
     retries: int = 3
@@ -127,7 +128,8 @@ def check_wait_within_collective(reward: RewardServiceConfig, groups_per_worker:
     gradient reduction, the loop's any-worker checks); past `collective_timeout_s` that collective fails the whole
     worker group, which restarts from its last checkpoint, instead of the slow groups being masked
     (`max_failed_steps`). A worker scores its `groups_per_worker` groups `concurrency` at a time, so its worst wait is
-    ceil(groups / concurrency) times one group's (`RewardServiceConfig.worst_wait_s`).
+    ceil(groups / concurrency) times one group's (`RewardServiceConfig.worst_wait_s`). A validation pass and the
+    probe wait on the service too: `train.grpo.reward.wait`.
 
     >>> check_wait_within_collective(RewardServiceConfig(timeout_s=120, retries=3), 4, 1800)
     >>> check_wait_within_collective(RewardServiceConfig(timeout_s=600, retries=3, backoff_s=5, backoff_max_s=60), 4,
