@@ -20,6 +20,22 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
 
+def pytest_collection_finish(session):
+    """A test module whose setup mostly waits on the network (tests/test_gpu_extra.py: pip's resolver against the
+    registry) defines `start_in_background()` and the fixtures it serves (`BACKGROUND_FIXTURES`); it is started
+    here, once, when a selected test uses one of them, so the wait overlaps the tests that run before that module."""
+    if session.config.option.collectonly:
+        return
+    started = set()
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is None or module in started or not hasattr(module, "start_in_background"):
+            continue
+        if set(getattr(module, "BACKGROUND_FIXTURES", ())) & set(getattr(item, "fixturenames", ())):
+            started.add(module)
+            module.start_in_background()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

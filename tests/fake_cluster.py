@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import yaml
 
 from tests.ray_head import REPO, VENV_BIN, Head
@@ -100,27 +97,6 @@ class FakeCluster(Head):
         if done.returncode:
             raise AssertionError(f"`ray start --head` exited {done.returncode}:\n{done.stdout[-3000:]}\n"
                                  f"{done.stderr[-3000:]}")
-
-    def stop(self) -> None:
-        """SIGKILL every process of this cluster (nothing in it is worth a graceful stop; Head.stop's SIGTERM and
-        5 s grace cost the test seconds), then remove its temp dir."""
-        mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-        procs = set()
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if proc.info["pid"] not in mine and any(self.temp_dir in a for a in proc.info["cmdline"] or ()):
-                procs.add(proc)
-                try:
-                    procs.update(proc.children(recursive=True))
-                except psutil.NoSuchProcess:
-                    continue
-        procs = [p for p in procs if p.pid not in mine]
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                continue
-        psutil.wait_procs(procs, timeout=10)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def nodes(self, dead_too: bool = False) -> list[dict]:
         """Alive nodes (and with `dead_too` the removed ones) as {node_id, resources, head, manager_port, alive},

@@ -18,15 +18,18 @@ from jobs.cli import main as cli_main
 REPO = Path(__file__).resolve().parents[1]
 DEMO = str(REPO / "configs" / "craft_selftrain_demo.yaml")
 
-TINY = ["wandb.mode=disabled", "data.train_texts=2", "data.dev_texts=1", "rounds.k=3",
+# rounds.k=2: the fewest candidates a best/worst pair needs (the config refuses 1); each one is a planner sample, a
+# revision and its Eq. 1 score, the bulk of the round's candidates stage
+TINY = ["wandb.mode=disabled", "data.train_texts=2", "data.dev_texts=1", "rounds.k=2",
         "agent.planner_max_tokens=64", "agent.reviser_max_tokens=32", "sft.trainer.max_steps=1",
         "sft.trainer.checkpoint_every=1", "rounds.trainer.max_steps=1", "rounds.trainer.checkpoint_every=1",
-        "sft.trainer.max_prompt_length=384", "sft.trainer.max_completion_length=64",
-        # the round trains after its pairs are drawn: shorter prompts (the last 128 of ~650 tokens) change nothing
-        # the test reads, and its one step on 384-token prompts took ~9 s of compute (857 tokens -> 345)
+        # both trainers keep the last 128 of the ~650 prompt tokens: the test reads that each one trained (every
+        # LoRA tensor moved, the round from the SFT adapter), not what; one step on 384-token prompts took ~9 s of
+        # compute (857 tokens -> 345). The SFT adapter after one step at lr 1e-4 barely moves the planner's samples
+        "sft.trainer.max_prompt_length=128", "sft.trainer.max_completion_length=64",
         "rounds.trainer.max_prompt_length=128", "rounds.trainer.max_completion_length=64",
         # a pair per state by construction: S_a margins are >= 0 > -1, so tied candidates pair too (only empty or
-        # identical responses drop). Whether SmolLM2's 3 candidates differ in Eq. 1 depends on the CPU's kernels:
+        # identical responses drop). Whether SmolLM2's candidates differ in Eq. 1 depends on the CPU's kernels:
         # with float32 ones every 64-token planner answer ended before its plan, every revision was empty, every
         # S_a 25, and the round never trained (dropped_tie=2; issue 43)
         "rounds.min_margin=-1"]
@@ -47,7 +50,7 @@ def test_one_round_trains_the_planner_records_its_dev_score_and_resumes(ray_loca
     stages = manifest["stages"]
     for name in ("instances", "sft_data", "sft", "dev_0", "r1_candidates", "r1_pairs", "r1_train", "r1_dev"):
         assert stages[name]["status"] == "complete", name
-    assert stages["r1_candidates"]["summary"]["candidates"] == 2 * 3
+    assert stages["r1_candidates"]["summary"]["candidates"] == 2 * 2  # states x rounds.k
     assert stages["r1_pairs"]["summary"]["pairs"] >= 1
 
     # the round continued the SFT adapter and changed every LoRA tensor

@@ -8,6 +8,7 @@ settings (find-links, extra indexes, constraints, config files) are left out so 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -16,6 +17,8 @@ import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
+import threading
 import tomllib
 import urllib.request
 from pathlib import Path
@@ -71,11 +74,11 @@ def registry_problem() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def resolve(tmp_path_factory) -> dict:
+def run_resolve(tmp: Path) -> dict:
+    """pip's resolve of what k8s/Dockerfile installs, against the registry: {"skip": why} where the registry cannot be
+    reached, else {"requirements", "returncode", "stderr", "report"}."""
     if problem := registry_problem():
-        pytest.skip(problem)
-    tmp = tmp_path_factory.mktemp("gpu-extra")
+        return {"skip": problem}
     # the project's metadata only (its dependencies and extras), built outside the checkout
     source = tmp / "quorum"
     source.mkdir()
@@ -84,15 +87,63 @@ def resolve(tmp_path_factory) -> dict:
     requirements = [str(source) + r[1:] if r.startswith(".") else r for r in dockerfile_gpu_requirements()]
     env = {k: v for k, v in os.environ.items() if k not in LOCAL_PIP_SETTINGS} | {"PIP_CONFIG_FILE": os.devnull}
     out = tmp / "report.json"
-    done = subprocess.run(
+    pip = subprocess.Popen(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
          "--disable-pip-version-check", "--index-url", INDEX, "--report", str(out), *requirements],
-        capture_output=True, text=True, timeout=1200, env=env, check=False)
-    if done.returncode != 0 and re.search(r"NewConnectionError|ProxyError|Max retries exceeded|timed out",
-                                          done.stderr):
-        pytest.skip(f"package registry {INDEX} unreachable during the resolve: {done.stderr[-500:]}")
-    return {"requirements": requirements, "returncode": done.returncode, "stderr": done.stderr,
-            "report": json.loads(out.read_text()) if done.returncode == 0 else None}
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _background["pip"] = pip
+    try:
+        _, stderr = pip.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        pip.kill()
+        _, stderr = pip.communicate()
+    if pip.returncode != 0 and re.search(r"NewConnectionError|ProxyError|Max retries exceeded|timed out", stderr):
+        return {"skip": f"package registry {INDEX} unreachable during the resolve: {stderr[-500:]}"}
+    return {"requirements": requirements, "returncode": pip.returncode, "stderr": stderr,
+            "report": json.loads(out.read_text()) if pip.returncode == 0 else None}
+
+
+# The resolve waits on the registry for most of its ~40 s: tests/conftest.py starts it when the session's tests are
+# collected (only when a test below that reads it is selected), and it overlaps the tests that run before this module.
+_background: dict = {}
+BACKGROUND_FIXTURES = ("resolve",)
+
+
+def start_in_background() -> None:
+    """Start `run_resolve` in a daemon thread (once); the `resolve` fixture waits for its outcome."""
+    if "thread" in _background:
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-extra-"))
+    _background["tmp"] = tmp
+
+    def work() -> None:
+        try:
+            _background["outcome"] = run_resolve(tmp)
+        except Exception as exc:  # noqa: BLE001 - re-raised by the fixture, in the test that reads the resolve
+            _background["error"] = exc
+
+    _background["thread"] = thread = threading.Thread(target=work, name="gpu-extra-resolve", daemon=True)
+    thread.start()
+    atexit.register(_stop_background)  # a session that ends before this module does not wait for pip
+
+
+def _stop_background() -> None:
+    if (pip := _background.get("pip")) is not None and pip.poll() is None:
+        pip.kill()
+        pip.wait()
+    shutil.rmtree(_background["tmp"], ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def resolve() -> dict:
+    start_in_background()  # started already unless this module's tests were not collected up front
+    _background["thread"].join()
+    if "error" in _background:
+        raise _background["error"]
+    outcome = _background["outcome"]
+    if "skip" in outcome:
+        pytest.skip(outcome["skip"])
+    return outcome
 
 
 def installed(resolve: dict) -> dict[str, dict]:

@@ -105,20 +105,23 @@ def history(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def serve_cleanup(ray_local):
-    yield
+def serve_port(ray_local) -> int:
+    """The HTTP port of the module's one Serve instance: the first job that deploys its judge starts Serve there, the
+    next test's deployment goes into the same instance (a Serve start is seconds), each test deletes its own app."""
     from ray import serve
 
+    serve.shutdown()  # an earlier module's Serve instance keeps its own HTTP options
+    yield free_port()
     serve.shutdown()  # later modules start Serve with their own HTTP options
 
 
-def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serve_cleanup, tiny_model_dir, tmp_path,
+def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serve_port, tiny_model_dir, tmp_path,
                                                                           monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     with FakeOpenAIServer(reply=scripted_judge) as judge:
         # validation on the 2 val prompts after the last step: each answer against the base model's
         cfg = job_config(tmp_path, tiny_model_dir, ["run.id=served", "data.val_splits=[val]"],
-                         scripted_grm(judge, "grm-grpo-test"))
+                         scripted_grm(judge, "grm-grpo-test", serve_port))
         job.main(cfg, "served.yaml")
         judged = judge.calls
     from ray import serve
@@ -210,26 +213,23 @@ def test_policy_grpo_with_served_grm_trains_lora_and_logs_reward_components(serv
     assert re.search(r"\| trained +\| base +\| +2 \| 1\.000 \| 0\.000 \| +0\.000 \|", (human / "human_eval.md").read_text())
 
 
-def scripted_grm(judge: FakeOpenAIServer, app: str) -> list[str]:
+def scripted_grm(judge: FakeOpenAIServer, app: str, port: int) -> list[str]:
     """GRM overrides: the job's default prompts (configs/grm.yaml) with the scripted hosted judge as engine."""
-    return [f"serve.port={free_port()}", f"serve.app_name={app}", "serve.route_prefix=/grpo",
+    return [f"serve.port={port}", f"serve.app_name={app}", "serve.route_prefix=/grpo",
             f"serve.auth_token_env={TOKEN_ENV}", "judge.engine.kind=openai", f"judge.engine.base_url={judge.base_url}",
             "judge.engine.model=scripted-judge", "resources.num_cpus=0", "batching.batch_wait_timeout_s=0.05"]
 
 
-def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_cleanup, tmp_path, monkeypatch):
-    from ray import serve
-
+def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_port, tmp_path, monkeypatch):
     import jobs.judge.grpo as judge_job
     from train.grpo.reward.build import GRMGroupReward
     from train.grpo.reward.client import RewardServiceConfig
 
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    serve.shutdown()  # a Serve instance left by an earlier test keeps its HTTP port; the job starts its own
     demo = REPO / "configs" / "policy_grpo_demo.yaml"
     with FakeOpenAIServer(reply=scripted_judge) as judge:
         cfg = load_config(job.Config, demo, [f"run.root={tmp_path}"])
-        cfg.grm.overrides = [*cfg.grm.overrides, *scripted_grm(judge, "grm-prompt-test")]
+        cfg.grm.overrides = [*cfg.grm.overrides, *scripted_grm(judge, "grm-prompt-test", serve_port)]
         policy_rows = job.policy_rows(cfg).to_dict("records")
         # the judge's training rows for the same data, in the A-then-B order
         judge_cfg = load_config(judge_job.Config, REPO / "configs" / "judge_grpo_demo.yaml")
@@ -251,7 +251,7 @@ def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_clea
                 reward.close()
 
 
-def test_dead_reward_service_fails_every_group_and_leaves_the_adapter_untouched(serve_cleanup, tiny_model_dir,
+def test_dead_reward_service_fails_every_group_and_leaves_the_adapter_untouched(serve_port, tiny_model_dir,
                                                                                tmp_path):
     # one worker and no W&B keep this run short; the loop's cross-worker paths ran in the test above
     url = f"http://127.0.0.1:{closed_port()}"

@@ -35,20 +35,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def serve_on(ray_local):
+@pytest.fixture(scope="module")
+def serve_port(ray_local) -> int:
+    """The module's one Serve instance, on one port: the first test's deployment starts it (`serve.start` in
+    `start_grm`), the later tests' deploy into it as a second run's driver would (starting Serve is ~10 s a test).
+    Each test still deploys, checks and deletes its own apps, and checks that they are gone."""
     from ray import serve
 
     serve.shutdown()  # a Serve instance of an earlier module keeps its own HTTP options
-    yield serve
+    yield free_port()
     serve.shutdown()
+
+
+@pytest.fixture
+def serve_on(serve_port):
+    from ray import serve
+
+    # what an earlier test of the module deployed, it deleted (its last assertion): no app is left over
+    assert not serve.status().applications
+    return serve
 
 
 def config(tmp_path, judge: FakeOpenAIServer, run_id: str, port: int):
     cfg = load_config(job.Config, DEMO, [f"run.root={tmp_path}", f"run.id={run_id}"])
     cfg.grm.overrides = [*cfg.grm.overrides, f"serve.port={port}", "serve.auth_token_env=", "judge.engine.kind=openai",
                          f"judge.engine.base_url={judge.base_url}", "judge.engine.model=scripted-judge",
-                         "resources.num_cpus=0", "health.probe=false"]
+                         "resources.num_cpus=0", "health.probe=false",
+                         # a stopping replica (serve delete, the replaced app) checks for ongoing requests every
+                         # 0.25 s instead of 2 s: the scripted judge leaves none, so each delete ends ~2 s sooner
+                         "shutdown.wait_loop_s=0.25"]
     return cfg
 
 
@@ -64,8 +79,8 @@ def score(spec: dict) -> list[float] | None:
     return outcome.rewards
 
 
-def test_two_runs_keep_their_own_apps_and_each_deletes_only_its_own(serve_on, tmp_path):
-    port = free_port()
+def test_two_runs_keep_their_own_apps_and_each_deletes_only_its_own(serve_on, serve_port, tmp_path):
+    port = serve_port
     with FakeOpenAIServer(reply=lambda message: GRADES) as judge:
         first, second = config(tmp_path, judge, "run-a", port), config(tmp_path, judge, "run-b", port)
         with job.served_reward(first) as (spec_a, _):
@@ -85,8 +100,8 @@ def test_two_runs_keep_their_own_apps_and_each_deletes_only_its_own(serve_on, tm
         assert app_a not in serve_on.status().applications
 
 
-def test_a_second_live_driver_of_the_same_run_is_refused_not_redeployed(serve_on, tmp_path):
-    port = free_port()
+def test_a_second_live_driver_of_the_same_run_is_refused_not_redeployed(serve_on, serve_port, tmp_path):
+    port = serve_port
     with FakeOpenAIServer(reply=lambda message: GRADES) as judge:
         cfg = config(tmp_path, judge, "same", port)
         with job.served_reward(cfg) as (spec, _):
@@ -106,13 +121,13 @@ def test_a_second_live_driver_of_the_same_run_is_refused_not_redeployed(serve_on
         assert app not in serve_on.status().applications
 
 
-def test_an_app_a_stopped_driver_left_is_replaced(serve_on, tmp_path):
+def test_an_app_a_stopped_driver_left_is_replaced(serve_on, serve_port, tmp_path):
     """No live driver holds it (the one that deployed it is gone): the run of that id takes it over."""
     from jobs.serve_grm import claim_app, release_app
 
     app = "grm-policy-grpo-left"
     with FakeOpenAIServer(reply=lambda message: GRADES) as judge:
-        cfg = config(tmp_path, judge, "left", free_port())
+        cfg = config(tmp_path, judge, "left", serve_port)
         owner = claim_app(app)
         job.start_grm(cfg.serve_config(), app, 120)  # deployed by a driver ...
         release_app(owner)  # ... that went away without deleting it

@@ -26,32 +26,47 @@ pytestmark = pytest.mark.slow
 ROWS, BATCH = 24, 4
 
 
-def requests() -> list[pd.DataFrame]:
+def requests(prefix: str = "r") -> list[pd.DataFrame]:
     sampling = SamplingConfig(max_tokens=32, seed=5).to_json()
-    df = pd.DataFrame({"id": [f"r{i:02d}" for i in range(ROWS)],
+    df = pd.DataFrame({"id": [f"{prefix}{i:02d}" for i in range(ROWS)],
                        "messages_json": [json.dumps([{"role": "user", "content": f"Count to {i}."}])
                                          for i in range(ROWS)],
                        "sampling_json": sampling})
     return [df.iloc[i:i + BATCH] for i in range(0, ROWS, BATCH)]  # one block per batch
 
 
-def run_stage(model_dir: str, timeline: Path, batches_in_flight: int) -> tuple[pd.DataFrame, list[dict]]:
+def stage(model_dir: str, prefix: str, timeline: Path, batches_in_flight: int):
     import ray.data
 
     pool = PoolConfig(concurrency=1, num_cpus=0.5, batch_size=BATCH, batches_in_flight=batches_in_flight)
     spec = EngineSpec(kind="hf", model=model_dir, num_threads=1)
-    out = ray.data.from_pandas(requests()).materialize().map_batches(
+    return ray.data.from_pandas(requests(prefix)).materialize().map_batches(
         ChatWorker, batch_format="pandas",
         fn_constructor_kwargs={"spec": dataclasses.asdict(spec), "timeline_dir": str(timeline)},
-        **pool.map_batches_kwargs("tiny")).to_pandas()
+        **pool.map_batches_kwargs("tiny"))
+
+
+def timeline_batches(timeline: Path) -> list[dict]:
     [log] = timeline.glob("*.jsonl")  # one actor
-    batches = sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda b: b["finished"])
-    return out, batches
+    return sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda b: b["finished"])
 
 
-def test_next_batch_is_at_the_actor_before_the_last_one_finishes(ray_local, tiny_model_dir, tmp_path):
-    out, batches = run_stage(tiny_model_dir, tmp_path / "inflight", batches_in_flight=3)
-    assert sorted(out["id"]) == [f"r{i:02d}" for i in range(ROWS)]
+@pytest.fixture(scope="module")
+def stages(ray_local, tiny_model_dir, tmp_path_factory) -> dict[str, tuple[pd.DataFrame, list[dict]]]:
+    """The two tests' stages (3 batches in flight, and 1, the control) run as one Ray Data execution, their union:
+    each has its own pool, actor and timeline, and its own rows (ids "i.." and "s.."); one stage run's start-up
+    instead of two."""
+    root = tmp_path_factory.mktemp("stage-inflight")
+    runs = {"inflight": ("i", 3), "serial": ("s", 1)}
+    parts = [stage(tiny_model_dir, prefix, root / name, n) for name, (prefix, n) in runs.items()]
+    out = parts[0].union(*parts[1:]).to_pandas()
+    return {name: (out[out["id"].str.startswith(prefix)], timeline_batches(root / name))
+            for name, (prefix, _) in runs.items()}
+
+
+def test_next_batch_is_at_the_actor_before_the_last_one_finishes(stages):
+    out, batches = stages["inflight"]
+    assert sorted(out["id"]) == [f"i{i:02d}" for i in range(ROWS)]
     assert (out["completion_tokens"] > 0).all() and (out["engine_error"] == "").all()
     assert [b["rows"] for b in batches] == [BATCH] * (ROWS // BATCH)
     for k in range(len(batches) - 1):
@@ -61,8 +76,8 @@ def test_next_batch_is_at_the_actor_before_the_last_one_finishes(ray_local, tiny
     assert 0 < out["worker_seconds"].sum() <= busy + 1e-6
 
 
-def test_one_batch_in_flight_never_overlaps(ray_local, tiny_model_dir, tmp_path):
-    out, batches = run_stage(tiny_model_dir, tmp_path / "serial", batches_in_flight=1)
+def test_one_batch_in_flight_never_overlaps(stages):
+    out, batches = stages["serial"]
     assert len(out) == ROWS
     for k in range(len(batches) - 1):
         assert batches[k + 1]["arrived"] >= batches[k]["finished"]

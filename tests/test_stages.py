@@ -104,17 +104,21 @@ def test_jury_keeps_and_counts_unparseable_outputs(ray_local, tiny_model_dir, tm
                           "source": ["The big cat sat.", "The big cat sat.", "Rain fell hard.", "Rain fell hard."],
                           "candidate": ["The cat sat.", "A cat sat.", "It rained.", "Rain fell."],
                           "generation_error": ""})
-    judge = JudgeConfig(name="j", engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
-                        sampling=SamplingConfig(max_tokens=6), pool=PoolConfig(num_cpus=0.5, batch_size=4),
-                        max_parse_retries=2, constrained=False)
-    out = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge]), "").to_pandas()
+    free = JudgeConfig(name="free", engine=EngineSpec(kind="hf", model=tiny_model_dir, num_threads=1),
+                       sampling=SamplingConfig(max_tokens=6), pool=PoolConfig(num_cpus=0.5, batch_size=4),
+                       max_parse_retries=2, constrained=False)
+    # the same model under the score grammar (the default) as a second judge of the same run: one stage run, not
+    # two (each judge has its own pool either way)
+    grammar = dataclasses.replace(free, name="grammar", constrained=True)
+    both = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[free, grammar]), "").to_pandas()
+    assert sorted(both["judge"]) == ["free"] * 4 + ["grammar"] * 4
     # decoding freely, a random model never writes "Answer: [k]": every judgment is kept, retried twice, and marked
+    out = both[both["judge"] == "free"]
     assert len(out) == 4
     assert (out["parse_error"] != "").all() and (out["attempts"] == 3).all()
     assert out["score"].isna().all()
-    # under the score grammar (the default) the same model's every judgment parses at the first attempt
-    judge = dataclasses.replace(judge, constrained=True)
-    out = build_jury_dataset(ray.data.from_pandas(cands), JuryConfig(judges=[judge]), "").to_pandas()
+    # under the score grammar the same model's every judgment parses at the first attempt
+    out = both[both["judge"] == "grammar"]
     assert (out["parse_error"] == "").all() and (out["attempts"] == 1).all() and out["score"].between(1, 5).all()
 
 
@@ -197,13 +201,19 @@ def test_best_worst_sets_with_too_few_usable_candidates_are_kept_and_counted(ray
                         sampling=SamplingConfig(max_tokens=4), pool=PoolConfig(num_cpus=0.5, batch_size=4),
                         max_parse_retries=0)
     cands = ray.data.from_pandas(pd.DataFrame(rows))
-    out = build_jury_dataset(cands, JuryConfig(judges=[judge]), "").to_pandas().set_index("id")
+    # the default threshold (2 usable) and K = 4 (the job's expected_candidates): two stages, run as one Ray Data
+    # execution (their union), each with its own judge pool
+    default = build_jury_dataset(cands, JuryConfig(judges=[judge]), "")
+    of_four = build_jury_dataset(cands, JuryConfig(judges=[dataclasses.replace(judge, name="j4")]), "",
+                                 expected_candidates=4)
+    both = default.union(of_four).to_pandas()
+    out = both[both["judge"] == "j"].set_index("id")
     assert sorted(out.index) == ["a", "b", "c"]
     assert out.loc["b", "parse_error"] == "too_few_candidates: 1 usable of 2 needed"
     assert out.loc["b", "completion_tokens"] == 0 and out.loc["c", "completion_tokens"] > 0  # c was judged
     assert out.loc["a", "order_json"] == "[0, 1, 2, 3]"  # paper 000: generator order by default
 
-    out = build_jury_dataset(cands, JuryConfig(judges=[judge]), "", expected_candidates=4).to_pandas()
+    out = both[both["judge"] == "j4"]
     summary = summarize_jury(out, 1.0)
     assert summary["sources_too_few_candidates"] == 2 and summary["rows_out"] == 3
     assert summary["parse_failures"] == 1  # the tiny model's answer for "a" (never the format), kept
