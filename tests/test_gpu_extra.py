@@ -9,6 +9,7 @@ settings (find-links, extra indexes, constraints, config files) are left out so 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import platform
@@ -92,6 +93,10 @@ def run_resolve(tmp: Path) -> dict:
          "--disable-pip-version-check", "--index-url", INDEX, "--report", str(out), *requirements],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     _background["pip"] = pip
+    # started while other tests run: it takes the CPU they leave (its build subprocesses inherit the niceness); once
+    # the fixture waits for it, nothing else of the suite runs and it has the CPUs to itself
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, pip.pid, 10)
     try:
         _, stderr = pip.communicate(timeout=1200)
     except subprocess.TimeoutExpired:
@@ -103,8 +108,9 @@ def run_resolve(tmp: Path) -> dict:
             "report": json.loads(out.read_text()) if pip.returncode == 0 else None}
 
 
-# The resolve waits on the registry for most of its ~40 s: tests/conftest.py starts it when the session's tests are
-# collected (only when a test below that reads it is selected), and it overlaps the tests that run before this module.
+# The resolve takes ~40 s, much of it waiting on the registry: tests/conftest.py starts it when the session's tests are
+# collected (only when a test below that reads it is selected), at a lower CPU priority, so that it overlaps the
+# tests that run before this module instead of adding its time to theirs.
 _background: dict = {}
 BACKGROUND_FIXTURES = ("resolve",)
 
