@@ -78,6 +78,9 @@ def train_loop_per_worker(config: dict) -> None:
         report_step(engine, cfg, metrics, done, total, rank, save, tracker)
         sums, tokens, clock = {}, 0, time.perf_counter()
         if cfg.fail_at_step and done == cfg.fail_at_step and start == 0 and rank == world - 1:
+            # The controller registers a checkpoint once every rank's report is processed; a rank that raises
+            # right after its report can beat that, and the restart would then find no checkpoint. Wait for it.
+            ray.train.get_all_reported_checkpoints()
             raise RuntimeError(f"fail_at_step={done}: injected worker failure (test hook)")
     if tracker is not None:
         tracker.finish()
