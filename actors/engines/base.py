@@ -94,6 +94,9 @@ class EngineSpec(Section):
     adapter: str = ""
     # hf and vllm: reuse the keys/values of shared prompt prefixes (hf: the prefix common to one call's requests)
     enable_prefix_caching: bool = True
+    # hf only: the tokens a request's grammar forces are fed in one forward with its last token (jump-forward,
+    # actors.engines.hf.fast_forward); false = one token per forward
+    fast_forward: bool = True
     # vllm only. GPUs one engine shards the model over (vLLM tensor parallelism); >= 1
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85  # fraction (0, 1] of each GPU's memory vLLM may take (weights + KV cache)
@@ -120,7 +123,10 @@ class EngineSpec(Section):
         """What makes two engines answer the same prompt the same way (request-cache key part)."""
         name = self.served_model_name or self.model
         adapter = f":adapter={adapter_digest(self.adapter)}" if self.adapter else ""
-        return f"{self.kind}:{name}{adapter}:think={self.thinking}"
+        # single steps may tokenise forced text otherwise than jump-forward: the knob that restores them must not
+        # read jump-forward's cached answers (the default's key is unchanged)
+        steps = ":fast_forward=false" if self.kind == "hf" and not self.fast_forward else ""
+        return f"{self.kind}:{name}{adapter}:think={self.thinking}{steps}"
 
 
 ENGINE_KINDS = ("hf", "vllm", "openai")

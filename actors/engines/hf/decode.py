@@ -12,6 +12,8 @@ criteria. Here:
   rows is kept once, outside the rows' buffers, and attended to by all the group's rows together
   (`actors.engines.hf.prefix_attention`), a short one is copied into each row's buffer (`actors.engines.hf.shared_prefix`); either way
   each prefill computes only the rest of its prompts;
+- the tokens a row's grammar forces are fed with its last token in one forward where the batch's rows run in
+  step (`actors.engines.hf.fast_forward`);
 - greedy rows are one vectorised argmax; sampled rows draw from their own seeded `torch.Generator`, so a
   request's random stream does not depend on which other requests share its batch;
 - with a `core.thread_tuner.ThreadTuner`, each decode step runs on the thread count it picks from the timed
@@ -37,16 +39,15 @@ import torch
 from transformers.cache_utils import Cache
 
 from actors.engines.base import SamplingParams
-from actors.engines.hf.constrained import advance, mask_logits
+from actors.engines.hf.constrained import mask_logits
+from actors.engines.hf.fast_forward import feed_inputs, feed_width, forced_tokens
+from actors.engines.hf.finish import record_token
 from actors.engines.hf.kv_rows import RowKVLayer, merge_layer, stack_layers
 from actors.engines.hf.prefix_attention import PrefixGroup, prefix_groups_active
 from actors.engines.hf.shared_prefix import SharedPrefix, shared_prefixes
 from actors.engines.hf.token_sampling import choose_tokens
 from actors.threads import use_threads
 from core.thread_tuner import ThreadTuner
-
-# Tokens decoded around the end of a completion when looking for a stop string (longest stop + this margin).
-_STOP_WINDOW_MARGIN = 8
 
 
 @dataclass
@@ -107,6 +108,12 @@ class DecodeSettings:
     min_held_prefix_columns: int = 2048
     # padded prompt tokens per prefill forward (rows are split to fit; 0 = all admitted rows at once)
     prefill_token_budget: int = 4096
+    # feed the tokens a row's grammar forces in one forward (actors.engines.hf.fast_forward) when at least
+    # `fast_forward_min_fill` of the fed positions are real tokens; the KV buffers get `fast_forward_slack` extra
+    # columns for the pads of rows that feed fewer
+    fast_forward: bool = True
+    fast_forward_min_fill: float = 0.75
+    fast_forward_slack: int = 32
 
 
 @dataclass
@@ -119,6 +126,9 @@ class DecodeStats:
     shared_prefix_tokens: int = 0
     # decode steps run per torch thread count (prefill passes not counted)
     thread_steps: dict[int, int] = field(default_factory=dict)
+    # grammar-forced tokens fed beside a row's last token (jump-forward), and the forwards that fed them
+    forced_tokens: int = 0
+    forced_steps: int = 0
 
 
 def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSettings,
@@ -165,7 +175,7 @@ def run_decode(model: torch.nn.Module, rows: list[DecodeRow], settings: DecodeSe
                 admitted = _admit(model, [pending.popleft() for _ in range(min(free, len(pending)))], settings,
                                   stats)
             if batch is None or len(live) < len(batch.rows) or admitted is not None:
-                batch = _merge(batch, live, admitted)
+                batch = _merge(batch, live, admitted, settings.fast_forward_slack if settings.fast_forward else 0)
             if batch is not None:
                 _timed_step(model, batch, settings, tuner, stats)
     if tuner is not None:
@@ -246,20 +256,46 @@ def _row_chunks(rows: int, width: int, budget: int) -> list[slice]:
     return [slice(i, min(i + per_chunk, rows)) for i in range(0, rows, per_chunk)]
 
 
-def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> None:
-    """Feed every row its last token, append the next one."""
-    end = batch.length + 1
-    batch.mask[:, batch.length] = 1
+def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> list[list[int]]:
+    """Feed every row its last token (and the tokens its grammar forces next, when worth it), append the next one.
+    Returns the forced tokens fed per row."""
+    fed = _forced_feed(batch, settings)
+    width = 1 + max(map(len, fed), default=0)
+    end = batch.length + width
+    ids, positions, extra = batch.next_ids, batch.next_pos, {}
+    if width == 1:
+        batch.mask[:, batch.length] = 1
+    else:
+        ids, positions, columns = feed_inputs(batch.next_ids, batch.next_pos, fed, width, settings.pad_id)
+        batch.mask[:, batch.length:end] = columns
+        extra = {"logits_to_keep": 1} if settings.logits_to_keep else {}
     with prefix_groups_active(batch.groups):
-        out = model(
-            input_ids=batch.next_ids,
-            attention_mask=batch.mask[:, :end],
-            position_ids=batch.next_pos,
-            past_key_values=batch.cache,
-            use_cache=True,
-        )
+        out = model(input_ids=ids, attention_mask=batch.mask[:, :end], position_ids=positions,
+                    past_key_values=batch.cache, use_cache=True, **extra)
     batch.length = end
+    batch.next_pos = positions[:, -1:]
     _accept_tokens(batch, out.logits[:, -1, :], settings)
+    return fed
+
+
+def _forced_feed(batch: _Batch, settings: DecodeSettings) -> list[list[int]]:
+    """Record on each row the forced tokens this step feeds (`feed_width` picks how many); [] per row for none."""
+    if not settings.fast_forward or all(row.matcher is None for row in batch.rows):
+        return [[] for _ in batch.rows]
+    remaining = [row.sampling.max_tokens - len(row.token_ids) for row in batch.rows]
+    forced = [forced_tokens(row.matcher, left) for row, left in zip(batch.rows, remaining)]
+    width = feed_width([len(f) for f in forced], remaining, batch.length, batch.cache.layers[0].capacity,
+                       settings.fast_forward_min_fill)
+    fed = []
+    for row, tokens in zip(batch.rows, forced):
+        taken = []
+        for token in tokens[:width - 1]:
+            if row.finish_reason:  # the grammar completed, or the row ran out of tokens, on a forced token
+                break
+            record_token(row, token, settings.eos_ids, settings.decode)
+            taken.append(token)
+        fed.append(taken)
+    return fed
 
 
 def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings, tuner: ThreadTuner | None,
@@ -267,14 +303,18 @@ def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings,
     """`_step` on the tuner's thread count for this step, its wall time fed back; counted in `stats`."""
     if tuner is None:
         threads = torch.get_num_threads()
-        _step(model, batch, settings)
+        fed = _step(model, batch, settings)
     else:
         threads = tuner.next_threads(len(batch.rows))
         use_threads(threads)
         start = time.perf_counter()
-        _step(model, batch, settings)
-        tuner.record(threads, time.perf_counter() - start, len(batch.rows))
+        fed = _step(model, batch, settings)
+        if not any(fed):  # a wider forward's time says nothing about a step's
+            tuner.record(threads, time.perf_counter() - start, len(batch.rows))
     stats.thread_steps[threads] = stats.thread_steps.get(threads, 0) + 1
+    if any(fed):
+        stats.forced_tokens += sum(map(len, fed))
+        stats.forced_steps += 1
 
 
 def _accept_tokens(batch: _Batch, logits: torch.Tensor, settings: DecodeSettings) -> None:
@@ -286,54 +326,14 @@ def _accept_tokens(batch: _Batch, logits: torch.Tensor, settings: DecodeSettings
     batch.next_ids = tokens[:, None]
     batch.next_pos = batch.next_pos + 1
     for row, token in zip(batch.rows, tokens.tolist()):
-        _record_token(row, token, settings)
+        record_token(row, token, settings.eos_ids, settings.decode)
 
 
-def _record_token(row: DecodeRow, token: int, settings: DecodeSettings) -> None:
-    """Append `token` to `row` and decide whether the row is finished (EOS, stop string, max_tokens)."""
-    if row.finish_reason:
-        return
-    row.token_ids.append(token)
-    if row.matcher is not None:
-        row.error = advance(row.matcher, token)
-        if row.error:
-            row.finish_reason = "error"
-            return
-        if row.matcher.is_stopped():
-            # the grammar is complete (its last token may be EOS or the verdict's closing text)
-            row.finish_reason = "stop"
-            return
-    if token in settings.eos_ids:
-        row.finish_reason = "stop"
-        return
-    if row.sampling.stop and _find_stop(row, settings.decode) >= 0:
-        row.finish_reason = "stop"
-        return
-    if len(row.token_ids) >= row.sampling.max_tokens:
-        row.finish_reason = "length"
-
-
-def _find_stop(row: DecodeRow, decode: Callable[[list[int]], str]) -> int:
-    """Set and return `row.stop_at` if a stop string now appears in the completion.
-
-    Only the last few tokens are decoded each step (a stop string is new only near the end); on a hit the
-    whole completion is decoded once to locate its earliest stop string.
-    """
-    longest = max(len(s) for s in row.sampling.stop)
-    tail = decode(row.token_ids[-(longest + _STOP_WINDOW_MARGIN) :])
-    if not any(s in tail for s in row.sampling.stop):
-        return -1
-    text = decode(row.token_ids)
-    hits = [text.find(s) for s in row.sampling.stop if s in text]
-    row.stop_at = min(hits) if hits else -1
-    return row.stop_at
-
-
-def _merge(old: _Batch | None, keep: list[int], new: _Batch | None) -> _Batch | None:
+def _merge(old: _Batch | None, keep: list[int], new: _Batch | None, slack: int = 0) -> _Batch | None:
     """Build the next batch from the unfinished rows of `old` (indices `keep`) and the unfinished rows of `new`.
 
     The survivors' KV columns are copied right-aligned into fresh buffers sized for the longest remaining
-    generation, which also drops columns that only finished rows were using.
+    generation (+ `slack` columns), which also drops columns that only finished rows were using.
     """
     parts = [(old, keep)] if old is not None and keep else []
     if new is not None:
@@ -344,7 +344,7 @@ def _merge(old: _Batch | None, keep: list[int], new: _Batch | None) -> _Batch | 
     widths = [_used_width(batch, idx) for batch, idx in parts]
     width = max(widths)
     rows = [batch.rows[i] for batch, idx in parts for i in idx]
-    capacity = width + max(row.sampling.max_tokens - len(row.token_ids) for row in rows) + 1
+    capacity = width + max(row.sampling.max_tokens - len(row.token_ids) for row in rows) + 1 + slack
     layers = []
     for layer_idx in range(len(parts[0][0].cache.layers)):
         sources = [(batch.cache.layers[layer_idx], idx, w) for (batch, idx), w in zip(parts, widths)]

@@ -97,6 +97,7 @@ class HFEngine:
             logits_to_keep="logits_to_keep" in inspect.signature(self.model.forward).parameters,
             min_shared_prefix=_MIN_SHARED_PREFIX if spec.enable_prefix_caching else 0,
             min_held_prefix_columns=min_held_prefix_columns(self.device),
+            fast_forward=spec.fast_forward,
         )
         # compiled lazily on the first request with a grammar (actors.engines.hf.constrained)
         self._grammars = None
