@@ -140,7 +140,7 @@ class FakeCluster(Head):
         while time.monotonic() - start < timeout:
             if predicate():
                 return time.monotonic() - start
-            time.sleep(0.5)
+            time.sleep(0.1)  # a GCS read per poll: cheap; a coarser poll only adds to each wait
         raise AssertionError(f"{what}: not within {timeout} s; alive nodes: {self.nodes()}\n"
                              f"autoscaler log:\n{self.monitor_log()}")
 

@@ -9,7 +9,7 @@ import httpx
 
 
 def wait_until_ready(proc: subprocess.Popen, base: str, timeout_s: float = 300) -> None:
-    """Poll `{base}/ready` once a second until it answers 200; a process that exits first, or a deadline passed,
+    """Poll `{base}/ready` five times a second until it answers 200; a process that exits first, or a deadline passed,
     fails the test with the tail of the process's output (stdout, stderr folded into it)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -20,4 +20,4 @@ def wait_until_ready(proc: subprocess.Popen, base: str, timeout_s: float = 300) 
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.2)

@@ -99,7 +99,7 @@ def kill_driver_during(stage: str, args: list[str], run_dir: Path, log: Path, ra
     deadline = time.time() + 60  # its cluster's processes (raylet, GCS, the actors) die with it: no orphans
     while left := [p for p in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(p.info["cmdline"] or [])]:
         assert time.time() < deadline, f"processes of the killed driver's cluster left: {left}"
-        time.sleep(0.5)
+        time.sleep(0.1)
     return stages_of(run_dir)
 
 

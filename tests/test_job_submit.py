@@ -78,14 +78,14 @@ def stop_during_jury(head: Head, job: str, run_dir: Path, stop) -> dict:
     stop()
     while not str(status := client.get_job_status(job)).endswith("STOPPED"):
         assert time.time() < deadline, f"job {job} did not stop: {status}\n{client.get_job_logs(job)[-3000:]}"
-        time.sleep(0.5)
+        time.sleep(0.1)
     stopped = _manifest(run_dir / "manifest.json")
     assert stopped["stages"]["jury"]["status"] == "running" and not (run_dir / "jury").exists()
     assert "finished_at" not in stopped
     driver = int((run_dir / ".lock").read_text())
     while psutil.pid_exists(driver):  # the stopped driver still holds the run directory's lock until it is gone
         assert time.time() < deadline, f"the stopped driver {driver} is still alive"
-        time.sleep(0.5)
+        time.sleep(0.1)
     return stopped
 
 

@@ -71,7 +71,7 @@ def deploy(app, name: str, prefix: str, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while serve.status().applications[name].status != "RUNNING":
         assert time.monotonic() < deadline, f"{name} not RUNNING: {serve.status().applications[name]}"
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 def deploy_tiny(cfg: ServeConfig) -> None:

@@ -218,7 +218,7 @@ def test_length_gaming_through_the_trl_reward_raises_the_length_alert_on_the_ser
     deadline = time.monotonic() + 60
     while "monitor/probe/accuracy" not in stats["metrics"]:
         assert time.monotonic() < deadline, stats["metrics"]
-        time.sleep(0.5)
+        time.sleep(0.1)
         stats = caller_stats(service, "gaming-run")
     assert stats["metrics"]["monitor/probe/accuracy"] == 1.0 and stats["metrics"]["monitor/probe/pairs"] == 2.0
     assert stats["metrics"]["monitor/probe/failed"] == 0.0

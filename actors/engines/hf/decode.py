@@ -256,10 +256,8 @@ def _row_chunks(rows: int, width: int, budget: int) -> list[slice]:
     return [slice(i, min(i + per_chunk, rows)) for i in range(0, rows, per_chunk)]
 
 
-def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> list[list[int]]:
-    """Feed every row its last token (and the tokens its grammar forces next, when worth it), append the next one.
-    Returns the forced tokens fed per row."""
-    fed = _forced_feed(batch, settings)
+def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings, fed: list[list[int]]) -> None:
+    """Feed every row its last token and the forced tokens `fed` (already recorded on it), append the next one."""
     width = 1 + max(map(len, fed), default=0)
     end = batch.length + width
     ids, positions, extra = batch.next_ids, batch.next_pos, {}
@@ -275,7 +273,6 @@ def _step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings) -> li
     batch.length = end
     batch.next_pos = positions[:, -1:]
     _accept_tokens(batch, out.logits[:, -1, :], settings)
-    return fed
 
 
 def _forced_feed(batch: _Batch, settings: DecodeSettings) -> list[list[int]]:
@@ -301,16 +298,22 @@ def _forced_feed(batch: _Batch, settings: DecodeSettings) -> list[list[int]]:
 def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings, tuner: ThreadTuner | None,
                 stats: DecodeStats) -> None:
     """`_step` on the tuner's thread count for this step, its wall time fed back; counted in `stats`."""
+    fed = _forced_feed(batch, settings)
     if tuner is None:
         threads = torch.get_num_threads()
-        fed = _step(model, batch, settings)
+        _step(model, batch, settings, fed)
+    elif any(fed):
+        # a wider forward runs on the tuner's choice, never a probe, and is not timed: its time says nothing
+        # about a step's
+        threads = tuner.current
+        use_threads(threads)
+        _step(model, batch, settings, fed)
     else:
         threads = tuner.next_threads(len(batch.rows))
         use_threads(threads)
         start = time.perf_counter()
-        fed = _step(model, batch, settings)
-        if not any(fed):  # a wider forward's time says nothing about a step's
-            tuner.record(threads, time.perf_counter() - start, len(batch.rows))
+        _step(model, batch, settings, fed)
+        tuner.record(threads, time.perf_counter() - start, len(batch.rows))
     stats.thread_steps[threads] = stats.thread_steps.get(threads, 0) + 1
     if any(fed):
         stats.forced_tokens += sum(map(len, fed))
