@@ -1,7 +1,7 @@
 """Grammar-constrained verdicts: jump-forward (forced tokens fed in one forward) vs one token per forward.
 
-    python -m bench.judge_fast_forward                    # 64 pairwise verdicts, SmolLM2 at float32, 96 tokens
-    python -m bench.judge_fast_forward --dtype auto       # the dtype the CPU picks (bf16 where native)
+    python -m bench.jump_forward                    # 64 pairwise verdicts, SmolLM2 at float32, 96 tokens
+    python -m bench.jump_forward --dtype auto       # the dtype the CPU picks (bf16 where native)
 
 The demo's rejudge asks SmolLM2 for pairwise verdicts under the grammar of `eval.judging.grammar` (16 free
 reasoning tokens, then `FINAL GRADE` blocks whose text is forced but for the grade): most of each verdict is forced.
