@@ -198,7 +198,13 @@ def run_systems(cfg: Config, store: RunStore, cache: str):
         rows = store.read_stage("data").to_pandas()
         init_ray(cfg.ray)
         secrets = Secrets([cfg.planner.api_key_env, cfg.reviser.api_key_env])  # by name, never a runtime env
-        out = to_dataset(rows, cfg.pool.batch_size).map_batches(
+        rows_ds = to_dataset(rows, cfg.pool.batch_size)
+        # a block is one CORD row through every system (a search of up to width x depth x iterations revisions of
+        # 2,688 tokens) and emits nothing until all are done: on a busy 2-core machine, or with a slow hosted model,
+        # that can outlast Ray Data's 30-minute no-progress limit, so the limit is off here as in AgentSimp (each
+        # engine call has its own timeout)
+        rows_ds.context.execution_no_progress_timeout_s = -1
+        out = rows_ds.map_batches(
             CraftWorker, batch_format="pandas",
             fn_constructor_kwargs={"planner": dataclasses.asdict(cfg.planner), "reviser": dataclasses.asdict(cfg.reviser),
                                    "agent": dataclasses.asdict(cfg.agent), "mcts": dataclasses.asdict(cfg.mcts),
