@@ -97,6 +97,10 @@ class EngineSpec(Section):
     # hf only: the tokens a request's grammar forces are fed in one forward with its last token (jump-forward,
     # actors.engines.hf.fast_forward); false = one token per forward
     fast_forward: bool = True
+    # hf on CPU only: "int8" runs the decoder layers' projections in int8 (dynamic quantisation, VNNI; the LM head
+    # stays float32; actors.engines.hf.int8), at float32 otherwise. A declared option for CPUs without native bf16:
+    # it changes outputs (near-tied tokens can flip) and has its own request-cache key. "none" = the model's dtype
+    quantize: str = "none"
     # vllm only. GPUs one engine shards the model over (vLLM tensor parallelism); >= 1
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85  # fraction (0, 1] of each GPU's memory vLLM may take (weights + KV cache)
@@ -126,12 +130,15 @@ class EngineSpec(Section):
         # single steps may tokenise forced text otherwise than jump-forward: the knob that restores them must not
         # read jump-forward's cached answers (the default's key is unchanged)
         steps = ":fast_forward=false" if self.kind == "hf" and not self.fast_forward else ""
-        return f"{self.kind}:{name}{adapter}:think={self.thinking}{steps}"
+        # int8 answers differ from float32's: their own key (the default's key is unchanged)
+        quantize = f":quantize={self.quantize}" if self.kind == "hf" and self.quantize != "none" else ""
+        return f"{self.kind}:{name}{adapter}:think={self.thinking}{steps}{quantize}"
 
 
 ENGINE_KINDS = ("hf", "vllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZE = ("none", "int8")
 # torch generators and the OpenAI API take 64-bit signed seeds; a larger one overflows inside a batch
 SEED_MAX = 2**63 - 1
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -153,8 +160,12 @@ def check_sampling(sampling, where: str) -> None:
 
 def check_engine(spec: EngineSpec, where: str) -> None:
     """Enums, ranges, and the model / adapter paths of an engine spec, before any actor loads it."""
-    for name, allowed in (("kind", ENGINE_KINDS), ("dtype", DTYPES), ("device", DEVICES)):
+    for name, allowed in (("kind", ENGINE_KINDS), ("dtype", DTYPES), ("device", DEVICES), ("quantize", QUANTIZE)):
         one_of(getattr(spec, name), allowed, dotted(where, name))
+    if spec.quantize == "int8" and (spec.kind != "hf" or spec.device == "cuda" or spec.dtype not in ("auto", "float32")):
+        # the int8 kernels are the CPU's (fbgemm / oneDNN) and take float32 inputs
+        fail(dotted(where, "quantize"), f"int8 runs in the hf engine on CPU at float32; got kind={spec.kind!r}, "
+                                        f"device={spec.device!r}, dtype={spec.dtype!r}")
     for name in ("max_batch_size", "tensor_parallel_size", "max_model_len", "max_concurrency"):
         if getattr(spec, name) < 1:
             fail(dotted(where, name), f"must be >= 1, got {getattr(spec, name)}")

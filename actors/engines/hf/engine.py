@@ -34,6 +34,7 @@ from transformers import AutoTokenizer
 from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
 from actors.engines.hf.decode import DecodeRow, DecodeSettings, DecodeStats, run_decode
 from actors.engines.hf.fused import fuse_decoder_layers
+from actors.engines.hf.int8 import quantize_linear_layers
 from actors.engines.hf.prefix_attention import attention_backends, use_prefix_attention
 from actors.engines.hf.weights import DTYPES, load_model, pack_linear_layers, pick_device, pick_dtype
 from actors.models import resolve_model_dir
@@ -71,15 +72,23 @@ class HFEngine:
         # engine.num_threads if pinned, else the CPUs Ray assigned this actor (actors.threads)
         self.threads = set_torch_threads(spec.num_threads)
         self.device = pick_device(spec.device)
-        self.dtype = pick_dtype(spec.dtype, self.device)
+        if spec.quantize == "int8" and self.device.type != "cpu":
+            raise ValueError(f"engine.quantize: int8 runs on CPU; engine.device resolved to {self.device}")
+        # int8 layers take float32 inputs (actors.engines.hf.int8): `auto` is float32 then, whatever the CPU has
+        self.dtype = torch.float32 if spec.quantize == "int8" else pick_dtype(spec.dtype, self.device)
         model_dir = resolve_model_dir(spec.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:
             raise ValueError(f"engine.model: {spec.model!r} has no chat template in its tokenizer")
         self.model = load_model(model_dir, spec.adapter, self.dtype).to(self.device).eval()
         use_prefix_attention(self.model)  # shared prompt prefixes held once per group of rows
-        self.packed_layers = self.fused_modules = 0
-        if self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32):
+        self.packed_layers = self.fused_modules = self.int8_layers = 0
+        if spec.quantize == "int8":
+            # q/k/v and gate/up fused (plain), every decoder projection int8, the LM head prepacked at float32
+            self.fused_modules = fuse_decoder_layers(self.model, spec.max_batch_size, pack=False)
+            self.int8_layers = quantize_linear_layers(self.model, spec.max_batch_size)
+            self.packed_layers = pack_linear_layers(self.model, spec.max_batch_size)
+        elif self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32):
             # q/k/v and gate/up as one prepacked matmul each (Llama layers), then every other linear prepacked;
             # at float32 too, the dtype of CPUs without native bf16 (weights.PackedLinear; docs/engine.md: 1.2-3x a layer)
             self.fused_modules = fuse_decoder_layers(self.model, spec.max_batch_size)
@@ -219,6 +228,10 @@ def validate_spec(spec: EngineSpec) -> None:
         raise ValueError(f"engine.num_threads: must be an integer >= 0, got {spec.num_threads!r}")
     if not isinstance(spec.adaptive_threads, bool):
         raise ValueError(f"engine.adaptive_threads: must be true or false, got {spec.adaptive_threads!r}")  # noqa: TRY004
+    if spec.quantize not in ("none", "int8"):
+        raise ValueError(f"engine.quantize: {spec.quantize!r} is not one of none, int8")
+    if spec.quantize == "int8" and spec.dtype not in ("auto", "float32"):
+        raise ValueError(f"engine.quantize: int8 takes float32 inputs; engine.dtype is {spec.dtype!r}")
     if spec.adapter and not (Path(spec.adapter) / "adapter_config.json").is_file():
         raise ValueError(f"engine.adapter: {spec.adapter!r} is not a peft adapter directory (no adapter_config.json)")
 

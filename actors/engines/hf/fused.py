@@ -32,15 +32,15 @@ from actors.engines.hf.weights import PackedLinear, outputs_match, packing_match
 class FusedLlamaAttention(torch.nn.Module):
     """`LlamaAttention` with q/k/v projected by one prepacked matmul; its forward is transformers' otherwise."""
 
-    def __init__(self, attention: LlamaAttention, batch_size: int):
+    def __init__(self, attention: LlamaAttention, batch_size: int, pack: bool = True):
         super().__init__()
         for name in ("config", "layer_idx", "head_dim", "num_key_value_groups", "scaling", "attention_dropout",
                      "is_causal"):
             setattr(self, name, getattr(attention, name))
         projections = (attention.q_proj, attention.k_proj, attention.v_proj)
         self.split_sizes = [p.out_features for p in projections]
-        self.qkv_proj = PackedLinear(concat_linears(projections), batch_size)
-        self.o_proj = PackedLinear(attention.o_proj, batch_size)
+        self.qkv_proj = _packed(concat_linears(projections), batch_size, pack)
+        self.o_proj = _packed(attention.o_proj, batch_size, pack)
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values=None,
@@ -69,15 +69,20 @@ class FusedLlamaAttention(torch.nn.Module):
 class FusedLlamaMLP(torch.nn.Module):
     """`LlamaMLP` with gate and up projected by one prepacked matmul."""
 
-    def __init__(self, mlp: LlamaMLP, batch_size: int):
+    def __init__(self, mlp: LlamaMLP, batch_size: int, pack: bool = True):
         super().__init__()
-        self.gate_up_proj = PackedLinear(concat_linears((mlp.gate_proj, mlp.up_proj)), batch_size)
-        self.down_proj = PackedLinear(mlp.down_proj, batch_size)
+        self.gate_up_proj = _packed(concat_linears((mlp.gate_proj, mlp.up_proj)), batch_size, pack)
+        self.down_proj = _packed(mlp.down_proj, batch_size, pack)
         self.act_fn = mlp.act_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
+
+
+def _packed(linear: torch.nn.Linear, batch_size: int, pack: bool) -> torch.nn.Module:
+    """`linear` prepacked for oneDNN, or kept plain for a later pass (`actors.engines.hf.int8` quantises it)."""
+    return PackedLinear(linear, batch_size) if pack else linear
 
 
 def concat_linears(linears: tuple[torch.nn.Linear, ...]) -> torch.nn.Linear:
@@ -95,11 +100,13 @@ def concat_linears(linears: tuple[torch.nn.Linear, ...]) -> torch.nn.Linear:
     return fused
 
 
-def fuse_decoder_layers(model: torch.nn.Module, batch_size: int) -> int:
+def fuse_decoder_layers(model: torch.nn.Module, batch_size: int, pack: bool = True) -> int:
     """Swap each exact LlamaAttention / LlamaMLP of a CPU model for its fused, prepacked form.
 
     The first attention and MLP are probed first (decode- and prefill-shaped inputs): the fused outputs must match
     the separate projections (bit for bit in bf16, within float32 rounding in float32), else nothing is swapped.
+    `pack=False` keeps the fused projections plain nn.Linear (concatenated weights), for `engine.quantize: int8`
+    to quantise next.
 
     Returns:
         How many modules were swapped (attention and MLP counted apart; 0 when oneDNN packing is unavailable, the
@@ -110,10 +117,10 @@ def fuse_decoder_layers(model: torch.nn.Module, batch_size: int) -> int:
     first = {}  # kind -> its first module, the probe
     for _, _, child in targets:
         first.setdefault(type(child), child)
-    if len(first) != 2 or not packing_matches(first[LlamaAttention].q_proj, batch_size):
+    if len(first) != 2 or (pack and not packing_matches(first[LlamaAttention].q_proj, batch_size)):
         return 0
-    fused = {id(child): (FusedLlamaAttention if type(child) is LlamaAttention else FusedLlamaMLP)(child, batch_size)
-             for _, _, child in targets}
+    kinds = {LlamaAttention: FusedLlamaAttention, LlamaMLP: FusedLlamaMLP}
+    fused = {id(child): kinds[type(child)](child, batch_size, pack) for _, _, child in targets}
     if not all(_same_outputs(probe, fused[id(probe)], batch_size) for probe in first.values()):
         return 0
     for parent, name, child in targets:
