@@ -36,7 +36,8 @@ def without_timeout_key(tmp_path: Path) -> Path:
 def test_the_cluster_config_s_old_reward_wait_is_refused_with_the_numbers(tmp_path, capsys):
     with pytest.raises(ConfigError) as err:
         load_config(job.Config, without_timeout_key(tmp_path))
-    assert ("reward.timeout_s: a worker can wait 2438.5 s for one step's rewards (one group's 4 attempts x "
+    assert ("reward.timeout_s: in the training step, a worker can wait 2438.5 s on the reward service (its 4 groups "
+            "(grpo.prompts_per_worker): 1 round of up to 32 requests (reward.concurrency) x 2438.5 s, each 4 attempts x "
             "reward.timeout_s 600 s + back-offs of up to 38.5 s), not less than grpo.collective_timeout_s (1800 s)"
             in str(err.value))
     assert "raise grpo.collective_timeout_s above 2438.5" in str(err.value)
@@ -52,7 +53,8 @@ def test_the_cluster_config_s_old_reward_wait_is_refused_with_the_numbers(tmp_pa
 def test_rounds_of_groups_beyond_the_concurrency_add_up():
     # 4 prompts per worker, 2 groups in flight: two rounds of one group's worst wait
     assert load_config(job.Config, CLUSTER).grpo.prompts_per_worker == 4
-    with pytest.raises(ConfigError, match=r"wait 4877 s .*2 rounds of up to 2 groups \(reward.concurrency\)"):
+    with pytest.raises(ConfigError,
+                       match=r"training step, a worker can wait 4877 s .*2 rounds of up to 2 requests \(reward.concurrency\)"):
         load_config(job.Config, CLUSTER, ["reward.concurrency=2", "grpo.collective_timeout_s=4877"])
     # (without the probe, whose 32 pairs would be 16 rounds at 2 in flight: tests/test_reward_wait_phases.py)
     assert load_config(job.Config, CLUSTER, ["reward.concurrency=2", "grpo.collective_timeout_s=4878",

@@ -73,9 +73,9 @@ from jobs.grpo_stages import (
 from serve.config import ServeConfig, run_app_name, run_route_prefix
 from train.config import GRPOConfig
 from train.grpo.monitoring import record_alert
-from train.grpo.reward.client import RewardServiceConfig, check_wait_within_collective
+from train.grpo.reward.client import RewardServiceConfig
 from train.grpo.reward.same_family import model_identity, same_family
-from train.grpo.reward.wait import check_phase_wait, probe_wait, validation_wait
+from train.grpo.reward.wait import check_phase_wait, probe_wait, step_wait, validation_wait
 
 log = logging.getLogger("quorum.policy_grpo")
 JOB = "policy_grpo"
@@ -132,11 +132,10 @@ class Config(JobSections):
         if self.reward.app and not self.reward.url:
             raise ConfigError("reward.app: names a GRM app already running in this job's Ray cluster; give its HTTP "
                               "address too (reward.url), or leave both empty and the job deploys the GRM itself")
-        # a slow judge must cost one step, not the worker group: the wait stays under the collective timeout
-        check_wait_within_collective(self.reward, self.grpo.prompts_per_worker, self.grpo.collective_timeout_s)
-        # so must a validation pass's and rank 0's probe's (train.grpo.reward.wait); both counts read their files
+        # a slow judge must cost one step, not the worker group: a step's, a validation pass's and rank 0's probe's
+        # worst wait stay under the collective timeout (train.grpo.reward.wait); the last two counts read their files
         val_prompts = val_prompt_count(self)
-        for wait in (validation_wait(self.grpo, self.reward, val_prompts, self.data.val_limit),
+        for wait in (step_wait(self.grpo, self.reward), validation_wait(self.grpo, self.reward, val_prompts, self.data.val_limit),
                      probe_wait(self.grpo, self.reward, probe_pair_count(self), self.monitor.probe_limit,
                                 self.monitor.probe_path, val_prompts, self.data.val_limit)):
             if wait is not None:

@@ -120,41 +120,6 @@ class RewardServiceConfig(Section):
 MAX_JITTER = 0.1
 
 
-def check_wait_within_collective(reward: RewardServiceConfig, groups_per_worker: int, collective_timeout_s: float,
-                                 reward_key: str = "reward", timeout_key: str = "grpo.collective_timeout_s") -> None:
-    """Refuse (ConfigError, exit 2) a reward service a worker may wait on longer than the others wait in a collective.
-
-    While one worker waits for its groups' rewards the others already sit in the step's next collective (DeepSpeed's
-    gradient reduction, the loop's any-worker checks); past `collective_timeout_s` that collective fails the whole
-    worker group, which restarts from its last checkpoint, instead of the slow groups being masked
-    (`max_failed_steps`). A worker scores its `groups_per_worker` groups `concurrency` at a time, so its worst wait is
-    ceil(groups / concurrency) times one group's (`RewardServiceConfig.worst_wait_s`). A validation pass and the
-    probe wait on the service too: `train.grpo.reward.wait`.
-
-    >>> check_wait_within_collective(RewardServiceConfig(timeout_s=120, retries=3), 4, 1800)
-    >>> check_wait_within_collective(RewardServiceConfig(timeout_s=600, retries=3, backoff_s=5, backoff_max_s=60), 4,
-    ...                              1800)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    core.errors.ConfigError: reward.timeout_s: a worker can wait 2438.5 s for one step's rewards ...
-    """
-    waves = -(-groups_per_worker // reward.concurrency)
-    one = reward.worst_wait_s()
-    worst = waves * one
-    if worst < collective_timeout_s:
-        return
-    retry = f"{reward.retries + 1} attempts x {dotted(reward_key, 'timeout_s')} {reward.timeout_s:g} s + back-offs " \
-            f"of up to {one - (reward.retries + 1) * reward.timeout_s:g} s"
-    per_wave = f"{waves} rounds of up to {reward.concurrency} groups ({dotted(reward_key, 'concurrency')}) x " \
-               f"{one:g} s" if waves > 1 else f"one group's {retry}"
-    fail(dotted(reward_key, "timeout_s"),
-         f"a worker can wait {worst:g} s for one step's rewards ({per_wave}{'; each: ' + retry if waves > 1 else ''}), "
-         f"not less than {timeout_key} ({collective_timeout_s:g} s), the longest the other workers wait in a collective: "
-         "a slow judge would then fail the whole worker group (a restart from the last checkpoint) instead of one "
-         f"step. Lower {dotted(reward_key, 'timeout_s')} or {dotted(reward_key, 'retries')} (or "
-         f"{dotted(reward_key, 'backoff_s')} / {dotted(reward_key, 'backoff_max_s')}), or raise {timeout_key} above "
-         f"{worst:g}")
-
-
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
     """Sleep before retry number `attempt` (1-based): base · 2^(attempt-1), capped, plus up to 10% jitter.
 

@@ -7,8 +7,7 @@ checkpoint. One request waits at most `RewardServiceConfig.worst_wait_s` (w); re
 ceil(n / c) x w. Three phases of `train.grpo.loop` wait on the service (policy GRPO, the only job whose workers call
 one; judge GRPO's reward is local):
 
-- the training step: a worker's `prompts_per_worker` groups, ceil(ppw / c) x w
-  (`train.grpo.reward.client.check_wait_within_collective`);
+- the training step: a worker's `prompts_per_worker` groups, ceil(ppw / c) x w (`step_wait`);
 - a validation pass (`train.grpo.validate.validate`): a worker's shard is ceil(val prompts / workers) entries, the
   padding (row 0 again) judged too, sent `prompts_per_worker` at a time, one request each (vs_baseline: one answer
   against the base model's, both orders; reward: the prompt's G rollouts). With val_metric vs_baseline the ranks
@@ -140,6 +139,21 @@ def check_phase_wait(wait: PhaseWait, reward: RewardServiceConfig, collective_ti
          f"slow judge would then fail the whole worker group (a restart from the last checkpoint). {wait.remedy}, "
          f"lower {dotted(reward_key, 'timeout_s')} or {dotted(reward_key, 'retries')}, or raise {timeout_key} above "
          f"{worst:g}")
+
+
+def step_wait(grpo, reward: RewardServiceConfig, grpo_key: str = "grpo",
+              reward_key: str = "reward") -> PhaseWait:
+    """A training step's longest wait: a worker scores its `prompts_per_worker` groups `reward.concurrency` at a
+    time, while the others may already sit in the step's next collective (DeepSpeed's gradient reduction, the loop's
+    any-worker checks).
+
+    >>> from train.config import GRPOConfig
+    >>> step_wait(GRPOConfig(num_workers=8, prompts_per_step=32), RewardServiceConfig(concurrency=3)).rounds
+    2
+    """
+    return PhaseWait("training step", "a worker", rounds(grpo.prompts_per_worker, reward.concurrency),
+                     f"its {grpo.prompts_per_worker} groups ({dotted(grpo_key, 'prompts_per_worker')})",
+                     dotted(reward_key, "timeout_s"), f"Raise {dotted(reward_key, 'concurrency')}")
 
 
 def validation_collectives(grpo) -> tuple[bool, bool]:
