@@ -299,6 +299,11 @@ def _timed_step(model: torch.nn.Module, batch: _Batch, settings: DecodeSettings,
                 stats: DecodeStats) -> None:
     """`_step` on the tuner's thread count for this step, its wall time fed back; counted in `stats`."""
     fed = _forced_feed(batch, settings)
+    if all(row.finish_reason for row in batch.rows):
+        # every row ended on a forced token (its verdict's closing text): the forward's next tokens would be
+        # dropped, so it is not run
+        stats.forced_tokens += sum(map(len, fed))
+        return
     if tuner is None:
         threads = torch.get_num_threads()
         _step(model, batch, settings, fed)
