@@ -2,23 +2,25 @@
 
 Why: at float32 the demo's judge stages are compute-bound (long prompts prefilled in 64-row batches; linear layers
 about half of a forward), and a CPU without bf16 has no faster float format. x86 CPUs with AVX512-VNNI or AVX-VNNI
-(most Intel since Cascade Lake / Alder Lake, AMD since Zen 4) multiply int8 by int8 natively: on 2 cores the decoder
-layers' projections ran 2-4x faster than float32's prepacked ones (docs/engine.md).
+(most Intel since Cascade Lake / Alder Lake, AMD since Zen 4) multiply int8 by int8 natively: on 2 idle cores of the
+benchmarks page's machine SmolLM2's projection shapes ran 1.3-2.8x faster than float32's prepacked ones at 64 to
+1,024 rows (the rounding and rescaling included), and `python -m bench.int8` measures the engine on the demo's work.
 
-What it computes: dynamic quantisation with a scale per token, as torchao's int8 dynamic-activation path and vLLM's
-CPU w8a8 do. Each weight row (output channel) is rounded once to int8 with its own scale (max |w| / 127); each input
-row (token) is rounded to int8 per call with its own scale (max |x| / 127); the product is int8 x int8 summed in
-int32 (`torch._int_mm`, oneDNN's VNNI kernel on x86, the op torchao calls) and rescaled to float32. A scale per token
-matters: SmolLM2's hidden states have outlier channels, and one scale for a whole batch (`quantize_dynamic`'s,
-torch.ao's deprecated path) rounds ordinary tokens to a few levels: greedy answers changed ("The capital of France
-is Paris." became "L'Alma, la France, la France.") where per-token scales kept them. A row's result also does not
-depend on which other rows share its batch. The decoder layers' projections are quantised; the LM head stays
-float32 (prepacked), so next-token scores are computed at full precision from int8-projected hidden states.
+What it computes: dynamic quantisation with a scale per token, as torchao's int8 dynamic-activation, int8-weight
+configuration does. Each weight row (output channel) is rounded once to int8 with its own scale (max |w| / 127);
+each input row (token) is rounded to int8 per call with its own scale (max |x| / 127); the product is int8 x int8
+summed in int32 (`torch._int_mm`, torch's int8 matrix product; exact, checked against float64 sums) and rescaled to
+float32. A scale per token matters: SmolLM2's hidden states have outlier channels, and one scale for a whole batch
+(`quantize_dynamic`'s, torch.ao's deprecated path) rounds ordinary tokens to a few levels: greedy answers changed
+("The capital of France is Paris." became "L'Alma, la France, la France.") where per-token scales kept them. A row's
+result also does not depend on which other rows share its batch. The decoder layers' projections are quantised; the
+LM head stays float32 (prepacked), so next-token scores are computed at full precision from int8-projected hidden
+states.
 
 This changes outputs: greedy tokens can differ from float32's where two tokens are nearly tied. It is off by
-default; what it did to the demo's verdicts is measured on the benchmarks page. Every quantised layer is probed
-against its float32 product within the bound int8 rounding allows (`int8_close`), so a kernel that computes
-something else is never used.
+default; what it did to the demo's verdicts is measured on the benchmarks page. A model's first quantised layer is
+probed against its float32 product within the bound int8 rounding allows (`int8_close`) before any is swapped, so a
+kernel that computes something else is refused at load.
 """
 
 from __future__ import annotations
