@@ -350,3 +350,14 @@ def test_every_file_the_page_names_in_code_exists(page):
     for span in re.findall(r"`([^`\n]+)`", page.read_text(encoding="utf-8")):
         for token in span.split():
             check_path(token.rstrip(",;:)"), f"{page.name}: `{span}`")
+
+
+def test_user_documents_name_no_issue_numbers():
+    """User documents describe the product as it is: the work's history (issue numbers) stays in the issue notes."""
+    pattern = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    paths = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").rglob("*.md")),
+             *sorted((REPO / "configs").rglob("*.yaml"))]
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}" for path in paths
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, "\n".join(found)
+    assert pattern.search("fixed in issue 41") and pattern.search("Issues 39")  # the pattern catches the forms used
