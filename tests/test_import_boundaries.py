@@ -41,3 +41,24 @@ def test_pure_modules_import_no_distributed_stack():
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     offenders = {name: mods for name, mods in seen.items() if mods}
     assert not offenders, f"pure modules pull in the distributed stack: {offenders}"
+
+
+def test_the_driver_builds_both_trainers_without_the_workers_stack():
+    """The driver pickles each trainer's worker function by reference and builds the `TorchTrainer`; DeepSpeed and
+    peft load in the workers only (they cost a training stage's driver seconds on 2 cores)."""
+    code = (
+        "import pickle, sys, tempfile\n"
+        "from train.config import GRPOConfig, TrainConfig\n"
+        "from train.grpo.trainer import build_grpo_trainer, grpo_worker\n"
+        "from train.preference.trainer import preference_worker\n"
+        "from train.trainer import build_trainer\n"
+        "build_trainer(TrainConfig(model='m'), {}, tempfile.mkdtemp(), loop=preference_worker)\n"
+        "build_grpo_trainer(GRPOConfig(model='m'), {}, tempfile.mkdtemp())\n"
+        "sizes = [len(pickle.dumps(f)) for f in (preference_worker, grpo_worker)]\n"
+        "print(sorted(m for m in ('deepspeed', 'peft') if m in sys.modules), max(sizes))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded, size = out.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    assert loaded == "[]" and int(size) < 200, out.stdout

@@ -105,7 +105,8 @@ def check_workers_fit(cfg: TrainerBase, where: str) -> None:
 
 def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: Any) -> Any:
     """The `TorchTrainer` for `cfg` (either trainer's config); `loop_config` is the worker function's whole input,
-    `loop` the worker function (`train.preference.loop.train_loop_per_worker`, `train.grpo.loop.grpo_loop_per_worker`)."""
+    `loop` the worker function (`train.preference.trainer.preference_worker`, `train.grpo.trainer.grpo_worker`: each
+    imports its loop in the worker)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

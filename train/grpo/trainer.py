@@ -41,9 +41,16 @@ def build_grpo_trainer(cfg: GRPOConfig, loop_config: dict, storage_path: str) ->
     """The `TorchTrainer` running `train.grpo.loop.grpo_loop_per_worker`; same scaling/run config as preference
     training (`train.trainer.build_trainer`). Secrets ride in `loop_config["secrets"]` (actors.secrets), never in
     the workers' runtime env, which Ray logs in clear text."""
+    return build_trainer(cfg, loop_config, storage_path, loop=grpo_worker)
+
+
+def grpo_worker(config: dict) -> None:
+    """Every worker's function: `train.grpo.loop.grpo_loop_per_worker`, imported in the worker. Ray pickles this
+    function by reference, so the driver never imports the loop's DeepSpeed, peft and vLLM modules (seconds of a
+    training stage's start on 2 cores, and memory the driver does not need)."""
     from train.grpo.loop import grpo_loop_per_worker
 
-    return build_trainer(cfg, loop_config, storage_path, loop=grpo_loop_per_worker)
+    grpo_loop_per_worker(config)
 
 
 def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
