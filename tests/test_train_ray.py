@@ -1,7 +1,8 @@
 """Preference training end to end on Ray Train + DeepSpeed (CPU, gloo) + LoRA, on the tiny random Llama.
 
-Three real 2-worker runs (ZeRO-2, ZeRO-3, and ZeRO-2 with a worker failure) of a few ARPO steps each; the ZeRO-2
-run doubles as the uninterrupted reference of the failure run.
+Four real 2-worker runs of a few ARPO steps each: ZeRO-2, ZeRO-2 with a worker failure (the ZeRO-2 run is its
+uninterrupted reference), ZeRO-3, and ZeRO-3 with gradient checkpointing and chunked log-probs (the ZeRO-3 run is the
+adapter it must reach).
 """
 
 from __future__ import annotations
@@ -117,11 +118,16 @@ def test_zero2_two_workers_train_lora_with_arpo(zero2_run, tiny_model_dir, ray_l
     assert [row["step"] for row in history if "loss" in row] == [1, 2, 3, 4]
 
 
-def test_zero3_two_workers_train_lora_with_arpo(ray_local, tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def zero3_run(ray_local, tiny_model_dir, tmp_path_factory):
     # grad accumulation and left padding on top; 16 rows / global batch 8 = 2 steps per epoch, so 3 steps wrap
     cfg = tiny_config(tiny_model_dir, run_name="zero3", deepspeed=DeepSpeedSection(zero_stage=3), grad_accum=2,
                       max_steps=3, checkpoint_every=3, padding_side="left")
-    result = run_training(cfg, make_rows(), run_dir=str(tmp_path))
+    return cfg, run_training(cfg, make_rows(), run_dir=str(tmp_path_factory.mktemp("zero3")))
+
+
+def test_zero3_two_workers_train_lora_with_arpo(zero3_run, tiny_model_dir):
+    cfg, result = zero3_run
     assert result.metrics["step"] == 3
     assert_trained_lora(result, tiny_model_dir, cfg)
     step3 = Path(result.storage_dir) / "checkpoint_000003" / "deepspeed" / "step_3"
@@ -176,11 +182,20 @@ def test_sft_overfits_one_batch_and_the_merged_adapter_writes_the_target_under_t
     assert before != target and after.strip() == target
 
 
-def test_zero3_with_gradient_checkpointing_trains(ray_local, tiny_model_dir, tmp_path):
-    """The cluster configs' combination: ZeRO-3 partitions each layer's weights again after its forward, so the
-    layer recomputed in backward must not be held to the forward's parameter shapes (train.engine.build_lora_model)."""
-    cfg = tiny_config(tiny_model_dir, run_name="zero3-ckpt", deepspeed=DeepSpeedSection(zero_stage=3), max_steps=2,
-                      checkpoint_every=2, gradient_checkpointing=True)
+def test_zero3_with_gradient_checkpointing_and_chunked_log_probs_trains_the_plain_runs_adapter(
+        zero3_run, ray_local, tiny_model_dir, tmp_path):
+    """The cluster configs' combination, against the plain ZeRO-3 run (same rows, steps and seed). ZeRO-3
+    partitions each layer's weights again after its forward, so the layer recomputed in backward must not be held
+    to the forward's parameter shapes (train.engine.build_lora_model); and the output head's weight is partitioned
+    between calls, so each log-prob chunk's recomputation in backward must still see the gathered weight
+    (train.engine.output_head). Recomputing changes no value: both runs must end at the same adapter."""
+    plain_cfg, plain = zero3_run
+    cfg = dataclasses.replace(plain_cfg, run_name="zero3-ckpt-chunk7", gradient_checkpointing=True,
+                              logprob_chunk_tokens=7)
     result = run_training(cfg, make_rows(), run_dir=str(tmp_path))
-    assert result.metrics["step"] == 2
+    assert result.metrics["step"] == 3
     assert_trained_lora(result, tiny_model_dir, cfg)
+    recomputed, full = lora_weights(result.adapter_dir), lora_weights(plain.adapter_dir)
+    assert recomputed.keys() == full.keys() and full
+    for name in full:
+        torch.testing.assert_close(recomputed[name], full[name], rtol=1e-3, atol=1e-5)
