@@ -1,6 +1,6 @@
 """The Ray Train worker function of preference training: LoRA model -> DeepSpeed engine -> steps -> reports.
 
-`train/trainer.py::run_training` builds the `TorchTrainer`; every worker runs `train_loop_per_worker(config)`,
+`train/preference/trainer.py::run_training` builds the `TorchTrainer`; every worker runs `train_loop_per_worker(config)`,
 whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`, ``model_dir``, ``train_rows``,
 ``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only called here: tokenization and
 the batch plan in `train/sequences.py`, log-probs in `train/logprobs.py`, losses in `train/preference/losses.py` (called through
