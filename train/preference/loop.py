@@ -1,9 +1,10 @@
 """The Ray Train worker function of preference training: LoRA model -> DeepSpeed engine -> steps -> reports.
 
-`train/preference/trainer.py::run_training` builds the `TorchTrainer`; every worker runs `train_loop_per_worker(config)`,
-whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`, ``model_dir``, ``train_rows``,
-``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only called here: tokenization and
-the batch plan in `train/sequences.py`, log-probs in `train/logprobs.py`, losses in `train/preference/losses.py` (called through
+`train/preference/trainer.py::run_training` builds the `TorchTrainer`; every worker runs
+`train_loop_per_worker(config)`, whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`,
+``model_dir``, ``train_rows``, ``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only
+called here: tokenization and the batch plan in `train/sequences.py`, log-probs in `train/logprobs.py`, losses in
+`train/preference/losses.py` (called through
 `train/preference/objective.py`), the DeepSpeed config and LR schedule in `train/ds_config.py`.
 
 Per optimizer step, rank r runs `grad_accum` micro-batches given by `pairs_data.step_row_indices` (a function of the
