@@ -4,8 +4,8 @@
 `train_loop_per_worker(config)`, whose only input is `config` (keys: ``train`` = `dataclasses.asdict(TrainConfig)`,
 ``model_dir``, ``train_rows``, ``eval_rows``, ``total_steps``, ``wandb_dir``). The maths lives elsewhere and is only
 called here: tokenization and the batch plan in `train/sequences.py`, log-probs in `train/logprobs.py`, losses in
-`train/preference/losses.py` (called through
-`train/preference/objective.py`), the DeepSpeed config and LR schedule in `train/ds_config.py`.
+`train/preference/losses.py` (called through `train/preference/objective.py`), the DeepSpeed config and LR schedule
+in `train/ds_config.py`.
 
 Per optimizer step, rank r runs `grad_accum` micro-batches given by `pairs_data.step_row_indices` (a function of the
 step number only), one concatenated forward of chosen + rejected rows each; DPO adds a no-grad forward with the LoRA
