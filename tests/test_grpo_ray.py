@@ -217,7 +217,9 @@ def scripted_grm(judge: FakeOpenAIServer, app: str, port: int) -> list[str]:
     """GRM overrides: the job's default prompts (configs/grm.yaml) with the scripted hosted judge as engine."""
     return [f"serve.port={port}", f"serve.app_name={app}", "serve.route_prefix=/grpo",
             f"serve.auth_token_env={TOKEN_ENV}", "judge.engine.kind=openai", f"judge.engine.base_url={judge.base_url}",
-            "judge.engine.model=scripted-judge", "resources.num_cpus=0", "batching.batch_wait_timeout_s=0.05"]
+            "judge.engine.model=scripted-judge", "resources.num_cpus=0", "batching.batch_wait_timeout_s=0.05",
+            # the job deletes its app at the end: its idle replica stops after one 0.1 s wait loop, not 2 s
+            "shutdown.wait_loop_s=0.1"]
 
 
 def test_the_policy_job_serves_the_judge_the_prompt_it_was_trained_on(serve_port, tmp_path, monkeypatch):

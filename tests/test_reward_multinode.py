@@ -67,7 +67,7 @@ with FakeOpenAIServer(reply=lambda message: GRADES) as judge:
     cfg.grm.overrides = [*cfg.grm.overrides, "serve.app_name={APP}", "serve.port=" + sys.argv[2],
                          "serve.auth_token_env={TOKEN_ENV}", "judge.engine.kind=openai",
                          "judge.engine.base_url=" + judge.base_url, "judge.engine.model=scripted-judge",
-                         "resources.num_cpus=1", "health.probe=false"]
+                         "resources.num_cpus=1", "health.probe=false", "shutdown.wait_loop_s=0.1"]
     rows = [{{"judge_prompt": f"prompt {{i}}", "dimension": "tone", "locale": "de_DE"}} for i in range(3)]
     completions = [[f"answer {{i}} a", f"answer {{i}} b"] for i in range(3)]
     with job.served_reward(cfg) as (spec, secret):

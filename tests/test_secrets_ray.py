@@ -64,7 +64,7 @@ def test_a_serve_run_writes_no_secret(ray_tmp, tmp_path):
     with FakeOpenAIServer(api_key=SECRETS["QUORUM_TEST_ENGINE_KEY"], reply=lambda prompt: "Answer: [3]") as server:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jobs.cli", "serve", "configs/grm.yaml", f"serve.port={port}",
-             "serve.auth_token_env=QUORUM_SERVE_TOKEN", "resources.num_cpus=0.25", "ray.num_cpus=2",
+             "serve.auth_token_env=QUORUM_SERVE_TOKEN", "resources.num_cpus=0.25", "ray.num_cpus=2", "shutdown.wait_loop_s=0.1",
              f"judge.engine={api_engine(server.base_url)}", "prompts.pointwise=jury_score",
              "prompts.pointwise_format=answer",
              "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",

@@ -56,6 +56,8 @@ def tiny_config(model_dir: str, adapter: str, port: int) -> ServeConfig:
         f"judge.adapter={adapter}", f"serve.port={port}", f"serve.app_name={APP}", f"serve.route_prefix={PREFIX}",
         f"serve.auth_token_env={TOKEN_ENV}", "resources.num_cpus=0.5", "sampling.max_tokens=8",
         "batching.max_batch_size=8", "batching.batch_wait_timeout_s=0.2",
+        # a stopping replica (the swap, the module's end) checks for ongoing requests every 0.1 s, not 2 s
+        "shutdown.wait_loop_s=0.1",
         # the HTTP machinery is tested with paper 001's short templates; MENLO's run in the SmolLM2 test below
         "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
         "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}",
@@ -341,7 +343,7 @@ def test_smollm2_menlo_judge_built_from_args(grm, smollm2_dir):
 
     cfg = load_config(ServeConfig, REPO / "configs" / "grm.yaml", [
         f"judge.engine.model={smollm2_dir}", "judge.engine.num_threads=1", "serve.auth_token_env=",
-        "resources.num_cpus=0.5", "sampling.max_tokens=64", "serve.app_name=grm-smol"])
+        "resources.num_cpus=0.5", "sampling.max_tokens=64", "serve.app_name=grm-smol", "shutdown.wait_loop_s=0.1"])
     deploy(build_app(app_args(cfg)), "grm-smol", "/smol")
     url = f"http://127.0.0.1:{grm['port']}/smol/score"
     body = {"prompt": "Write a short thank-you note to a colleague.", "response": "Thanks a lot for your help!",

@@ -166,9 +166,11 @@ def test_sft_overfits_one_batch_and_the_merged_adapter_writes_the_target_under_t
     source, target = "The edifice was demolished last year.", "They tore the building down last year."
     messages = load_template(prompt_path("simplify_lexical_zeroshot")).render(input=source)
     rows = [{"prompt_messages": json.dumps(messages), "target": target}] * 2
-    # measured in-process: loss 2.17 -> 0.02 after 5 steps and 0.001 after 10 at lr 3e-3
-    cfg = tiny_config(smollm2_dir, run_name="overfit", loss="sft", num_workers=1, micro_batch_size=2,
-                      max_steps=8, checkpoint_every=8, max_failures=0, lr=3e-3, system_instruction="",
+    # measured in-process: loss 2.17 -> 0.02 after 5 steps and 0.001 after 10 at lr 3e-3. The one worker takes both
+    # of the session cluster's CPUs (two threads): its eight steps are most of the test
+    cfg = tiny_config(smollm2_dir, run_name="overfit", loss="sft", num_workers=1, cpus_per_worker=2,
+                      micro_batch_size=2, max_steps=8, checkpoint_every=8, max_failures=0, lr=3e-3,
+                      system_instruction="",
                       max_prompt_length=256, lora=LoraSection(r=8, alpha=16))
     result = run_training(cfg, rows, run_dir=str(tmp_path))
     assert result.metrics["step"] == 8

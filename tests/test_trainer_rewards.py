@@ -96,6 +96,7 @@ def service(tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-m", "jobs.cli", "serve", "configs/grm.yaml", f"serve.port={port}",
              "serve.auth_token_env=", "resources.num_cpus=0.25", "ray.num_cpus=2", "health.probe=false",
+             "shutdown.wait_loop_s=0.1",
              f"judge.engine={{kind: openai, model: scripted-judge, base_url: '{judge.base_url}', max_retries: 0}}",
              "judge.constrained=false", "cache_size=0", "wandb.enabled=true", "wandb.mode=offline",
              f"monitor.probe_path={probe}"],
