@@ -201,7 +201,9 @@ def send_policy(reward, policy, seed: int = 0) -> None:
     assert sum(metrics["quorum/failed_rows"]) == 0
 
 
-def test_length_gaming_through_the_trl_reward_raises_the_length_alert_on_the_service(service):
+@pytest.fixture(scope="module")
+def monitored(service):
+    """The service after two TRL callers' traffic, sent once (either test reading it runs alone too)."""
     from serve.clients.trl import QuorumReward
 
     gaming = QuorumReward(service.url, caller="gaming-run", signal="own_grade", **CONTEXT)
@@ -212,6 +214,11 @@ def test_length_gaming_through_the_trl_reward_raises_the_length_alert_on_the_ser
     finally:
         gaming.close()
         honest_run.close()
+    return service
+
+
+def test_length_gaming_through_the_trl_reward_raises_the_length_alert_on_the_service(monitored):
+    service = monitored  # the module's service, after the two callers' traffic
     stats = caller_stats(service, "gaming-run")
     corr = [a for a in stats["alerts"] if a["monitor"] == "length_corr"]
     # the service's window (monitor.length_corr_window 3) fills at the third monitored step
@@ -391,10 +398,11 @@ def test_verl_batch_manager_groups_rows_by_prompt(service):
 # W&B (last: it stops the service, so that the offline run files are complete)
 
 
-def test_the_monitors_reach_wandb_under_monitor_keys_one_run_per_caller(service):
+def test_the_monitors_reach_wandb_under_monitor_keys_one_run_per_caller(monitored):
     from wandb_reader import find_run_files, read_run
 
-    caller_stats(service, "gaming-run")  # the length-gaming run above was monitored
+    service = monitored
+    caller_stats(service, "gaming-run")  # the length-gaming caller was monitored
     service.stop()
     runs = {r["run"]["name"]: r for r in (read_run(f) for f in find_run_files(service.wandb_dir))}
     assert {"serve/gaming-run", "serve/honest-run"} <= set(runs), sorted(runs)
