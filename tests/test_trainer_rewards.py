@@ -29,9 +29,9 @@ import httpx
 import pytest
 from fake_openai_server import FakeOpenAIServer
 
-from eval.judging.menlo_parse import MENLO_LABELS
+from tests.scripted_menlo_judge import UNJUDGEABLE, judge_reply
 from tests.serve_process import wait_until_ready
-from tests.test_judge_gaming import GROUP, GROUPS_PER_STEP, STEPS, honest, length_gaming, scripted_judge
+from tests.test_judge_gaming import GROUP, GROUPS_PER_STEP, STEPS, honest, length_gaming
 from tests.test_serve_app import free_port
 from tests.trainer_conventions import (
     FakeVLLMEngine,
@@ -46,38 +46,12 @@ from tests.trainer_conventions import (
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-UNJUDGEABLE = "UNJUDGEABLE"
 CONTEXT = {"dimension": "fluency", "locale": "en_US"}
 # labelled pairs for the service's probe monitor: gold prefers what the scripted judge prefers (the longer answer)
 PROBE = [{"pair_id": f"probe-{i}", "prompt": "Describe the harbor.", "gold_a": a, "gold_b": b, **CONTEXT,
           "response_a": ra, "response_b": rb}
          for i, (ra, rb, a, b) in enumerate([("The harbor is calm and full of small boats at dawn.", "Boats.", 5, 2),
                                              ("Calm.", "Gulls circle the harbor while fishermen mend their nets.", 1, 4)])]
-
-
-def grade_block(tag: str, grade: int) -> str:
-    return f"<{tag}> FINAL GRADE: {grade} - {MENLO_LABELS[grade]} </{tag}>"
-
-
-def pairwise_grades(a: str, b: str) -> tuple[int, int]:
-    """The gaming fixture's judge for its own answers ([q=...] marks); by length for anything else."""
-    if "[q=" in a and "[q=" in b:
-        return scripted_judge(a, b)
-    la, lb = len(a.split()), len(b.split())
-    return (4, 2) if la > lb else (2, 4) if la < lb else (3, 3)
-
-
-def judge_reply(message: str) -> str:
-    """The scripted judge's answer to a rendered MENLO template (its last user message)."""
-    if UNJUDGEABLE in message:
-        return "I would rather not grade these."
-    if "[Response A]" in message:
-        a = message.split("[Response A]\n", 1)[1].split("\n\n[Response B]\n", 1)[0]
-        b = message.split("\n\n[Response B]\n", 1)[1]
-        grade_a, grade_b = pairwise_grades(a, b)
-        return f"<think> compared </think>{grade_block('final_grade_A', grade_a)}{grade_block('final_grade_B', grade_b)}"
-    response = message.split("[Response]\n", 1)[1]
-    return f"<think> read </think>{grade_block('final_grade', min(5, 1 + len(response.split()) // 3))}"
 
 
 @pytest.fixture(scope="module")
