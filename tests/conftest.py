@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,11 +23,51 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
 
+def pytest_configure(config):
+    """Under `-n N` (pytest-xdist), each of the N test processes gets its share of the cores for the torch it runs
+    itself: two processes each starting a thread per core on 2 cores wait at every OpenMP barrier for each other's
+    descheduled threads (an in-process engine test took 3.4 times as long). Ray actors size theirs from what Ray
+    assigned them (core.ray_env.intra_op_threads)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with end-to-end (`slow`) tests run first, each module still whole and in its own order: under
+    `-n 2 --dist loadfile` the long modules then start early and the many short ones fill the gaps at the end,
+    rather than one worker running a long module alone while the other has finished."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow") and getattr(item, "module", None)}
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", "") not in slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """pytest-xdist's controller, on a whole-suite run: it starts tests/test_gpu_extra.py's resolve (see below)
+    before it spawns the workers, which inherit the path its outcome will be written to. The controller collects
+    nothing, so on a selection (paths, -m, -k) the worker that runs that module starts it instead."""
+    config = session.config
+    if not config.pluginmanager.hasplugin("dsession") or "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.markexpr or config.option.keyword:
+        return
+    from tests import test_gpu_extra
+
+    where = tempfile.mkdtemp(prefix="gpu-extra-outcome-")
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    os.environ[test_gpu_extra.OUTCOME_ENV] = outcome = os.path.join(where, "outcome.json")
+    test_gpu_extra.start_in_background(Path(outcome))
+
+
 def pytest_collection_finish(session):
     """A test module whose setup mostly waits on the network (tests/test_gpu_extra.py: pip's resolver against the
     registry) defines `start_in_background()` and the fixtures it serves (`BACKGROUND_FIXTURES`); it is started
-    here, once, when a selected test uses one of them, so the wait overlaps the tests that run before that module."""
-    if session.config.option.collectonly:
+    here, once, when a selected test uses one of them, so the wait overlaps the tests that run before that module.
+    Not in a pytest-xdist worker: every worker collects every test, so each would start it; on a whole-suite run the
+    controller has (above), and on a selection the module's fixture does, while the other worker's tests go on."""
+    if session.config.option.collectonly or "PYTEST_XDIST_WORKER" in os.environ:
         return
     started = set()
     for item in session.items:

@@ -180,7 +180,7 @@ def test_readme_is_one_screenful_of_product():
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines[1].strip() == "On a fresh machine (Python 3.11, no GPU needed), from the repository root:"
     assert lines[2].strip() == "./setup.sh && .venv/bin/quorum run configs/demo.yaml"
-    assert lines[3].strip() == "./setup.sh && .venv/bin/python -m pytest -q"
+    assert lines[3].strip() == "./setup.sh && .venv/bin/python -m pytest -q -n 2"
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "a date"
     assert not re.search(r"\b(session|sessions) \d+|\bissue \d+", text, re.IGNORECASE), "a work-log reference"
     hashes = [h for h in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", h) and re.search(r"[a-f]", h)]

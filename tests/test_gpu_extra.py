@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import tomllib
 import urllib.request
 from pathlib import Path
@@ -115,8 +116,14 @@ _background: dict = {}
 BACKGROUND_FIXTURES = ("resolve",)
 
 
-def start_in_background() -> None:
-    """Start `run_resolve` in a daemon thread (once); the `resolve` fixture waits for its outcome."""
+# Under pytest-xdist the controller process starts it (tests/conftest.py) and names, in this variable, the file its
+# outcome goes to; the worker that runs this module reads that file.
+OUTCOME_ENV = "QUORUM_TEST_GPU_EXTRA_OUTCOME"
+
+
+def start_in_background(outcome_file: Path | None = None) -> None:
+    """Start `run_resolve` in a daemon thread (once); the `resolve` fixture waits for its outcome, or, with
+    `outcome_file`, the outcome (or the error's text) is written there as JSON for another process to read."""
     if "thread" in _background:
         return
     tmp = Path(tempfile.mkdtemp(prefix="gpu-extra-"))
@@ -127,6 +134,11 @@ def start_in_background() -> None:
             _background["outcome"] = run_resolve(tmp)
         except Exception as exc:  # noqa: BLE001 - re-raised by the fixture, in the test that reads the resolve
             _background["error"] = exc
+        if outcome_file is not None:
+            published = {"error": repr(_background["error"])} if "error" in _background else _background["outcome"]
+            partial = outcome_file.with_suffix(".partial")
+            partial.write_text(json.dumps(published))
+            partial.rename(outcome_file)  # whole or absent: the reader never sees half a file
 
     _background["thread"] = thread = threading.Thread(target=work, name="gpu-extra-resolve", daemon=True)
     thread.start()
@@ -142,13 +154,28 @@ def _stop_background() -> None:
 
 @pytest.fixture(scope="module")
 def resolve() -> dict:
-    start_in_background()  # started already unless this module's tests were not collected up front
-    _background["thread"].join()
-    if "error" in _background:
-        raise _background["error"]
-    outcome = _background["outcome"]
+    if published := os.environ.get(OUTCOME_ENV):  # started by the pytest-xdist controller
+        outcome = _read_published(Path(published))
+    else:
+        start_in_background()  # started already unless this module's tests were not collected up front
+        _background["thread"].join()
+        if "error" in _background:
+            raise _background["error"]
+        outcome = _background["outcome"]
     if "skip" in outcome:
         pytest.skip(outcome["skip"])
+    return outcome
+
+
+def _read_published(path: Path, timeout_s: float = 1500) -> dict:
+    """The controller's outcome, once its thread has written it (pip's own timeout is 1,200 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no resolve outcome at {path} after {timeout_s:.0f} s"
+        time.sleep(0.5)
+    outcome = json.loads(path.read_text())
+    if "error" in outcome:
+        raise RuntimeError(f"the background resolve failed: {outcome['error']}")
     return outcome
 
 
