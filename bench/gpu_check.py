@@ -41,7 +41,8 @@ import torch
 from train import collectives
 from train.config import GRPOConfig, LoraSection
 from train.grpo.micro import micro_loss, policy_logps
-from train.memory_budget import KNOWN_MODELS, WorkerPlan, shape_from_hf_config, update_step_gib
+from train.memory_budget import WorkerPlan, update_step_gib
+from train.model_shape import KNOWN_MODELS, shape_from_hf_config
 from train.sequences import collate_sequences
 
 REPO = Path(__file__).resolve().parents[1]

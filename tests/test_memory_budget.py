@@ -14,7 +14,8 @@ import jobs.policy.grpo as policy_job
 from core.config import ConfigError, load_config
 from jobs.cli import main as cli_main
 from train.config import GRPOConfig
-from train.memory_budget import GIB, KNOWN_MODELS, WorkerPlan, budget, model_shape, problems
+from train.memory_budget import GIB, WorkerPlan, budget, problems
+from train.model_shape import KNOWN_MODELS, model_shape
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_4B = KNOWN_MODELS["qwen3-4b"]
