@@ -30,9 +30,9 @@ def pytest_configure(config):
     assigned them (core.ray_env.intra_op_threads)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        import torch
+        from actors.threads import available_cpus, use_threads
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        use_threads(max(1, available_cpus() // workers))
 
 
 def pytest_collection_modifyitems(config, items):
