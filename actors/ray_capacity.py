@@ -5,10 +5,11 @@ arithmetic; this module reads the cluster.)
 --entrypoint-num-cpus/-gpus/-resources`, from the job's record in the GCS), and the autoscaler's node types (the
 cluster config the autoscaler reports to the GCS, which Ray Data and Ray Train read the same way). A request that can
 never fit raises `ConfigError` (exit 2) naming the stage, the numbers and the keys; one that fits only once the
-autoscaler adds nodes asks the autoscaler for them (`ray.autoscaler.sdk.request_resources`) and waits up to
-`QUORUM_AUTOSCALE_WAIT_S` seconds (default 900), logging what it waits for every 30 s, then raises. Without a
-connected Ray it does nothing (the jobs connect before their first Ray stage). `ensure_all_fit(asks)` does the
-same for everything a job must hold at once (`core.resource_fit.verdict_all`: each ask and their sum).
+autoscaler adds nodes asks the autoscaler for them (`NodeRequest`: `request_resources` through Ray Data's
+autoscaling coordinator) and waits up to `QUORUM_AUTOSCALE_WAIT_S` seconds (default 900), logging what it waits for
+every 30 s, then raises. Without a connected Ray it does nothing (the jobs connect before their first Ray stage).
+`ensure_all_fit(asks)` does the same for everything a job must hold at once (`core.resource_fit.verdict_all`: each
+ask and their sum).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import time
+import uuid
 
 from core.errors import ConfigError
 from core.resource_fit import (
@@ -111,13 +113,42 @@ def capacity() -> Capacity:
     return Capacity(nodes=nodes, held=entrypoint_resources(), node_types=types, autoscaler_unknown=unknown)
 
 
-def request_nodes(bundles: list[dict[str, float]]) -> None:
-    """Ask the autoscaler for room for `bundles` ([] withdraws the request). A stage that waits before asking Ray
+class NodeRequest:
+    """Ask the autoscaler for room for `bundles` (`[]` withdraws the request). A stage that waits before asking Ray
     for its actors puts no demand on the cluster by itself, so the autoscaler would never add the nodes it waits
-    for; `request_resources` is the autoscaler's own API for such a standing request (it counts what is in use)."""
-    from ray.autoscaler.sdk import request_resources
+    for: a standing `request_resources` is the autoscaler's API for that (it counts what is in use).
 
-    request_resources(bundles=bundles)
+    Through Ray Data's AutoscalingCoordinator, not `ray.autoscaler.sdk.request_resources` directly: the cluster has
+    one request slot, last writer wins, and the coordinator (a detached actor every Ray Data execution starts) writes
+    the merged requests of its requesters into it on each change and every 20 s, an empty list when it has none. A
+    request written beside it is erased within seconds and the autoscaler never sees it (a job then waited its whole
+    `QUORUM_AUTOSCALE_WAIT_S` for a node no one asked for). As one more requester, quorum's bundles are in every
+    write. The coordinator drops a request not renewed within `expire_after_s`, so `ensure_all_fit` renews it each
+    poll, and a driver killed while it waits leaves nothing standing. (`ray.data._internal`: Ray is pinned, and
+    tests/test_resource_fit.py pins this against the coordinator's own writes.)"""
+
+    TTL_S = 60.0
+
+    def __init__(self):
+        self.requester_id = f"quorum-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._client, self._job = None, None
+
+    def __call__(self, bundles: list[dict[str, float]]) -> None:
+        import ray
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            DefaultAutoscalingCoordinator,
+        )
+
+        job = ray.get_runtime_context().get_job_id()  # a new connection (ray.init) needs a new actor handle
+        if self._client is None or job != self._job:
+            self._client, self._job = DefaultAutoscalingCoordinator(self.requester_id), job
+        if bundles:
+            self._client.request_resources(bundles, expire_after_s=self.TTL_S)
+        else:
+            self._client.cancel_request()
+
+
+request_nodes = NodeRequest()
 
 
 def ensure_fits(ask: Ask, read=capacity, limit_s: float | None = None, clock=time.monotonic,
@@ -153,7 +184,8 @@ def ensure_all_fit(asks: list[Ask], read=capacity, limit_s: float | None = None,
     limit = wait_limit_s() if limit_s is None else limit_s
     started = last_log = clock()
     log.warning("%s (up to %.0f s, %s)", result.message, limit, WAIT_ENV)
-    demand([{k: v for k, v in ask.unit.items() if v > 0} for ask in asks for _ in range(ask.count)])
+    bundles = [{k: v for k, v in ask.unit.items() if v > 0} for ask in asks for _ in range(ask.count)]
+    demand(bundles)
     try:
         while clock() - started < limit:
             sleep(POLL_S)
@@ -166,6 +198,7 @@ def ensure_all_fit(asks: list[Ask], read=capacity, limit_s: float | None = None,
             if clock() - last_log >= LOG_EVERY_S:
                 last_log = clock()
                 log.warning("%s (%.0f s of %.0f s)", result.message, last_log - started, limit)
+            demand(bundles)  # renewed, or the request expires (NodeRequest.TTL_S)
     finally:
         # the stage's own request for actors / workers holds the nodes from here on
         demand([])

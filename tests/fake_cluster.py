@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -143,6 +144,16 @@ class FakeCluster(Head):
             time.sleep(0.1)  # a GCS read per poll: cheap; a coarser poll only adds to each wait
         raise AssertionError(f"{what}: not within {timeout} s; alive nodes: {self.nodes()}\n"
                              f"autoscaler log:\n{self.monitor_log()}")
+
+    def keep_logs(self, dest: Path, max_bytes: int = 4 << 20) -> Path:
+        """Copy the cluster's logs (the autoscaler's monitor.*, the GCS's, every node's raylet and workers') to
+        `dest` before `stop()` removes the temp dir with them: what a failed run is read from afterwards."""
+        for log in Path(self.temp_dir).glob("session_*/logs/**/*"):
+            if log.is_file() and log.stat().st_size <= max_bytes:
+                target = dest / log.relative_to(Path(self.temp_dir))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(log, target)
+        return dest
 
     def monitor_log(self, chars: int = 4000) -> str:
         """The end of the autoscaler's log (what it launched and terminated, and why)."""

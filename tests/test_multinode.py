@@ -66,7 +66,7 @@ def job_config(tmp_path: Path, model_dir: str, shared_data: Path) -> Path:
 
 
 @pytest.fixture
-def cluster():
+def cluster(tmp_path):
     # cluster.yaml's worker types (node CPUs scaled down to 1; a gpu_worker's GPUs become gpu_slot); a head with
     # one CPU for Ray Data's light tasks (cluster.yaml's has none: they would all wait for a cpu_worker)
     types = mirrored_node_types(cpus=1)
@@ -78,6 +78,7 @@ def cluster():
         fake.start()
         yield fake
     finally:
+        fake.keep_logs(tmp_path / "cluster-logs")  # pytest keeps tmp_path of its last runs: read a failure there
         fake.stop()
 
 
@@ -136,6 +137,19 @@ def stop(driver: subprocess.Popen) -> None:
         print(f"driver output:\n{driver.communicate()[0][-5000:]}", file=sys.stderr)
 
 
+def finish(cluster: FakeCluster, driver: subprocess.Popen, what: str) -> str:
+    """The driver's output once it exits; past DRIVER_WAIT_S a failure showing its output, the nodes and what the
+    autoscaler did meanwhile."""
+    try:
+        return driver.communicate(timeout=DRIVER_WAIT_S)[0]
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        out = driver.communicate()[0]
+        raise AssertionError(f"{what}: the driver still ran after {DRIVER_WAIT_S} s; nodes (dead too): "
+                             f"{cluster.nodes(dead_too=True)}\ndriver output:\n{out[-4000:]}\n"
+                             f"autoscaler log:\n{cluster.monitor_log(8000)}") from None
+
+
 def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, tiny_model_dir, shared_data,
                                                           tmp_path):
     started = time.monotonic()
@@ -172,7 +186,7 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
                          or driver.poll() is not None, "a replacement gpu_worker", NODE_WAIT_S)
         counts["after the kill"] = len(cluster.nodes())
         phases["replaced"] = time.monotonic() - started
-        out, _ = driver.communicate(timeout=DRIVER_WAIT_S)
+        out = finish(cluster, driver, "the jury_eval job")
     finally:
         stop(driver)
     assert driver.returncode == 0, out[-5000:]
@@ -217,7 +231,7 @@ def test_job_scales_up_survives_node_kill_and_scales_down(cluster, ray_local, ti
                            pd.read_parquet(ref / "jury")[JUDGMENT].sort_values(key, ignore_index=True))
         assert_frame_equal(pd.read_parquet(run / "scores").sort_values(["id", "model"], ignore_index=True),
                            pd.read_parquet(ref / "scores").sort_values(["id", "model"], ignore_index=True))
-        out, _ = trainer.communicate(timeout=DRIVER_WAIT_S)
+        out = finish(cluster, trainer, "the judge_sft job")
     finally:
         stop(trainer)
     assert trainer.returncode == 0, out[-5000:]

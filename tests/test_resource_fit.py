@@ -3,12 +3,13 @@ numbers, and the bounded wait around it (actors.ray_capacity.ensure_fits) on a s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from actors.ray_capacity import ensure_all_fit, ensure_fits
+from actors.ray_capacity import NodeRequest, ensure_all_fit, ensure_fits
 from core.config import ConfigError, load_config
 from core.resource_fit import OK, REFUSE, WAIT, Ask, Capacity, NodeType, units_on, verdict, verdict_all
 
@@ -99,8 +100,9 @@ def test_ensure_fits_waits_for_the_autoscaler_then_goes_on():
     result = ensure_fits(Ask("training", "workers", 2, {"CPU": 1.0, "GPU": 0.0}), read=script.read, limit_s=60,
                          clock=lambda: script.now, sleep=script.sleep, demand=script.demand)
     assert result.kind == OK and script.reads == 4 and script.now == 6.0  # three 2 s polls
-    # the autoscaler was asked for the room while waiting, and the request withdrawn once there
-    assert script.demands == [[{"CPU": 1.0}, {"CPU": 1.0}], []]
+    # the autoscaler was asked for the room while waiting (renewed at each poll that found none), and the request
+    # withdrawn once there
+    assert script.demands == [[{"CPU": 1.0}, {"CPU": 1.0}]] * 3 + [[]]
 
 
 def test_ensure_fits_gives_up_after_the_limit_naming_the_keys():
@@ -221,3 +223,43 @@ def test_the_policy_job_refuses_before_any_work_what_it_cannot_hold_at_once(ray_
     assert code == 2 and not root.exists()
     assert ("training: 2 workers × 1 CPU = 2 CPU + serve: 1 replica × 1 CPU = 1 CPU: 3 CPU at once, but the cluster "
             "holds at most 2 CPU") in capsys.readouterr().err
+
+
+def test_the_request_for_nodes_survives_ray_data_s_coordinator(ray_local):
+    """The autoscaler reads one request slot (v1: a GCS KV key; last writer wins), and Ray Data's
+    AutoscalingCoordinator rewrites it with its requesters' merged requests whenever one starts or ends (a
+    dataset's execution) and every 20 s. Control: a bare `request_resources` beside it is erased by a dataset
+    ending, as in a fake-cluster run where a job waited 8 minutes for a node the autoscaler never saw asked for.
+    quorum's `NodeRequest` is one of the coordinator's requesters: in every write until withdrawn."""
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.autoscaler.sdk import request_resources
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        DefaultAutoscalingCoordinator,
+    )
+    from ray.experimental.internal_kv import _internal_kv_get
+
+
+    data = DefaultAutoscalingCoordinator("data-test-execution")  # what a Ray Data execution registers as
+
+    def slot_after_a_dataset() -> list:
+        """A dataset starts and ends (the coordinator writes the slot twice), then the slot as the autoscaler reads
+        it; the coordinator handles calls in order, so a reply to a later one means both writes are done."""
+        data.request_resources([{"CPU": 1}], expire_after_s=60)
+        data.cancel_request()
+        ray_local.get(data._autoscaling_coordinator.get_reserved_resources.remote("data-test-execution"))
+        return json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL) or b"[]")
+
+    bundles = [{"CPU": 1.0, "gpu_slot": 1.0}, {"CPU": 1.0, "gpu_slot": 1.0}]
+    request_resources(bundles=bundles)
+    assert json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)) == bundles
+    assert slot_after_a_dataset() == []  # the control: erased
+
+    request = NodeRequest()
+    try:
+        request(bundles)
+        assert slot_after_a_dataset() == bundles
+        request(bundles)  # a renewal (each poll of ensure_all_fit): still there, once
+        assert slot_after_a_dataset() == bundles
+    finally:
+        request([])
+    assert slot_after_a_dataset() == []  # withdrawn

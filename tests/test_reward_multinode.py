@@ -79,7 +79,7 @@ with FakeOpenAIServer(reply=lambda message: GRADES) as judge:
 
 
 @pytest.fixture
-def cluster():
+def cluster(tmp_path):
     types = {"grm_node": {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 1, "max_workers": 1},
              "gpu_worker": {"resources": {"CPU": 0, "gpu_slot": 4}, "node_config": {}, "min_workers": 1,
                             "max_workers": 1}}
@@ -88,6 +88,7 @@ def cluster():
         fake.start()
         yield fake
     finally:
+        fake.keep_logs(tmp_path / "cluster-logs")  # pytest keeps tmp_path of its last runs: read a failure there
         fake.stop()
 
 
