@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32768
@@ -40,15 +41,29 @@ def iter_payloads(data: bytes):
             break
 
 
-def read_run(run_file: Path) -> dict:
-    """{'config': {...}, 'history': [{...}, ...], 'summary': {...}, 'run': {group, entity, tags, name, ...}} from
-    one offline run file."""
+def read_records(run_file: Path, wait_s: float = 30.0) -> list:
+    """The file's records once it holds its `exit` record (what `run.finish()` writes last), or after `wait_s`,
+    what it holds then. W&B's service process writes the file: when the job ran in this process, `finish()` can
+    return before the last records are on disk (a run's final history step was missing in one suite run)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = []
+        for payload in iter_payloads(Path(run_file).read_bytes()):
+            record = pb.Record()
+            record.ParseFromString(payload)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def read_run(run_file: Path) -> dict:
+    """{'config': {...}, 'history': [{...}, ...], 'summary': {...}, 'run': {group, entity, tags, name, ...}} from
+    one offline run file, once it is complete (`read_records`)."""
     out = {"config": {}, "history": [], "summary": {}}
-    for payload in iter_payloads(Path(run_file).read_bytes()):
-        record = pb.Record()
-        record.ParseFromString(payload)
+    for record in read_records(run_file):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
