@@ -332,3 +332,48 @@ def test_config_builds_from_yaml_mapping():
         build(MCTSConfig, {"guard": {"bogus": 1}}, "mcts")
     with pytest.raises(ConfigError, match="width"):
         build(MCTSConfig, {"width": 0}, "mcts")
+
+
+# -----------------------------------------------------------------------------
+# A degenerate child is backed up below every usable child (D.3's R_g has no lower bound)
+
+
+def test_a_degenerate_child_is_backed_up_below_every_usable_child():
+    # root -> u1 (R_g -30, acc 0: R -30), a collapsed child (3 words of 10), u2 (R_g -56, acc 0.5: R -6).
+    # The old fixed reward 0 backed the collapsed child up above both usable children; the default puts it at
+    # min(0, -30, -6) - 100 = -130. Selection then takes u2 (V -6 > -30); u2 -> u3 (R_g -80, acc 0: R -80) and an
+    # empty child: min(0, -30, -6, -80) - 100 = -180.
+    children = {0: [("u1", -30.0, 0.0, 1), ("x", None, None, None), ("u2", -56.0, 0.5, 1)],
+                3: [("u3", -80.0, 0.0, 1), ("e", None, None, None)]}
+    proposals = {nid: [Proposal(text="too short." if label == "x" else "" if label == "e" else text(label),
+                                planner_output=f"plan {label}") for label, *_ in kids]
+                 for nid, kids in children.items()}
+    table = {text(label): (q, a, n) for kids in children.values() for label, q, a, n in kids if q is not None}
+
+    def score(original, revisions, calls):
+        return [RewardTerms(quality=q, accuracy=a, n_checks=n) for q, a, n in (table[r] for r in revisions)]
+
+    result = run_search(ORIGINAL, INITIAL, lambda r: proposals.get(r.node_id, []), score,
+                        MCTSConfig(max_iterations=2, **NO_STOPS))
+    tree = nodes(result)
+    assert [tree[i]["degenerate"] for i in (1, 2, 3)] == ["", "collapsed", ""]
+    usable = [tree[i]["reward"] for i in (1, 3)]
+    assert usable == [pytest.approx(-30.0), pytest.approx(-6.0)]
+    assert tree[2]["reward"] == pytest.approx(-130.0) and tree[2]["reward"] < min(usable)
+    assert tree[2]["value"] == pytest.approx(-130.0)  # backed up with N = 1, V = R
+    assert tree[3]["children"] == [4, 5] and tree[5]["degenerate"] == "empty"
+    assert tree[5]["reward"] == pytest.approx(-180.0)  # below u3's -80 and every earlier usable child
+    assert tree[5]["reward"] < min(n["reward"] for n in tree.values() if n["id"] and not n["degenerate"])
+    # root: -30 - 130 - 6 + (-80 - 180) over 5 visits
+    assert (tree[0]["visits"], tree[0]["value_sum"]) == (5, pytest.approx(-30 - 130 - 6 - 80 - 180))
+    # a fixed degenerate reward, negative allowed, is used as is
+    fixed = run_search(ORIGINAL, INITIAL, lambda r: proposals.get(r.node_id, []), score,
+                       MCTSConfig(max_iterations=1, degenerate_reward=-500.0, **NO_STOPS))
+    assert nodes(fixed)[2]["reward"] == -500.0
+
+
+def test_degenerate_reward_accepts_negative_and_none_but_not_inf():
+    assert MCTSConfig().degenerate_reward is None and MCTSConfig().degenerate_margin == 100.0
+    assert build(MCTSConfig, {"degenerate_reward": -250.0}, "mcts").degenerate_reward == -250.0
+    with pytest.raises(ConfigError, match="degenerate_margin"):
+        build(MCTSConfig, {"degenerate_margin": -1.0}, "mcts")

@@ -10,12 +10,14 @@ import pytest
 
 from eval.craft.agent import AgentConfig, Systems
 from eval.craft.instances import KINDS, first_sentences, instruction_text, make_instance, sample_constraint
+from eval.craft.quality import QualityScore
 from eval.craft.react import parse_planner_output
 from eval.craft.selftrain import (
     ActionScore,
     Pair,
     ScoreWeights,
     action_score,
+    degenerate_floor,
     dev_summary,
     oracle_step,
     pick_pair,
@@ -226,8 +228,9 @@ def test_score_state_rolls_out_history_steps_first():
     assert current == "The happy cat sat."
     assert history[-2] == {"role": "assistant", "content": MERGE} and history[-1]["role"] == "user"
     assert cands[0]["degenerate"] == "empty" and cands[0]["accuracy"] == 0.0 and cands[0]["quality"] == 0.0
-    # C0 instance: F1 of {text_eval()} against {text_eval()} = 1 -> only the tool term
-    assert cands[0]["score"] == pytest.approx(50.0)
+    # C0 instance: F1 of {text_eval()} against {text_eval()} = 1 -> Eq. 1 alone would give 50; a degenerate
+    # candidate with no usable sibling scores min(0) - 100 = -100 (below any usable answer)
+    assert cands[0]["score"] == pytest.approx(-100.0)
 
 
 def test_s_r_is_the_systems_quality_anchored_at_the_original_input():
@@ -250,3 +253,57 @@ def test_s_r_is_the_systems_quality_anchored_at_the_original_input():
     assert current == "The happy cat sat." != SHORT
     assert cands[0]["quality"] == 42.0
     assert seen[-1][0] == SHORT  # anchored at the original input, not the current text
+
+
+# -----------------------------------------------------------------------------
+# A collapsed answer under D.3's S_r (unbounded below) is never the preferred response
+
+
+LONG = ("The cat sat on the mat. It was happy there. Everyone watched the little animal closely. "
+        "The dog slept by the door.")
+COLLAPSE = ('###THOUGHT: Shorter.\n###ACTION:\n   -###TOOLS:\nword_count_check(30, "less than")\n   -###PLAN:\n'
+            'Sentence: "The cat sat on the mat."; Improvement Plan: "Keep only this."')
+USABLE = ('###THOUGHT: Polish.\n###ACTION:\n   -###TOOLS:\ntext_eval()\n   -###PLAN:\n'
+          'Sentence: "The cat sat on the mat."; Improvement Plan: "Polish."')
+
+
+def test_a_collapsed_answer_and_a_usable_one_meet_eq1_and_the_usable_one_is_preferred():
+    # D.3's S_r of the usable revision is -56 (it reads worse than the input: PPL_nom unclamped). Eq. 1:
+    #   collapsed: F1 1 -> 50 + 0.25 * 0 + 0.25 * 0 = 50 before the floor (S_r = S_c = 0);
+    #   usable:    F1({text_eval()}, {wc30, text_eval()}) = 2/3 -> 33.33 + 0.25 * (-56) + 0.25 * 100 * 1 = 44.33
+    #              (word count 21 < 30)
+    # the old rule ranked the collapsed answer first (50 > 44.33); the floor puts it at min(0, 44.33) - 100 = -100
+    script = Script([COLLAPSE, USABLE], ["The cat sat.", LONG.replace("little ", "")])
+    systems = Systems(AgentConfig(planner_prompt="craft_planner_brief", quality_feedback=False), script, script,
+                      quality=lambda original, revisions: [QualityScore(-56.0) for _ in revisions])
+    _, _, cands = score_state(systems, "Polish.", LONG, ['word_count_check(30, "less than")'], history_steps=0, k=2,
+                              seed=0, weights=ScoreWeights())
+    assert [c["degenerate"] for c in cands] == ["collapsed", ""]
+    assert [c["tool_f1"] for c in cands] == [1.0, pytest.approx(2 / 3)] and cands[1]["accuracy"] == 1.0
+    assert cands[1]["score"] == pytest.approx(100 / 3 + 0.25 * -56.0 + 25.0)  # 44.33
+    assert cands[0]["score"] == pytest.approx(-100.0)
+    picked = pick_pair([c["score"] for c in cands], [c["response"] for c in cands],
+                       degenerate=[c["degenerate"] for c in cands])
+    assert picked == Pair(1, 0, pytest.approx(100 / 3 + 11.0 + 100.0))
+
+
+def test_pick_pair_reads_the_guards_flag_not_the_planner_text():
+    # the issue's numbers: a collapsed answer's S_a 50.00 against a usable revision's 48.35 (both planner texts
+    # non-empty): the flag makes the usable one w and the collapsed one l, whatever the scores
+    assert pick_pair([50.0, 48.35], ["plan a", "plan b"], degenerate=["collapsed", ""]) == Pair(
+        1, 0, pytest.approx(-1.65))
+    # a degenerate candidate is the rejected one before any usable one, even a lower-scoring usable one
+    assert pick_pair([10.0, 60.0, 5.0], ["a", "b", "c"], degenerate=["truncated", "", ""]).rejected == 0
+    # no usable revision: no pair (nothing to prefer)
+    assert pick_pair([10.0, 20.0], ["a", "b"], degenerate=["empty", "refusal"]) == "no_usable"
+    # without flags the old behaviour: scores decide
+    assert pick_pair([50.0, 48.35], ["plan a", "plan b"]) == Pair(0, 1, pytest.approx(1.65))
+    with pytest.raises(ValueError, match="guard flags"):
+        pick_pair([1.0, 2.0], ["a", "b"], degenerate=[""])
+
+
+def test_degenerate_floor_is_below_every_usable_score():
+    assert degenerate_floor([48.35, -30.0], 100.0) == pytest.approx(-130.0)
+    assert degenerate_floor([], 100.0) == -100.0
+    with pytest.raises(ValueError, match="degenerate_margin"):
+        ScoreWeights(degenerate_margin=-1.0).validate()

@@ -22,8 +22,10 @@ One iteration (paper's four operations):
    code shares one list between siblings, a bug). The degenerate guard (``eval.craft.guard``) flags children.
 3. **Tool-based evaluation**: ``R = reward_scale * (w_g * R_g + w_c * constraint_scale * accuracy)``, each term
    switchable. Paper: ``R = R_g + R_c`` with R_g on 0..100 (App. D.3) and R_c an accuracy, so
-   ``constraint_scale = 100`` puts both on the same scale. A degenerate child is not scored and gets
-   ``degenerate_reward``.
+   ``constraint_scale = 100`` puts both on the same scale. A degenerate child is not scored; its reward is below
+   every usable child's (``min(0, lowest usable reward so far) - degenerate_margin``, this expansion's children
+   included), or ``degenerate_reward`` when set: D.3's R_g has no lower bound, so a fixed 0 would back a collapsed
+   child up above a usable child that reads worse than the input.
 4. **Backpropagation** (Eqs. 4-5): each child, in creation order, starts with ``N = 1, V = R`` and adds 1 visit and
    R to every ancestor up to the root (V = value_sum / N is the running mean of Eq. 5).
 
@@ -128,6 +130,7 @@ class TGMCTS:
         self._scoring: ScoreRequest | None = None
         self._best = -math.inf
         self._stall = 0
+        self._lowest = math.inf  # the lowest reward of a usable child so far (the degenerate reward's anchor)
 
     # -- selection ---------------------------------------------------------------------------------------------
 
@@ -223,15 +226,18 @@ class TGMCTS:
         by_id = dict(zip(request.child_ids, terms))
         parent = self.nodes[request.node_id]
         all_met = False
+        rewards = {}
         for child_id in parent.children:
             child = self.nodes[child_id]
-            if child.degenerate:
-                reward = self.config.degenerate_reward
-            else:
+            if not child.degenerate:
                 child.terms = by_id[child_id]
-                reward = combine_reward(child.terms, self.config)
+                rewards[child_id] = combine_reward(child.terms, self.config)
                 self.counts.scored += 1
                 all_met |= child.terms.accuracy >= _ALL_MET and child.terms.n_checks >= self.config.stop_min_checks
+        self._lowest = min([self._lowest, *rewards.values()])
+        for child_id in parent.children:
+            child = self.nodes[child_id]
+            reward = rewards[child_id] if child_id in rewards else self._degenerate_reward()
             child.reward = reward
             child.visits, child.value_sum = 1, reward
             for ancestor_id in ancestors(self.nodes, child_id):
@@ -249,6 +255,11 @@ class TGMCTS:
             self.stop_reason = "patience"
         elif self.counts.iterations >= self.config.max_iterations:
             self.stop_reason = "max_iterations"
+
+    def _degenerate_reward(self) -> float:
+        if self.config.degenerate_reward is not None:
+            return self.config.degenerate_reward
+        return min(0.0, self._lowest) - self.config.reward_scale * self.config.degenerate_margin
 
     def _mark_exhausted(self, node: Node) -> None:
         # a node is exhausted when it was expanded and none of its children can be selected; walk up to the root

@@ -8,11 +8,19 @@ This module is pure (no ray, vllm, deepspeed, torch or transformers).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from core.config import Section, dotted, fail, one_of, positive
+from core.config import ConfigError, FieldCheck, Section, dotted, fail, one_of, positive
 from eval.craft.guard import GuardConfig
+
+
+def _finite(value: float, key: str) -> None:
+    """A reward may be negative (D.3's R_g has no lower bound); it must be a finite number."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
+
 
 FINAL_STRATEGIES = ("best_reward", "greedy_value_path", "best_accuracy")
 RC_TOOLS = ("node", "first", "fixed", "oracle")
@@ -47,7 +55,13 @@ class MCTSConfig(Section):
         tie_break: Selection ties: ``id`` (lowest node id wins) or ``random`` (the injected ``random.Random``;
             the authors' code breaks ties at random). The final choice always breaks ties by id, so calling
             ``result()`` twice gives the same answer.
-        degenerate_reward: Reward of a degenerate child (backed up like any other; after ``reward_scale``).
+        degenerate_reward: Reward of a degenerate child, backed up like any other (after ``reward_scale``). None
+            (default) = below every usable child: ``min(0, the lowest reward of a usable child so far, this
+            expansion's included) - degenerate_margin``, as the authors' code scores an empty revision far below any
+            usable one. A number (negative allowed) is used as is; D.3's R_g has no lower bound, so a fixed number
+            can rank a degenerate child above a usable one.
+        degenerate_margin: How far below the lowest usable reward the default degenerate reward lies, in R's units
+            before ``reward_scale`` (100: one whole R_c range).
         guard: Degenerate-revision guard knobs.
         seed: Seeds the search's ``random.Random`` when the caller injects none; per-expansion sampling seeds
             come from it.
@@ -83,7 +97,11 @@ class MCTSConfig(Section):
     # selection ties: `id` (lowest node id wins) or `random` (the injected `random.Random`; the authors' code breaks
     # ties at random). The final choice always breaks ties by id, so calling `result()` twice gives the same answer
     tie_break: Literal["id", "random"] = "id"
-    degenerate_reward: float = 0.0  # reward of a degenerate child (backed up like any other; after `reward_scale`)
+    # reward of a degenerate child, backed up like any other (after `reward_scale`); None = below every usable child:
+    # min(0, lowest usable reward so far) - degenerate_margin. A fixed number (negative allowed) is used as is
+    degenerate_reward: Annotated[float | None, FieldCheck(_finite)] = None
+    # how far below the lowest usable reward the default degenerate reward lies (100: one whole R_c range)
+    degenerate_margin: float = 100.0
     guard: GuardConfig = field(default_factory=GuardConfig)  # degenerate-revision guard knobs
     # seeds the search's random.Random when the caller injects none (per-expansion sampling seeds come from it)
     seed: int = 0
@@ -92,8 +110,8 @@ class MCTSConfig(Section):
         self.validate()  # a search built in code is checked like one loaded from YAML (`core.config.Section`)
 
     def check(self, where: str = "") -> None:
-        # every number finite and >= 0 (exploration, weights, scales, degenerate_reward, patience, seed, ...) is
-        # check_tree's floor; `guard` is a nested section and checks itself
+        # every number finite and >= 0 (exploration, weights, scales, degenerate_margin, patience, seed, ...) is
+        # check_tree's floor (degenerate_reward: finite, any sign); `guard` is a nested section and checks itself
         positive(self.reward_scale, dotted(where, "reward_scale"))
         for name in ("width", "max_depth", "max_iterations"):
             if getattr(self, name) < 1:

@@ -6,11 +6,15 @@
   λ_r = λ_c = 0.25; S_v and S_c are fractions, so they are scaled by 100 like S_r (the authors' script does the same).
   S_r is App. D.3's score (``eval.craft.quality``, the ``Systems``' ``quality``): normalised PPL and BARTScore
   anchored at the instance's input text (D.3's ``init_text``), SOME not built.
-  A degenerate revision (``eval.craft.guard``) gets S_r = S_c = 0: an empty text would otherwise pass every
-  "less than" check.
-- :func:`pick_pair`: the highest-S_a candidate is w_{i+1}, the lowest l_{i+1} (Algorithm 1 line 5). The paper is
-  silent on ties: we drop a state whose best and worst differ by ``min_margin`` or less, and never pair an empty
-  response (SimPO divides by its length).
+  A degenerate revision (``eval.craft.guard``) gets S_r = S_c = 0 (an empty text would otherwise pass every
+  "less than" check), and then, in :func:`score_state`, an S_a below every usable candidate of its state
+  (:func:`degenerate_floor`): D.3's S_r has no lower bound (PPL_nom is unclamped), so S_r = 0 alone would rank a
+  collapsed answer above a usable one that reads worse than the input. The authors' code scores an empty revision
+  far below any usable one (PPL 0, BARTScore -100, SOME 0: BART_nom about -950).
+- :func:`pick_pair`: the highest-S_a candidate is w_{i+1}, the lowest l_{i+1} (Algorithm 1 line 5). It reads the
+  guard's flag: a candidate whose revision is degenerate is never w_{i+1} and is l_{i+1} before any usable one. The
+  paper is silent on ties: we drop a state whose best and worst usable candidates differ by ``min_margin`` or less,
+  and never pair an empty response (SimPO divides by its length).
 - :func:`sft_rows`: a planner trajectory as trainer rows, one per step: the prompt is H_{i-1} and the target the
   step's thought + action, so the loss covers assistant turns only (§5.1.2: observations masked).
 - :func:`oracle_step`: the demo stand-in for GPT-4o's trajectories: one step whose tools are exactly the predefined
@@ -24,6 +28,7 @@ Pure module: no ray, torch or model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,12 +44,15 @@ from eval.craft.tools import constraint_accuracy, tool_f1
 @dataclass
 class ScoreWeights(Section):
     """Eq. 1's weights (paper: λ_v = 0.5, λ_r = 0.25, λ_c = 0.25, "to emphasis more accurate tool usage"; the
-    authors' script uses 0.4 / 0.3 / 0.3)."""
+    authors' script uses 0.4 / 0.3 / 0.3), and how far below the usable candidates a degenerate one scores
+    (``degenerate_margin``: not in the paper, whose Eq. 1 never meets a degenerate revision)."""
 
     tool: float = 0.5  # λ_v, weight of the tool-call F1 (paper 0.5; the authors' script 0.4), in [0, 1]
     quality: float = 0.25  # λ_r, weight of the text-quality score (paper 0.25; the authors' script 0.3), in [0, 1]
     # λ_c, weight of the constraint accuracy (paper 0.25; the authors' script 0.3), in [0, 1]
     constraints: float = 0.25
+    # a degenerate candidate's S_a is this far below the lowest usable S_a of its state (and below 0): never preferred
+    degenerate_margin: float = 100.0
 
     def check(self, where: str = "") -> None:
         for name in ("tool", "quality", "constraints"):
@@ -106,27 +114,49 @@ class Pair:
     margin: float
 
 
-def pick_pair(scores: Sequence[float], responses: Sequence[str], min_margin: float = 0.0) -> Pair | str:
-    """The best and worst usable candidates of one state, or why there is no pair.
+def degenerate_floor(usable_totals: Sequence[float], margin: float) -> float:
+    """S_a of a degenerate candidate: ``min(0, lowest usable S_a) - margin``, below every usable candidate.
 
-    Usable = a non-empty response. Ties for best (and for worst) go to the lowest index. Reasons: ``too_few``
-    (fewer than two usable candidates), ``tie`` (margin <= ``min_margin``), ``identical`` (the two responses are
-    the same text: a pair that teaches nothing).
+    >>> degenerate_floor([48.35, 12.0], 100.0), degenerate_floor([-30.0], 100.0), degenerate_floor([], 100.0)
+    (-100.0, -130.0, -100.0)
+    """
+    return min([0.0, *usable_totals]) - margin
+
+
+def pick_pair(scores: Sequence[float], responses: Sequence[str], min_margin: float = 0.0,
+              degenerate: Sequence[str] | None = None) -> Pair | str:
+    """The best and worst candidates of one state, or why there is no pair.
+
+    Usable = a non-empty response. ``degenerate`` holds the guard's flag of each candidate's revision ("" = usable
+    revision): a flagged candidate is never the chosen one, and it is the rejected one before any candidate with a
+    usable revision, whatever the scores say. Ties for best (and for worst) go to the lowest index. Reasons:
+    ``too_few`` (fewer than two usable responses), ``no_usable`` (no candidate with a usable revision), ``tie``
+    (two usable revisions whose margin is <= ``min_margin``), ``identical`` (the two responses are the same text:
+    a pair that teaches nothing).
 
     >>> pick_pair([3.0, 9.0, 1.0, 9.0], ["a", "b", "c", "d"])
     Pair(chosen=1, rejected=2, margin=8.0)
     >>> pick_pair([5.0, 5.0], ["a", "b"])
     'tie'
+    >>> pick_pair([50.0, 48.35], ["a", "b"], degenerate=["collapsed", ""])   # the flag, not the score, decides
+    Pair(chosen=1, rejected=0, margin=-1.6500000000000057)
     """
     if len(scores) != len(responses):
         raise ValueError(f"{len(scores)} scores for {len(responses)} responses")
+    flags = list(degenerate) if degenerate is not None else [""] * len(scores)
+    if len(flags) != len(scores):
+        raise ValueError(f"{len(flags)} guard flags for {len(scores)} responses")
     usable = [i for i, r in enumerate(responses) if r and r.strip()]
     if len(usable) < 2:
         return "too_few"
-    best = max(usable, key=lambda i: (scores[i], -i))
-    worst = min((i for i in usable if i != best), key=lambda i: (scores[i], i))
+    clean = [i for i in usable if not flags[i]]
+    if not clean:
+        return "no_usable"
+    best = max(clean, key=lambda i: (scores[i], -i))
+    # a flagged candidate sorts below every usable one
+    worst = min((i for i in usable if i != best), key=lambda i: (not flags[i], scores[i], i))
     margin = scores[best] - scores[worst]
-    if margin <= min_margin:
+    if not flags[worst] and margin <= min_margin:
         return "tie"
     if responses[best].strip() == responses[worst].strip():
         return "identical"
@@ -214,7 +244,8 @@ def score_state(systems: Systems, instruction: str, text: str, gold_calls: Seque
     The rollout takes ``history_steps`` steps of the current planner (one sample each, the agent's step: a
     flagged revision is not accepted). Each candidate's S_c runs the predefined calls against the *original* text
     (sentence ids refer to it); S_r is ``systems.quality`` of the revision, anchored at the original input (App.
-    D.3's ``init_text``; the scorer is the job's ``quality`` section).
+    D.3's ``init_text``; the scorer is the job's ``quality`` section). A candidate whose revision the guard flags
+    gets S_a = :func:`degenerate_floor` of the state's usable candidates (``weights.degenerate_margin``).
 
     Returns:
         The history messages H_i, the current text y_i, and per candidate: response, tool calls, revision, parse
@@ -236,10 +267,15 @@ def score_state(systems: Systems, instruction: str, text: str, gold_calls: Seque
     flags = [degenerate_reason(p.text, current, text, guard, truncated=p.truncated) for p in proposals]
     usable = [p.text for p, flag in zip(proposals, flags) if not flag]
     scored = iter(systems.quality(text, usable) if usable else [])
+    scores = []
     for proposal, flag in zip(proposals, flags):
         s_r = 0.0 if flag else next(scored).value
-        score = action_score(list(proposal.tool_calls), gold_calls, text, proposal.text, s_r, weights,
-                             degenerate=flag)
+        scores.append(action_score(list(proposal.tool_calls), gold_calls, text, proposal.text, s_r, weights,
+                                   degenerate=flag))
+    # a degenerate candidate scores below every usable one of the state (D.3's S_r has no lower bound)
+    floor = degenerate_floor([s.total for s in scores if not s.degenerate], weights.degenerate_margin)
+    scores = [dataclasses.replace(s, total=floor) if s.degenerate else s for s in scores]
+    for proposal, score in zip(proposals, scores):
         candidates.append({"response": proposal.planner_output, "tool_calls": list(proposal.tool_calls),
                            "revision": proposal.text, "parse_errors": list(proposal.parse_errors), **score.to_dict()})
     return history, current, candidates

@@ -197,12 +197,15 @@ def _table(frame: pd.DataFrame) -> pa.Table:
 
 
 def stage_pairs(store: RunStore, cfg, round_no: int) -> StageResult:
-    """Best / worst action per state (ties and empty responses dropped and counted)."""
+    """Best / worst action per state (ties, empty responses and states without a usable revision dropped and
+    counted; a degenerate revision is never chosen)."""
     def produce(out_dir: str) -> dict:
         pairs, reasons = [], {}
         for row in store.read_stage(f"r{round_no}_candidates").to_pylist():
             cands = json.loads(row["candidates"])
-            picked = pick_pair([c["score"] for c in cands], [c["response"] for c in cands], cfg.rounds.min_margin)
+            # the guard's flag decides first: a degenerate revision is never the chosen response
+            picked = pick_pair([c["score"] for c in cands], [c["response"] for c in cands], cfg.rounds.min_margin,
+                               degenerate=[c.get("degenerate", "") for c in cands])
             if isinstance(picked, str):
                 reasons[picked] = reasons.get(picked, 0) + 1
                 continue
