@@ -20,6 +20,7 @@ bypasses it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -109,3 +110,18 @@ def barrier(group=None) -> None:
 
 def world_size(group=None) -> int:
     return dist.get_world_size(group)
+
+
+def world_clone(timeout_s: float):
+    """A new group of all the world's ranks whose collectives wait `timeout_s`. Every rank must call it (group
+    creation is collective). Why: `new_group` without a timeout takes its backend's default (NCCL 10 min, gloo
+    30 min: `distributed_c10d._get_default_timeout`), not the world group's, so a library's own clone of the world
+    would time out before the run's configured collective timeout."""
+    return dist.new_group(ranks=list(range(dist.get_world_size())), timeout=timedelta(seconds=timeout_s))
+
+
+def group_timeout(group=None) -> timedelta:
+    """How long a collective on `group` (default: the world) waits, as its backend on this process's collective
+    device holds it."""
+    group = dist.group.WORLD if group is None else group
+    return group._get_backend(collective_device(group)).options._timeout

@@ -41,6 +41,12 @@ STAGE2_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
 # ZeRO-2 with overlap_comm double-buffers the reduce bucket (stage_1_and_2.py setup_buckets); off, as DeepSpeed
 # leaves it for stage 2, and stated so the budget counts one buffer
 STAGE2_OVERLAP_COMM = False
+# ZeRO-3's memory_efficient_linear (DeepSpeed's default: on) replaces `torch.nn.functional.linear` for the whole
+# process with its own autograd function when `deepspeed.initialize` partitions the model
+# (`InsertPostInitMethodToModuleSubClasses._enable_mem_efficient_linear`, never undone). The colocated vLLM rollout
+# engine is built afterwards in the same worker process and would run every GEMM through it. Off: torch's own linear;
+# what it saves (the activations' copy kept for backward) gradient checkpointing already saves.
+ZERO3_MEMORY_EFFICIENT_LINEAR = False
 
 
 def resolve_precision(precision: str, use_gpu: bool, cpu_bf16: bool = False) -> str:
@@ -106,6 +112,7 @@ def build_ds_config(
         zero |= {k: ZERO_BUFFERS[k] for k in STAGE2_KEYS} | {"overlap_comm": STAGE2_OVERLAP_COMM}
     elif zero_stage == 3:
         zero |= {k: v for k, v in ZERO_BUFFERS.items() if k != "allgather_bucket_size"}
+        zero["memory_efficient_linear"] = ZERO3_MEMORY_EFFICIENT_LINEAR
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if offload_params:

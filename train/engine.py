@@ -1,6 +1,7 @@
 """The model and DeepSpeed engine of every trainer's Ray Train worker (preference training: `train.preference.loop`; GRPO:
-`train.grpo.loop`): the LoRA policy on its frozen base, `deepspeed.initialize`, the output head for chunked
-log-probs, and the trainable weights as plain tensors (checkpoints, the vLLM rollout engine's adapter sync).
+`train.grpo.loop`): the policy (`finetune: lora`, a LoRA adapter on its frozen base, or `finetune: full`, every
+parameter), `deepspeed.initialize`, the frozen reference copy full fine-tuning needs for a KL or DPO term, the output
+head for chunked log-probs, and the trainable weights as plain tensors (checkpoints, the vLLM rollout engine's sync).
 """
 
 from __future__ import annotations
@@ -12,8 +13,64 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from train import collectives
 from train.config import TrainerBase
 from train.ds_config import lr_multiplier, trainer_ds_config, warmup_steps
+
+
+def build_model(model_dir: str, cfg: TrainerBase) -> torch.nn.Module:
+    """The policy `cfg.finetune` trains: `build_lora_model`, or (full) the whole model in fp32, every parameter
+    trainable (DeepSpeed casts it to the run's precision and keeps fp32 master weights in its optimizer)."""
+    if cfg.finetune == "lora":
+        return build_lora_model(model_dir, cfg)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if cfg.gradient_checkpointing:
+        # the embeddings train too, so the checkpointed layers' inputs require grad without a hook
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+class ReferenceModel:
+    """A frozen model held whole on this rank (the reference of full fine-tuning under ZeRO-0/2, whose policy
+    weights are whole on every rank too): what `train.grpo.micro.policy_logps` and the preference loop call as an
+    engine (a forward, `.module`, `.device`)."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        self.module, self.device = module.to(device), device
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True):  # the reference stays in eval mode (no dropout)
+        return self
+
+
+def build_reference(model_dir: str, cfg: TrainerBase, world: int, device: torch.device):
+    """The frozen reference policy of full fine-tuning (the initial model), or None where none is needed.
+
+    With LoRA the reference is the policy with its adapter disabled (no copy); `finetune: full` needs a copy, built
+    only when a term reads it (GRPO `kl_coef` > 0, the DPO loss). Under ZeRO-3 the copy is partitioned like the
+    policy: `deepspeed.initialize` without an optimizer (ZeRO-3 inference, the reference model of OpenRLHF and
+    verl), with the policy's precision and parameter offload; otherwise each rank holds it whole in the policy's
+    dtype, as ZeRO-0/2 hold the policy's weights.
+    """
+    needs = getattr(cfg, "kl_coef", 0.0) > 0 or getattr(cfg, "loss", "") == "dpo"
+    if cfg.finetune != "full" or not needs:
+        return None
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.requires_grad_(False)
+    model.eval()
+    ds = trainer_ds_config(cfg, world)
+    if cfg.deepspeed.zero_stage == 3:
+        config = {k: v for k, v in ds.items() if k in ("train_micro_batch_size_per_gpu", "bf16", "fp16")}
+        zero = {k: v for k, v in ds["zero_optimization"].items() if k != "offload_optimizer"}
+        config |= {"train_batch_size": ds["train_micro_batch_size_per_gpu"] * world, "gradient_accumulation_steps": 1,
+                   "zero_optimization": zero, "steps_per_print": 10**9}
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+        engine.eval()
+        return engine
+    dtype = torch.bfloat16 if "bf16" in ds else torch.float16 if "fp16" in ds else torch.float32
+    return ReferenceModel(model.to(dtype), device)
 
 
 def build_lora_model(model_dir: str, cfg: TrainerBase) -> torch.nn.Module:
@@ -66,8 +123,37 @@ def build_engine(model: torch.nn.Module, cfg: TrainerBase, world: int, total_ste
         skip_cpu_shm_allreduce()
     # Ray Train's TorchConfig already created the process group (gloo on CPU); DeepSpeed adopts it
     deepspeed.init_distributed(dist_backend="nccl" if cfg.use_gpu else "gloo")
+    adopt_collective_timeout(cfg.collective_timeout_s)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    require_torch_linear()
     return engine
+
+
+def adopt_collective_timeout(timeout_s: float) -> None:
+    """Give DeepSpeed's data-parallel group the run's collective timeout (`collective_timeout_s`, which Ray Train's
+    TorchConfig gave the world group).
+
+    Without an `mpu`, DeepSpeed reduces gradients and gathers ZeRO partitions over a clone of the world group that
+    it creates on first use with a bare `new_group` (`deepspeed.utils.groups._clone_world_group`), which takes the
+    backend's default timeout: NCCL's 10 minutes, not the configured one, so a rank that waits longer for its
+    rewards than that would fail the step although the reward wait was checked against `collective_timeout_s`.
+    The clone is made here first, under the configured timeout, and DeepSpeed then uses it (it only creates one
+    when none exists). Private attribute of the pinned DeepSpeed; tests/test_engine_process.py reads the timeout
+    DeepSpeed's engine ends up with."""
+    from deepspeed.utils import groups
+
+    if groups._WORLD_GROUP is None:
+        groups._WORLD_GROUP = collectives.world_clone(timeout_s)
+
+
+def require_torch_linear() -> None:
+    """Refuse a process whose `torch.nn.functional.linear` is no longer torch's own: ZeRO-3's
+    memory_efficient_linear replaces it process-wide and for good (`train.ds_config.ZERO3_MEMORY_EFFICIENT_LINEAR`
+    says why it is off), and the colocated vLLM engine built next in this process would run every GEMM through it."""
+    if torch.nn.functional.linear is not torch._C._nn.linear:
+        raise RuntimeError(f"torch.nn.functional.linear is {torch.nn.functional.linear!r}, not torch's own: "
+                           "DeepSpeed's ZeRO-3 memory_efficient_linear replaced it for this whole process "
+                           "(train/ds_config.py keeps it off)")
 
 
 def base_fingerprint(model: torch.nn.Module, gather: bool) -> torch.Tensor:
@@ -84,24 +170,84 @@ def base_fingerprint(model: torch.nn.Module, gather: bool) -> torch.Tensor:
     gathered = deepspeed.zero.GatheredParameters(frozen) if gather else contextlib.nullcontext()
     with gathered:
         return torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
-                            for p in frozen])
+                            for p in frozen]) if frozen else torch.zeros(0, 2, dtype=torch.float64)
+
+
+class GatheringHead:
+    """The partitioned output head of ZeRO-3 when it trains (full fine-tuning; in most models it is the tied input
+    embedding), for chunked log-probs. A gathered copy would take no gradient, so each chunk calls the module
+    itself: ZeRO-3's pre-forward hook gathers the weight for that call and again for the chunk's recomputation in
+    backward, and the gradient reaches the parameter through autograd exactly as in the model's own forward (ZeRO-3
+    reduce-scatters it once the tied parameter's gradient is complete, after the embedding's backward). Every call
+    is a collective, so each rank runs as many chunks as the rank with the most (`chunks_to_run`; the extra ones
+    project a zero row and add nothing: `train.logprobs.chunked_token_logps`)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.module(hidden)
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def chunks_to_run(self, chunks: int) -> int:
+        """The most chunks any rank has this call (a collective)."""
+        from train import collectives
+
+        return int(collectives.all_reduce_values([float(chunks)], "max")[0])
 
 
 def output_head(engine, cfg: TrainerBase):
-    """The output projection for chunked log-probs. Under ZeRO-3 its weight is gathered once, here, and copied:
-    the partitioned module would gather at every chunk, a collective whose count differs between ranks (their
-    batches differ in length), and the copy outlives the gather for the chunks recomputed in backward. LoRA
-    leaves the head frozen, so no gradient is lost; a trainable head is refused."""
+    """The output projection for chunked log-probs. Under ZeRO-3 a frozen head's weight is gathered once, here, and
+    copied: the partitioned module would gather at every chunk, a collective whose count differs between ranks
+    (their batches differ in length), and the copy outlives the gather for the chunks recomputed in backward. A
+    trainable head (full fine-tuning) must receive its gradient, so it is the partitioned module itself, with the
+    chunk count agreed between ranks (`GatheringHead`)."""
     head = engine.module.get_output_embeddings()
     if not cfg.logprob_chunk_tokens or cfg.deepspeed.zero_stage != 3:
         return head
     params = list(head.parameters())
     if any(p.requires_grad for p in params):
-        raise ValueError("logprob_chunk_tokens: under ZeRO-3 the output head must be frozen; set it to 0")
+        return GatheringHead(head)
     with deepspeed.zero.GatheredParameters(params):
         weight = head.weight.detach().clone()
         bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
     return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
+
+
+def full_state_dict(engine, zero_stage: int, rank: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Every weight of the model as CPU tensors of `dtype` on rank 0 ({} elsewhere). Under ZeRO-3 a collective: each
+    parameter is gathered alone (`GatheredParameters` on every rank), so no rank ever holds more than one gathered
+    parameter beyond its shard. Tied weights appear once (`named_parameters` yields a shared parameter once)."""
+    out = {}
+    for name, param in engine.module.named_parameters():
+        gathered = deepspeed.zero.GatheredParameters([param]) if zero_stage == 3 else contextlib.nullcontext()
+        with gathered:
+            if rank == 0:
+                out[name] = param.detach().to("cpu", dtype).clone()
+    return out
+
+
+def export_model(engine, zero_stage: int, rank: int, target: str, dtype: torch.dtype = torch.bfloat16) -> None:
+    """The 16-bit Hugging Face export of full fine-tuning (`save_pretrained` with the tokenizer and a config naming
+    `dtype`): what `quorum serve`, `judge_eval` and `quorum eval` load as an engine's `model`. Every rank calls it
+    (ZeRO-3 gathers); rank 0 writes."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    state = full_state_dict(engine, zero_stage, rank, dtype)
+    if rank != 0:
+        return
+    engine.module.save_pretrained(target, state_dict=state)
+    AutoTokenizer.from_pretrained(engine.module.name_or_path).save_pretrained(target)
+    config = Path(target) / "config.json"
+    saved = json.loads(config.read_text())
+    name = str(dtype).removeprefix("torch.")
+    saved |= {key: name for key in ("dtype", "torch_dtype") if key in saved} or {"dtype": name}
+    config.write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def lora_state_dict(engine, zero_stage: int) -> dict[str, torch.Tensor]:
