@@ -247,10 +247,10 @@ def improved(value: float, best: float | None) -> bool:
 #
 # A served reward of mean margins against the siblings sums to 0 over every group, so its validation mean is 0 at
 # every check and cannot rank adapters. Instead each validation prompt gets one answer from the current policy and
-# one from the baseline (the LoRA-disabled base model, i.e. the initial policy), and the GRM grades the pair in
-# both orders (`/reward/group`, scheme vs_reference, both_orders). The outcome of a prompt is the sign of the
-# policy's mean grade margin over its parsed judgments (MENLO's sign(s_A - s_B), averaged over the two orders so
-# position bias cancels). A prompt with no parsed judgment is counted as failed, never as a loss or a tie.
+# one from the baseline (the initial policy, sampled before the first update: `train.grpo.validate`), and the GRM
+# grades the pair in both orders (`/reward/group`, scheme vs_reference, both_orders). The outcome of a prompt is
+# the sign of the policy's mean grade margin over its parsed judgments (MENLO's sign(s_A - s_B), averaged over the
+# two orders so position bias cancels). A prompt with no parsed judgment is counted as failed, never as a loss or a tie.
 
 
 def versus_outcome(margin: float) -> str:

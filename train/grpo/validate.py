@@ -7,15 +7,16 @@ the current policy, by `grpo.val_metric`:
   scored rollouts is `val/reward/mean` (with every reward component and failure count under `val/`);
 - ``vs_baseline`` (policy GRPO against the GRM, MENLO §5.2): one answer per prompt judged by the GRM against the
   baseline's answer in both orders; win / tie / loss rates and mean grades under `val/vs_baseline/`, the score is
-  the win rate with ties counted half (`train.grpo.batch.versus_metrics`). The baseline is the initial policy, i.e.
-  the model with its LoRA adapter disabled; its answers are sampled once per run with the same per-prompt seeds
-  and kept (`BaselineAnswers`, also on disk, so a restarted worker judges against the very same answers). A
-  mean-margin reward cannot serve here: its group means are 0 by construction.
+  the win rate with ties counted half (`train.grpo.batch.versus_metrics`). The baseline is the initial policy: the
+  policy as it is before its first update, whatever it starts from (a fresh LoRA adapter, which leaves the base
+  model's outputs unchanged; the SFT adapter of `grpo.init_adapter`; the full model of `finetune: full`). Its
+  answers are sampled once per run, before step 1 (`sample_baselines`), with the same per-prompt seeds as every
+  validation, and kept (`BaselineAnswers`, also on disk, so a restarted worker judges against the very same
+  answers). A mean-margin reward cannot serve here: its group means are 0 by construction.
 
 Every validation generation, the baseline's included, comes from the rollout engine: with `rollout.kind: vllm` the
 colocated vLLM engine (the baseline without a LoRA request), never HF `generate` on the training model, which under
-ZeRO-3 gathers the sharded weights across nodes for every token; with `rollout.kind: hf`, `generate` (adapter
-disabled for the baseline).
+ZeRO-3 gathers the sharded weights across nodes for every token; with `rollout.kind: hf`, `generate`.
 
 Validation samples at the rollout temperature with seeds that depend on the prompt only, never on the step, so
 successive validations compare policies on the same random draws (common random numbers), and it runs inside a
@@ -65,32 +66,25 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
              reduce_sums, baselines: BaselineAnswers | None = None, answers: list[dict] | None = None) -> Metrics:
     """`val/` metrics of the current policy by `cfg.val_metric`, reduced over workers (see module docstring).
 
-    `baselines` (vs_baseline) holds the base model's answer per validation row index across calls; `answers`, when
-    given, receives this rank's judged (policy answer, baseline answer) records (`answer_records`), or with
-    val_metric reward every generation with its reward."""
-    from train.sequences import encode_prompt
-
+    `baselines` (vs_baseline) holds the initial policy's answer per validation row index (`sample_baselines`);
+    `answers`, when given, receives this rank's judged (policy answer, baseline answer) records (`answer_records`),
+    or with val_metric reward every generation with its reward."""
     shard = validation_shard(len(rows), rank, world)
-    batch = max(cfg.prompts_per_worker, 1)
     versus = cfg.val_metric == "vs_baseline"
+    if versus:
+        if baselines is None:
+            raise ValueError("val_metric vs_baseline: validate() needs the baselines cache")
+        if _any_rank(bool(missing := sorted({i for i, _ in shard} - set(baselines.answers)))):
+            raise RuntimeError(f"val_metric vs_baseline: no baseline answer for validation rows {missing[:10]} on "
+                               f"rank {rank} (or another rank): they are sampled from the policy before its first "
+                               "update (sample_baselines) and kept under val_baseline/; a run resumed past step 0 "
+                               "cannot sample them again")
     outcomes = []
     rollout.sync(engine)
     with torch.random.fork_rng(devices=[]):
-        for start in range(0, len(shard), batch):
-            part = shard[start:start + batch]
-            picked = [rows[i] for i, _ in part]
-            prompts = [encode_prompt(tokenizer, r, cfg)[0] for r in picked]
-            seed = cfg.seed * 1_000_003 + 7_919 * (part[0][0] + 1)  # a function of the prompts only
+        for part, picked, prompts, seed in _batches(tokenizer, cfg, rows, shard):
             if versus:
-                if baselines is None:
-                    raise ValueError("val_metric vs_baseline: validate() needs the baselines cache")
-                if _any_rank(any(i not in baselines.answers for i, _ in part)):
-                    # every rank generates when one must: ZeRO-3's generate is collective
-                    texts = _base_answers(engine, tokenizer, prompts, seed, rollout)
-                    baselines.add({i: text for (i, _), text in zip(part, texts)})
-                torch.manual_seed(seed)
-                ids, _ = rollout.generate(engine.module, prompts, 1, seed)
-                texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                texts = _answers(engine, tokenizer, prompts, seed, rollout)
                 base = [baselines.answers[i] for i, _ in part]
                 scored = reward_fn.versus(picked, texts, base)
                 if answers is not None:
@@ -111,6 +105,46 @@ def validate(engine, tokenizer, cfg, rows: list[dict], reward_fn, rollout, rank:
     if versus:
         return versus_metrics(reduce_sums(versus_sums(outcomes)))
     return validation_metrics(reduce_sums(outcome_sums(outcomes)))
+
+
+def sample_baselines(engine, tokenizer, cfg, rows: list[dict], rollout, rank: int, world: int,
+                     baselines: BaselineAnswers, step: int) -> None:
+    """The baseline's answers (module docstring): this rank's validation rows answered by the policy as it is now,
+    which must be before its first update (`step` 0), with the seeds every validation uses; the rows kept in
+    `baselines` already (a restarted worker) are not sampled again. Every rank calls it (ZeRO-3's generate is
+    collective).
+
+    Raises:
+        RuntimeError: rows without a kept answer after step 0, when the initial policy is gone.
+    """
+    shard = validation_shard(len(rows), rank, world)
+    if not _any_rank(any(i not in baselines.answers for i, _ in shard)):
+        return
+    if step > 0:
+        missing = sorted({i for i, _ in shard} - set(baselines.answers))
+        raise RuntimeError(f"val_metric vs_baseline: the run resumes at step {step} but {baselines.dir} lacks the "
+                           f"baseline answers of validation rows {missing[:10]} (on rank {rank} or another): the "
+                           "initial policy that answers them is gone; start the run afresh")
+    rollout.sync(engine)  # the vLLM engine serves the policy of step 0 (its first adapter version)
+    with torch.random.fork_rng(devices=[]):
+        for part, _, prompts, seed in _batches(tokenizer, cfg, rows, shard):
+            # every rank generates when one must: ZeRO-3's generate is collective
+            if _any_rank(any(i not in baselines.answers for i, _ in part)):
+                texts = _answers(engine, tokenizer, prompts, seed, rollout)
+                baselines.add({i: text for (i, _), text in zip(part, texts)})
+
+
+def _batches(tokenizer, cfg, rows: list[dict], shard: list[tuple[int, bool]]):
+    """(shard entries, rows, encoded prompts, seed) per generate call; the seed is a function of the prompts only
+    (never of the step), so every validation and the baseline sample with the same draws."""
+    from train.sequences import encode_prompt
+
+    batch = max(cfg.prompts_per_worker, 1)
+    for start in range(0, len(shard), batch):
+        part = shard[start:start + batch]
+        picked = [rows[i] for i, _ in part]
+        yield (part, picked, [encode_prompt(tokenizer, r, cfg)[0] for r in picked],
+               cfg.seed * 1_000_003 + 7_919 * (part[0][0] + 1))
 
 
 def answer_records(judged: list[tuple]) -> list[dict]:
@@ -161,11 +195,10 @@ def _any_rank(flag: bool) -> bool:
     return collectives.any_rank(flag)
 
 
-def _base_answers(engine, tokenizer, prompts: list[list[int]], seed: int, rollout) -> list[str]:
-    """One answer per prompt from the model with its LoRA adapter off (the initial policy), sampled like the
-    policy's (same seed, temperature, length) by the rollout engine (module docstring)."""
+def _answers(engine, tokenizer, prompts: list[list[int]], seed: int, rollout) -> list[str]:
+    """One answer per prompt from the current policy, by the rollout engine, at the rollout's temperature."""
     torch.manual_seed(seed)
-    ids, _ = rollout.generate(engine.module, prompts, 1, seed, adapter=False)
+    ids, _ = rollout.generate(engine.module, prompts, 1, seed)
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
