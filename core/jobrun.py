@@ -67,7 +67,7 @@ def open_run(job: str, cfg: JobSections, config_path: str = "") -> JobRun:
     `logs/driver.log` in a local run directory.
     """
     run_id = cfg.run.id or (Path(config_path).stem if config_path else "default")
-    store = RunStore(cfg.run.root, job, run_id, resume=cfg.run.resume)
+    store = RunStore(cfg.run.root, job, run_id, resume=cfg.run.resume, rehearsal=cfg.run.rehearsal)
     config_dict = dataclasses.asdict(cfg)
     redaction = install_redaction(secret_env_names(config_dict))
     if not store.uri_prefix:

