@@ -61,6 +61,10 @@ def run_job(module, argv: list[str]) -> int:
             raise ConfigError(f"unknown flag {flag!r} (known: --resume, --no-resume, --verbose)")
     overrides += path_overrides(module.Config, config_path, overrides)
     cfg = load_config(module.Config, config_path, overrides)
+    # a cluster config that cannot run on the cluster it is written for stops here (`quorum plan`'s check)
+    from jobs.plan_check import preflight
+
+    preflight(cfg)
     # offline hub models must be staged before any work (core.model_store)
     check_models_staged(dataclasses.asdict(cfg), cfg.ray.models, config_path)
     if not verbose:

@@ -11,7 +11,8 @@ its own group: the pools of one Ray Data plan run side by side when the cluster 
 it does not (`core.resource_fit`, "Everything a job must hold at once").
 
 docs/cluster.md's table "GPUs each shipped cluster config needs at once" is this module's output for
-configs/*_cluster.yaml (tests/test_resource_fit.py checks the two agree).
+configs/*_cluster.yaml (`jobs.plan.markdown_table`; tests/test_resource_fit.py checks the two agree). `quorum plan`
+(`jobs.plan`) prints these groups against the cluster's node types, with each GPU's memory.
 """
 
 from __future__ import annotations
@@ -82,31 +83,5 @@ def _job_module(cfg: Any):
     return module if module.__name__.startswith("jobs.") else None
 
 
-def load_unchecked(path: str) -> Any:
-    """The job config of `path` with its defaults, without the checks that need its input files (a cluster config
-    names files on the cluster's shared storage)."""
-    from core.config import build, read_yaml, with_defaults
-    from jobs.entry import job_module
-
-    cls = job_module(path).Config
-    data = read_yaml(path)
-    data.pop("job", None)
-    return build(cls, with_defaults(cls, data))
-
-
-def _largest(cfg: Any) -> list[Ask]:
+def largest(cfg: Any) -> list[Ask]:
     return max(groups(cfg), key=_gpus, default=[])
-
-
-def markdown_table(paths: list[str]) -> str:
-    """docs/cluster.md's table: per config, the group of asks with the most GPUs and their GPUs."""
-    from core.resource_fit import describe
-
-    rows = ["| config | the most it holds at once | GPUs |", "|---|---|---|"]
-    for path in paths:
-        cfg = load_unchecked(path)
-        low, high = gpus_at_once(cfg)
-        held = " + ".join(describe(ask) for ask in _largest(cfg))
-        gpus = f"{low:g}" + (f" (up to {high:g} as the reward service scales out)" if high > low else "")
-        rows.append(f"| `{path}` | {held} | {gpus} |")
-    return "\n".join(rows) + "\n"

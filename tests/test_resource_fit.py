@@ -200,7 +200,8 @@ def test_ensure_all_fit_refuses_the_sum_and_waits_for_the_autoscaler():
 def test_the_cluster_guide_s_table_is_what_the_check_computes(monkeypatch):
     """docs/cluster.md's "GPUs each shipped cluster config needs at once" is jobs.placement's output for every
     configs/*_cluster.yaml, and every shipped config fits cluster.yaml grown to its limits."""
-    from jobs.placement import groups, load_unchecked, markdown_table
+    from jobs.placement import groups
+    from jobs.plan import load_unchecked, markdown_table
 
     monkeypatch.chdir(REPO)  # the configs name their files relative to the repository
     paths = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*_cluster.yaml"))

@@ -198,6 +198,10 @@ def budget(plan: WorkerPlan) -> Budget:
         "attention_mask": _gib(plan.micro_batch_size * seq * seq * act_bytes),
         "logits": logits_gib(plan.max_completion_length + 1, shape.vocab, act_bytes, plan.logprob_chunk_tokens,
                              plan.micro_batch_size),
+        # ZeRO-3 with chunked log-probs: the output head's weight, gathered once and copied for the whole update
+        # (`train.engine.output_head`), beside ZeRO's own gathered parameters
+        "zero3_head_copy": _gib(shape.vocab * shape.hidden * weight_bytes) if zero3 and plan.logprob_chunk_tokens
+        else 0.0,
     }
     vllm = plan.rollout_kind == "vllm"
     vllm_parts = {
@@ -263,7 +267,7 @@ def problems(plan: WorkerPlan) -> list[tuple[str, str]]:
             key = "micro_batch_size"
         found.append((key, (
             f"a training micro-batch needs {b.update_gib:.1f} GiB of {where} "
-            f"({_fmt(b.parts, [*RESIDENT_PARTS, 'zero3_gathered', 'zero2_reduce_bucket', 'activations', 'attention_mask', 'logits', 'vllm_during_update'])}) "
+            f"({_fmt(b.parts, [*RESIDENT_PARTS, 'zero3_gathered', 'zero3_head_copy', 'zero2_reduce_bucket', 'activations', 'attention_mask', 'logits', 'vllm_during_update'])}) "
             f"at {plan.micro_batch_size} x {plan.max_prompt_length + plan.max_completion_length} tokens; lower "
             "micro_batch_size, chunk the log-probs (logprob_chunk_tokens), set gradient_checkpointing: true, "
             "deepspeed.zero_stage: 3 or offload, or name a bigger gpu_type")))

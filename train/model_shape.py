@@ -83,6 +83,8 @@ KNOWN_MODELS = {
     "qwen3-4b": ModelShape(2560, 36, 9728, 32, 8, 128, 151936, True),
     "qwen3-8b": ModelShape(4096, 36, 12288, 32, 8, 128, 151936, False),
     "qwen3-14b": ModelShape(5120, 40, 17408, 40, 8, 128, 151936, False),
+    "llama-3.1-8b-instruct": ModelShape(4096, 32, 14336, 32, 8, 128, 128256, False),
+    "llama-3.3-70b-instruct": ModelShape(8192, 80, 28672, 64, 8, 128, 128256, False),
     "smollm2-135m": ModelShape(576, 30, 1536, 9, 3, 64, 49152, True),
     "smollm2-135m-instruct": ModelShape(576, 30, 1536, 9, 3, 64, 49152, True),
 }
