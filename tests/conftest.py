@@ -35,6 +35,18 @@ def pytest_configure(config):
         use_threads(max(1, available_cpus() // workers))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Under `-n N`, whole files per worker (`--dist loadfile`: a module's fixtures are set up once) in the order
+    pytest_collection_modifyitems gives them (`--no-loadscope-reorder`: xdist's own reorder, most tests first, ran the
+    longest module last on one worker while the other had nothing left). Set here, before pytest-xdist's own
+    pytest_cmdline_main turns `-n` into `--dist load`, rather than in pyproject.toml's addopts: pytest without
+    pytest-xdist (a bare GPU machine) refuses those options. An explicit `--dist` is kept."""
+    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "loadfile"
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Modules with end-to-end (`slow`) tests run first, each module still whole and in its own order: under
     `-n 2 --dist loadfile` the long modules then start early and the many short ones fill the gaps at the end,
