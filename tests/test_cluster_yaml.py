@@ -93,7 +93,8 @@ def test_gpu_nodes_check_cuda_before_ray_starts_and_boot_an_ami_with_a_current_d
     AMI whose driver runs it, and its setup (which runs before `ray start`) stops with one clear line when it
     cannot (train/cuda_check.py)."""
     gpu = cluster["available_node_types"]["gpu_worker"]
-    assert gpu["worker_setup_commands"] == ["cd ~/quorum && python -m train.cuda_check"]
+    # the last setup step (tests/test_cluster_launch.py: the commands before it are the global setup_commands)
+    assert gpu["worker_setup_commands"][-1] == "cd ~/quorum && python -m train.cuda_check"
     ami = gpu["node_config"]["ImageId"]
     # EC2 resolves a public SSM parameter at launch; Ray's launcher passes ImageId through unchanged
     assert ami.startswith("resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-"), ami
