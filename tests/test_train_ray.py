@@ -120,9 +120,11 @@ def test_zero2_two_workers_train_lora_with_arpo(zero2_run, tiny_model_dir, ray_l
 
 @pytest.fixture(scope="module")
 def zero3_run(ray_local, tiny_model_dir, tmp_path_factory):
-    # grad accumulation and left padding on top; 16 rows / global batch 8 = 2 steps per epoch, so 3 steps wrap
+    # grad accumulation and left padding on top; 16 rows / global batch 8 = 2 steps per epoch, so 3 steps wrap.
+    # fp32 on every CPU: the gradient-checkpointing run below is compared with this one where the sums' order is the
+    # only difference (bf16-autocast, what "auto" picks on CPUs with native bf16, is trained by the ZeRO-2 run)
     cfg = tiny_config(tiny_model_dir, run_name="zero3", deepspeed=DeepSpeedSection(zero_stage=3), grad_accum=2,
-                      max_steps=3, checkpoint_every=3, padding_side="left")
+                      max_steps=3, checkpoint_every=3, padding_side="left", precision="fp32")
     return cfg, run_training(cfg, make_rows(), run_dir=str(tmp_path_factory.mktemp("zero3")))
 
 
@@ -144,7 +146,8 @@ def test_failed_worker_resumes_from_checkpoint_and_ends_at_the_same_step(ray_loc
     result = run_training(cfg, make_rows(), make_rows()[:3], run_dir=str(tmp_path))
     assert result.metrics["step"] == reference.metrics["step"] == 4
     assert result.metrics["start_step"] == 2, "the restarted workers did not resume from the step-2 checkpoint"
-    # same batches, optimizer state, LR schedule and dropout RNG as the uninterrupted run
+    # same batches, optimizer state, LR schedule and dropout RNG as the uninterrupted run: the same operations on the
+    # same shapes in the same order, so at any dtype the two agree to the last bit but for threads' reduction order
     assert result.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-4)
     resumed, uninterrupted = lora_weights(result.adapter_dir), lora_weights(reference.adapter_dir)
     for name, weight in uninterrupted.items():
@@ -199,5 +202,16 @@ def test_zero3_with_gradient_checkpointing_and_chunked_log_probs_trains_the_plai
     assert_trained_lora(result, tiny_model_dir, cfg)
     recomputed, full = lora_weights(result.adapter_dir), lora_weights(plain.adapter_dir)
     assert recomputed.keys() == full.keys() and full
+    # The tolerance, from the dtype and the number of summed terms. Both runs compute the same values; recomputation
+    # in backward and chunked log-probs only reorder floating-point sums, and a sum of n terms taken in another order
+    # differs by at most n·u·Σ|terms| (Higham's γ_n; u the unit roundoff). Both runs are fp32 (u = 2^-24): the
+    # longest reordered sum is a weight gradient over one micro-batch's tokens (n <= 2 rows x 72 = 144), so each
+    # gradient moves by at most 144·2^-24 ≈ 8.6e-6 of its terms' magnitude. Adam's step lr·m̂/√v̂ is a ratio of such
+    # sums, so its relative change is at most about twice that: over 3 steps at lr 1e-2 a weight moves by at most
+    # 3·1e-2·1.7e-5 ≈ 5e-7 (for gradients not themselves within their rounding error of 0), below atol 1e-5 with a
+    # factor of 20 and far below rtol 1e-3. The same rule at bf16 (u = 2^-8) gives 144·2^-8 > 0.5: no useful bound,
+    # since autocast rounds each product's inputs to bf16, where a reordered fp32 sum can cross a rounding boundary
+    # and move by a whole bf16 step (3.9e-3); on a CPU with AMX that moved one of 256 elements by 2.7e-5. Hence fp32.
+    assert plain_cfg.precision == cfg.precision == "fp32"
     for name in full:
         torch.testing.assert_close(recomputed[name], full[name], rtol=1e-3, atol=1e-5)
