@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(model_dir: str, args, sizes: list[int]) -> None:
+    """The measurements of the module docstring on `model_dir`, printed."""
     requests = build_requests(args.prompts, args.max_tokens)
     print(f"info device {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

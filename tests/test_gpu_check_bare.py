@@ -100,6 +100,27 @@ def test_the_smoke_run_passes_where_only_the_gpu_machines_packages_are(tmp_path)
     assert "gpu_check_update_peak_gib_full" not in lines
 
 
+def test_the_stand_in_tokenizes_the_bench_prompts_to_about_smollm2s_count(smollm2_dir, tmp_path):
+    """bench.gpu_engine's speeds on the stand-in stay comparable when its prompts are as long as SmolLM2's; any id
+    the random model emits decodes; only the bundled model is stood in for, a mistyped path stays an error."""
+    from transformers import AutoTokenizer
+
+    from actors.engines.hf.engine import render_prompt
+    from bench.generate import build_requests
+    from bench.gpu_engine import model_dir_or_stand_in, stand_in_tokenizer
+
+    requests = build_requests(48, 8)
+    counts = {}
+    for name, tokenizer in (("smollm2", AutoTokenizer.from_pretrained(smollm2_dir)), ("stand_in", stand_in_tokenizer())):
+        counts[name] = sum(len(tokenizer(render_prompt(tokenizer, r.messages, False), add_special_tokens=False)
+                               .input_ids) for r in requests)
+        assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 2  # SmolLM2's ids
+    assert abs(counts["stand_in"] / counts["smollm2"] - 1) < 0.1, counts
+    assert isinstance(stand_in_tokenizer().decode([40_000, 49_151, 300]), str)  # past its vocabulary: no error
+    with pytest.raises(ValueError, match="no such path"):
+        model_dir_or_stand_in(str(tmp_path / "mistyped"), tmp_path)
+
+
 def test_the_missing_pytest_hint_installs_the_runner_and_its_timeout_plugin():
     from bench.gpu_check import runner_install_command
 
