@@ -1,4 +1,4 @@
-"""Every `quorum run|submit|serve|stage-models ...`, `python -m jobs.<job> ...` and `ray job submit ... -- quorum ...`
+"""Every `quorum run|submit|serve|stage-models|plan ...`, `python -m jobs.<job> ...` and `ray job submit ... -- quorum ...`
 command of README.md and docs/ (every page: cluster, submitting and paper pages included) loads its config with its
 overrides through the real loader, as the job would (path resolution, `load_config`, the model-staging check). No
 job runs.
@@ -37,7 +37,7 @@ from core.paths import HOME_ENV, SUBMITTED_JOB_ENV, path_overrides
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 ADDRESS = "http://127.0.0.1:8265"
-LOADED = ("run", "submit", "serve", "stage-models")
+LOADED = ("run", "submit", "serve", "stage-models", "plan")
 
 
 def pages() -> list[Path]:
@@ -186,6 +186,11 @@ def load(where: str, tokens: list[str], sandbox: dict[str, Path], monkeypatch) -
     monkeypatch.setenv("HF_HOME", str(sandbox["root"] / "empty-hf"))  # nothing staged on this machine
     for var in (HOME_ENV, SUBMITTED_JOB_ENV, "HF_HUB_CACHE"):
         monkeypatch.delenv(var, raising=False)
+    if sub == "plan":  # the plan itself: it must print its table and find the config fits (exit 0)
+        from jobs.plan import main as plan_main
+
+        assert plan_main([str(REPO / a) if a.startswith("k8s/") else a for a in args]) == 0, where
+        return
     if sub == "submit":
         from jobs.submit import parse_args, plan
 
