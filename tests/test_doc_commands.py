@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,102 @@ def test_the_pages_have_commands_to_check():
     for page in ("README.md", "docs/cluster.md", "docs/submitting.md", "docs/papers/002-craft.md",
                  "docs/papers/004-agentsimp.md", "docs/jobs/judge-sft.md"):
         assert page in where, f"no command found on {page}"
+
+
+# -- the data steps: `quorum data ...` and `hf download ...` ------------------------------------------------------
+
+
+def data_steps() -> list[tuple[str, list[str]]]:
+    """(where, tokens) of each `quorum data` and `hf download` command: in the pages' shell blocks and inline code,
+    and in the registry's steps, which `quorum data get NAME` prints."""
+    found = []
+    for page in pages():
+        rel = page.relative_to(REPO)
+        inline = [" ".join(span.split()) for span in  # a span may wrap across lines
+                  re.findall(r"`((?:quorum\s+data|hf\s+download)\s[^`]+)`", page.read_text(encoding="utf-8"))]
+        for line in [*shell_lines(page), *inline]:
+            try:
+                tokens = shlex.split(line)
+            except ValueError:
+                continue
+            # `quorum data get` alone in a sentence names the command; with arguments it is one to run
+            if tokens[:2] == ["hf", "download"] or tokens[:2] == ["quorum", "data"] and (
+                    tokens[2:3] == ["list"] or len(tokens) > 3):
+                found.append((f"{rel}: {line[:110]}", tokens))
+    for corpus in load_registry().corpora.values():
+        for line in corpus.steps.splitlines():
+            if line.strip().startswith("hf download"):
+                found.append((f"core/corpora.yaml: {corpus.name}: {line.strip()[:90]}", shlex.split(line)))
+    return found
+
+
+DATA_STEPS = data_steps()
+
+
+def test_the_data_steps_are_found_where_users_read_them():
+    where = {w.split(":")[0] for w, _ in DATA_STEPS}
+    assert {"README.md", "docs/data.md", "docs/troubleshooting.md", "docs/cluster.md", "core/corpora.yaml"} <= where
+    assert any(t[:2] == ["hf", "download"] for w, t in DATA_STEPS if w.startswith("docs/data.md"))
+
+
+def hf_download_command():
+    """The `hf download` command of the Hugging Face CLI quorum's environment installs (its arguments parsed, never
+    run: the hub is the world's edge)."""
+    import click
+    from huggingface_hub.cli.hf import app
+
+    command = app.get_command(click.Context(app, info_name="hf"), "download")
+    return getattr(command, "materialize", lambda: command)()
+
+
+@pytest.mark.parametrize("where, tokens", DATA_STEPS, ids=[w for w, _ in DATA_STEPS])
+def test_every_data_step_runs_as_written(where, tokens):
+    """`quorum data ...` parses with quorum's own parser, names corpora of the registry, has `--to` where a corpus is
+    downloaded and puts it at DIR/<corpus> (not DIR/<corpus>/<corpus>); `hf download` is the environment's CLI with
+    options it takes, a hub corpus of the registry, a pinned `--revision` and `--local-dir .../<corpus>`."""
+    from jobs.data_cli import build_parser
+
+    registry = load_registry()
+    layouts = {c.layout for c in registry.corpora.values()}
+    if tokens[0] == "hf":
+        assert (Path(sys.executable).parent / "hf").is_file(), "`hf` is not in quorum's environment"
+        import click
+
+        try:
+            hf_download_command().make_context("download", tokens[2:])
+        except click.UsageError as exc:
+            pytest.fail(f"{where}\n  hf download refuses it: {exc}", pytrace=False)
+        hub = {re.sub(r"^https://huggingface\.co/datasets/", "", c.source).rstrip("/"): c
+               for c in registry.corpora.values() if c.access == "hub"}
+        assert tokens[2] in hub, f"{where}: {tokens[2]} is no hub dataset of the registry"
+        options = dict(zip(tokens[3::2], tokens[4::2]))
+        assert options.get("--repo-type") == "dataset", f"{where}: needs --repo-type dataset"
+        revision = options.get("--revision", "")
+        assert revision == "REVISION" or re.fullmatch(r"[0-9a-f]{40}", revision), f"{where}: no pinned --revision"
+        assert Path(options.get("--local-dir", "")).name == hub[tokens[2]].layout, f"{where}: --local-dir .../<corpus>"
+        return
+    try:
+        args = build_parser().parse_args([t for t in tokens[2:] if not re.search(r"[][]|\.\.\.", t)])  # a synopsis
+    except SystemExit:
+        pytest.fail(f"{where}\n  quorum data refuses it (see the usage above)", pytrace=False)
+    if args.command != "get":
+        return
+    names = [n for n in args.names if not is_placeholder(n)]
+    assert set(names) <= set(registry.corpora), f"{where}: unknown corpus in {names}"
+    if any(registry.corpora[n].access == "download" for n in names):
+        assert args.to, f"{where}: a corpus that is downloaded needs --to DIR"
+    if args.to:
+        assert Path(args.to).name not in layouts, f"{where}: --to {args.to} nests each corpus one level too deep"
+    if args.revision:
+        assert all(registry.corpora[n].access == "hub" for n in names), f"{where}: --revision is for hub datasets"
+
+
+def test_the_coedit_cluster_path_is_spelled_one_way():
+    """The CoEdIT sources file the cluster commands read, wherever a page, config or the registry names it."""
+    spellings = set()
+    for path in [*pages(), *sorted((REPO / "configs").glob("*.yaml")), REPO / "core" / "corpora.yaml"]:
+        spellings |= set(re.findall(r"/mnt/shared/\S*coedit\S*\.jsonl", path.read_text(encoding="utf-8")))
+    assert spellings == {"/mnt/shared/data/coedit/coedit_sources.jsonl"}
 
 
 # -- the sandbox ------------------------------------------------------------------------------------------------

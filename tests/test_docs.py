@@ -203,8 +203,8 @@ def test_every_figure_the_readme_quotes_has_its_row_in_the_benchmarks_page():
 EXTERNAL = {"ray", "pip", "curl", "kubectl", "docker", "export", "source", ".", "rm", "cd", "git", "tail", "mkdocs",
             "python3.11", "wandb", "serve"}
 REPO_ROOTS = {"configs", "docs", "tests", "bench", "k8s", "jobs", "core", "eval", "actors", "train", "serve"}
-# the subcommands `jobs/cli.py` dispatches
-QUORUM_COMMANDS = set(re.findall(r'command == "([\w-]+)"', (REPO / "jobs" / "cli.py").read_text(encoding="utf-8")))
+# the subcommands `jobs/cli.py` dispatches: its table
+QUORUM_COMMANDS = set(importlib.import_module("jobs.cli").COMMANDS)
 
 
 def shell_blocks(path: Path) -> list[str]:
