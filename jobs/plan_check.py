@@ -31,7 +31,7 @@ from jobs.placement import _walk, groups
 from serve.config import ServeConfig
 from train.engine_memory import EngineFit, rank_problems, weight_bytes
 from train.engine_memory import problems as engine_problems
-from train.memory_budget import GPU_MEMORY_MIB, VLLM_LORA_RANK_SLOTS, budget
+from train.memory_budget import GPU_MEMORY_MIB, RESIDENT_PARTS, VLLM_LORA_RANK_SLOTS, budget
 from train.memory_budget import problems as worker_problems
 from train.model_shape import KNOWN_MODELS, ModelShape, shape_from_hf_config
 
@@ -175,12 +175,15 @@ def add_engines(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
             continue
         fit = EngineFit(shape, gpu, spec.tensor_parallel_size, spec.gpu_memory_utilization, spec.max_model_len,
                         weight_bytes(hf_config, spec.dtype), min(adapter_rank(adapter), VLLM_LORA_RANK_SLOTS[-1]))
-        b = fit.budget()
-        report.memory.append((label, f"{b['share']:.2f} of {b['share'] / spec.gpu_memory_utilization:.2f} ({gpu})", (
-            f"weights {b['weights']:.2f} + LoRA slot {b['lora_slot']:.2f} + reserve {b['reserve']:.2f} + KV cache "
-            f"{b['kv_cache']:.2f} = {b['sequences']:.1f} full {spec.max_model_len}-token sequences "
-            f"(shape: {source})")))
+        report.memory.append(engine_row(label, fit, source))
         report.problems += engine_problems(fit, key)
+
+
+def engine_row(label: str, fit: EngineFit, source: str) -> tuple[str, str, str]:
+    b = fit.budget()
+    return (label, f"{b['share']:.2f} of {b['share'] / fit.utilization:.2f} ({fit.gpu_type})", (
+        f"weights {b['weights']:.2f} + LoRA slot {b['lora_slot']:.2f} + reserve {b['reserve']:.2f} + KV cache "
+        f"{b['kv_cache']:.2f} = {b['sequences']:.1f} full {fit.max_model_len}-token sequences (shape: {source})"))
 
 
 def _served(cfg: Any) -> ServeConfig | None:
@@ -210,18 +213,27 @@ def add_trainers(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
             continue
         b = budget(plan)
         label = f"{key} worker ({node.model}, ZeRO-{plan.zero_stage}, LoRA r {plan.lora_r})"
+        resident = sum(b.parts[n] for n in RESIDENT_PARTS)
         report.memory.append((label + ": rollout", f"{b.rollout_gib:.2f} of {b.gpu_gib:.2f} ({plan.gpu_type})",
-                              _parts(b.parts, ("frozen_weights", "optimizer", "train_reserve", "zero3_reduce_bucket"))
-                              + f" + vLLM share {plan.gpu_memory_utilization * b.gpu_gib:.2f}"))
+                              f"DeepSpeed resident {resident:.2f} (" + _parts(b.parts, RESIDENT_PARTS) + ") + "
+                              + (f"vLLM share {plan.gpu_memory_utilization * b.gpu_gib:.2f}"
+                                 if plan.rollout_kind == "vllm" else "HF generate's gathered weights and KV cache")))
+        update = ("zero3_gathered", "zero3_head_copy", "zero2_reduce_bucket", "activations", "attention_mask", "logits",
+                  "vllm_during_update")
         report.memory.append((label + ": update", f"{b.update_gib:.2f} of {b.gpu_gib:.2f} ({plan.gpu_type})",
-                              _parts(b.parts, ("zero3_gathered", "zero3_head_copy", "activations", "logits",
-                                               "vllm_during_update"))))
+                              f"DeepSpeed resident {resident:.2f} + " + _parts(b.parts, update)))
         report.problems += [(f"{key}.{k}", m) for k, m in worker_problems(plan)]
         if plan.rollout_kind == "vllm":
             report.problems += rank_problems(plan.lora_r, f"{key}.lora.r")
+            # the colocated engine's share while it samples, itemised like a pool's engine (its fit is the budget's)
+            engine = EngineFit(plan.shape, plan.gpu_type, 1, plan.gpu_memory_utilization,
+                               plan.max_prompt_length + plan.max_completion_length,
+                               lora_rank=min(plan.lora_r, VLLM_LORA_RANK_SLOTS[-1]), lora_targets=plan.lora_targets)
+            report.memory.append(engine_row(f"{key}.rollout engine (colocated, asleep in the update)", engine,
+                                            "train/model_shape.py"))
 
 
-def _parts(parts: dict[str, float], names: tuple[str, ...]) -> str:
+def _parts(parts: dict[str, float], names) -> str:
     return ", ".join(f"{n} {parts[n]:.2f}" for n in names if parts.get(n))
 
 
@@ -258,30 +270,37 @@ def add_timeouts(report: Report, cfg: Any) -> None:
              "a replica's drain before it is killed (>= serve.request_timeout_s)")]
 
 
+# path fields of the config's sections, and what lives there
+PATH_FIELDS = {"storage_path": "Ray Train checkpoints", "init_adapter": "the LoRA adapter training starts from",
+               "adapter": "a LoRA adapter an engine loads"}
+
+
 def add_storage(report: Report, cfg: Any) -> None:
-    from core.model_store import models_by_repo
+    from core.model_store import models_by_repo, unstaged
 
     ray = cfg.ray
     report.storage.append(("ray.shared_storage", ray.shared_storage or "(none: one machine)",
                            "mounted at the same path on every node"))
     run = getattr(cfg, "run", None)
     if run is not None and getattr(run, "root", ""):
-        report.storage.append(("run.root", run.root, "run directories: results, manifests, reports"))
+        report.storage.append(("run.root", run.root, "run directories: results, manifests, reports, adapters"))
     for key, node in _walk(cfg):
-        if key.endswith("storage_path") or (isinstance(node, str) and key.rsplit(".", 1)[-1] == "adapter" and node):
-            report.storage.append((key, str(node), "adapter" if key.endswith("adapter") else "checkpoints"))
-    for key, node in _walk(cfg):
-        path = getattr(node, "storage_path", None)
-        if isinstance(path, str) and path:
-            report.storage.append((f"{key}.storage_path", path, "Ray Train checkpoints and adapters"))
-    adapter = getattr(getattr(cfg, "judge", None), "adapter", "") or getattr(getattr(cfg, "grm", None), "adapter", "")
-    if adapter:
-        report.storage.append(("adapter", adapter, "the LoRA adapter the served judge loads"))
+        for name, holds in PATH_FIELDS.items():
+            value = getattr(node, name, None)
+            if isinstance(value, str) and value:
+                report.storage.append((f"{key}.{name}" if key else name, value, holds))
     repos = models_by_repo({k: v for k, v in dataclasses.asdict(cfg).items() if k != "ray"})
-    if repos:
-        report.storage.append(("ray.models.hf_home", ray.models.hf_home or "(each node's own cache)",
-                               (f"{len(repos)} hub models, {ray.models.hub_access} "
-                               f"(`quorum stage-models CONFIG` puts them there once)")))
+    if not repos:
+        return
+    hf_home, models = ray.models.hf_home, f"hub model{'s' if len(repos) != 1 else ''}"
+    if hf_home and Path(hf_home).is_dir():
+        missing = unstaged(dataclasses.asdict(cfg), ray.models)
+        staged = f"{len(repos) - len(missing)} of {len(repos)} {models} staged" + (
+            f" (not: {', '.join(missing)})" if missing else "")
+    else:
+        staged = f"{len(repos)} {models}; the cache is not readable from here, so their staging is not checked"
+    report.storage.append(("ray.models.hf_home", hf_home or "(each node's own cache)",
+                           f"{staged}; `quorum stage-models CONFIG` stages them, hub_access {ray.models.hub_access}"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

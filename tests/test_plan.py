@@ -141,6 +141,19 @@ def test_plan_and_run_stop_before_any_work_naming_the_key(config, overrides, key
     assert key in capsys.readouterr().err
 
 
+def test_submit_refuses_before_the_upload(capsys):
+    """`quorum submit`'s check (jobs.submit.plan, everything but the HTTP call): the same refusal, nothing sent."""
+    from core.config import ConfigError
+    from jobs.entry import job_module
+    from jobs.submit import parse_args
+    from jobs.submit import plan as submission_plan
+
+    config = "configs/craft_selftrain_cluster.yaml"
+    with pytest.raises(ConfigError, match="planner.engine.gpu_memory_utilization"):
+        submission_plan(parse_args([config, *CRAFT_SELFTRAIN_OLD]), job_module)
+    assert submission_plan(parse_args([config]), job_module).job == "craft_selftrain"
+
+
 def test_a_served_adapter_above_the_largest_max_lora_rank_is_refused(tmp_path, capsys):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
