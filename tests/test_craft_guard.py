@@ -25,10 +25,11 @@ def test_guard_reasons():
     assert degenerate_reason("Two words.", PARENT20, PARENT20, cfg) == "collapsed"  # 2 < 0.5 * 20
     assert degenerate_reason(" ".join(["x"] * 10) + ".", PARENT20, PARENT20, cfg) == ""  # 10 = 0.5 * 20 is fine
     assert degenerate_reason(PARENT20 + " " + PARENT20 + " more.", PARENT20, PARENT20, cfg) == "bloated"  # 41 > 40
+    assert degenerate_reason(" ".join(["x"] * 39) + ".", PARENT20, PARENT20, cfg) == ""  # 39 < 40
     assert degenerate_reason(PARENT20, PARENT20, PARENT20, cfg, truncated=True) == "truncated"
     cut = PARENT20.removesuffix(" end.")
-    assert degenerate_reason(cut, PARENT20, PARENT20, cfg) == ""  # flag mode trusts the caller's flag only
-    assert degenerate_reason(cut, PARENT20, PARENT20, GuardConfig(truncation="flag_or_unterminated")) == "truncated"
+    assert degenerate_reason(cut, PARENT20, PARENT20, cfg) == "truncated"  # the default reads the text's end too
+    assert degenerate_reason(cut, PARENT20, PARENT20, GuardConfig(truncation="flag")) == ""  # the caller's flag only
     assert degenerate_reason("", PARENT20, PARENT20, GuardConfig(enabled=False)) == ""
 
 
@@ -85,3 +86,26 @@ def test_guard_config_rejects_bad_values():
         GuardConfig(min_len_ratio=0.8, max_len_ratio=0.5)
     with pytest.raises(ValueError, match="truncation"):
         GuardConfig(truncation="sometimes")
+
+
+# -- issue 53, item 5: the two gaps the search exploited ---------------------------------------------------------
+
+INPUT = ("The council met on Monday. It approved the new library budget. Residents welcomed the decision. "
+         "Work on the building starts in the spring.")
+
+
+def test_a_constraint_meeting_text_cut_mid_sentence_is_flagged_by_the_default_guard():
+    # meets "fewer than 20 words" and keeps sentence 1, finished with reason "stop": only its ending shows the cut
+    cut = "The council met on Monday. It approved the new library budget. Residents welcomed the"
+    assert degenerate_reason(cut, INPUT, INPUT, GuardConfig(), truncated=False) == "truncated"
+    # a complete sentence ending (closing quote or bracket after the stop included) passes
+    assert degenerate_reason(cut + " decision.", INPUT, INPUT, GuardConfig()) == ""
+    assert degenerate_reason(cut + ' "decision."', INPUT, INPUT, GuardConfig()) == ""
+    assert GuardConfig().truncation == "flag_or_unterminated"
+
+
+def test_the_input_written_twice_is_bloated():
+    twice = INPUT + " " + INPUT  # exactly 2.0 x the words
+    assert len(twice.split()) == 2 * len(INPUT.split())
+    assert degenerate_reason(twice, INPUT, INPUT, GuardConfig()) == "bloated"
+    assert degenerate_reason(twice, INPUT, INPUT, GuardConfig(max_len_ratio=0.0)) == ""  # the check off

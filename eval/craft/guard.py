@@ -18,10 +18,12 @@ Checks, in this order (the first that fires is the reason):
 ``refusal``    ``refusal_regex`` matches within the first ``refusal_window`` characters, and does NOT
                match the start of the original text (a short story may itself open with "I'm sorry,")
 ``truncated``  the generation hit its token limit (the caller's flag, ``finish_reason == "length"``);
-               with ``truncation: flag_or_unterminated`` also a text that stops without final
-               punctuation when the original ends with it
+               with ``truncation: flag_or_unterminated`` (the default) also a text that stops without
+               final punctuation when the original ends with it: a text cut mid-sentence, whatever the
+               finish reason says (a spliced or joined revision has no finish reason of its own)
 ``collapsed``  fewer than ``min_len_ratio`` x the reference text's words
-``bloated``    more than ``max_len_ratio`` x the reference text's words
+``bloated``    ``max_len_ratio`` x the reference text's words or more (a duplicated input, exactly
+               2.0x, is bloated)
 =============  =========================================================================================
 
 Words are whitespace-separated tokens: the guard needs a robust size measure, not the constraint tools' counter
@@ -64,27 +66,29 @@ class GuardConfig(Section):
         min_len_ratio: A revision with fewer words than this x the reference text's is ``collapsed``. CORD's
             length constraints never ask for less than about the source's length (notes 002 §4.1), so 0.5 only
             catches content loss. 0 = off.
-        max_len_ratio: More words than this x the reference's is ``bloated`` (rambling, repeated text). 0 = off.
+        max_len_ratio: This x the reference's words or more is ``bloated`` (rambling, repeated text: the input
+            written twice is exactly 2x). 0 = off.
         length_reference: ``parent`` (the text the planner revised) or ``original`` (the CORD input).
         refusal_regex: Python regex for refusals; "" = off.
         refusal_window: Characters at the start of the revision the regex is searched in.
-        truncation: ``off``; ``flag`` (the caller's truncated flag); ``flag_or_unterminated`` (also a revision
-            without final punctuation when the original has it).
+        truncation: ``off``; ``flag`` (the caller's truncated flag only); ``flag_or_unterminated`` (the default:
+            also a revision without final punctuation when the original has it, i.e. cut mid-sentence).
     """
 
     enabled: bool = True  # flag degenerate revisions; false = none is ever flagged (the paper's behaviour)
     # a revision with fewer words than this x the reference text's is `collapsed` (0.5 only catches content loss); 0 =
     # off
     min_len_ratio: float = 0.5
-    # a revision with more words than this x the reference's is `bloated` (rambling, repeated text); 0 = off
+    # a revision with this x the reference's words or more is `bloated` (rambling, repeated text: the input written
+    # twice is exactly 2x); 0 = off
     max_len_ratio: float = 2.0
     # the text the length ratios compare with: `parent` (the text the planner revised) or `original` (the CORD input)
     length_reference: Literal["parent", "original"] = "parent"
     refusal_regex: str = DEFAULT_REFUSAL_REGEX  # Python regex for refusals; "" = off
     refusal_window: int = 300  # characters at the start of the revision the regex is searched in
-    # `off`; `flag` (the caller's truncated flag); `flag_or_unterminated` (also a revision without final punctuation
-    # when the original has it)
-    truncation: Literal["off", "flag", "flag_or_unterminated"] = "flag"
+    # `off`; `flag` (the caller's truncated flag only); `flag_or_unterminated` (also a revision without final
+    # punctuation when the original has it: cut mid-sentence)
+    truncation: Literal["off", "flag", "flag_or_unterminated"] = "flag_or_unterminated"
 
     def __post_init__(self) -> None:
         self.validate()  # checked like a section loaded from YAML (`core.config.Section`)
@@ -170,6 +174,6 @@ def degenerate_reason(
     words = word_count(text)
     if reference and config.min_len_ratio and words < config.min_len_ratio * reference:
         return "collapsed"
-    if reference and config.max_len_ratio and words > config.max_len_ratio * reference:
+    if reference and config.max_len_ratio and words >= config.max_len_ratio * reference:
         return "bloated"
     return ""
