@@ -1,8 +1,10 @@
 """`CraftWorker`: the Ray Data actor of the CRAFT job (paper 002): one CORD row's systems per row of a batch.
 
-For each CORD row of a batch it runs the configured systems (``direct``, ``iter``, ``agent``, ``mcts``, and
-``mcts_oracle``: the same search with CORD's gold calls as R_c's list, ``rc_tools: oracle``; the loops are
-``eval.craft.agent``, the search ``eval.craft.mcts``) with the planner and reviser models behind
+For each CORD row of a batch it runs the configured systems (``direct``, ``iter``, ``agent``, ``mcts``;
+``mcts_oracle_rc``: the same search with CORD's gold calls as R_c's list, ``rc_tools: oracle``, the planner
+unchanged; ``mcts_gold_planner``: the search with the gold planner, ``eval.craft.gold_plan``, whose tools are the
+gold calls and whose plan follows them, R_c on the gold calls too; the loops are ``eval.craft.agent``, the search
+``eval.craft.mcts``) with the planner and reviser models behind
 ``actors.engines.cached.CachedEngine`` (one engine when both specs are equal), and returns one output row per
 (CORD row, system): the revision, the system's own record (steps, stop reason, guard flags, parse errors), and its
 cost (LLM calls sent to a model, prompt / completion tokens, seconds, cache hits). Nothing is dropped: a CORD row
@@ -28,13 +30,15 @@ from actors.engines.cached import CachedEngine, Usage
 from actors.secrets import Secrets
 from actors.text_quality import build_quality
 from eval.craft.agent import AgentConfig, Systems, expander
+from eval.craft.gold_plan import gold_planner_output
 from eval.craft.guard import GuardConfig
 from eval.craft.mcts import run_search
 from eval.craft.mcts_config import MCTSConfig
 from eval.craft.quality import QualityConfig
 from eval.craft.results import children_beating_copy
 
-SYSTEMS = ("direct", "iter", "agent", "mcts", "mcts_oracle")
+SYSTEMS = ("direct", "iter", "agent", "mcts", "mcts_oracle_rc", "mcts_gold_planner")
+SEARCHES = ("mcts", "mcts_oracle_rc", "mcts_gold_planner")
 RUN_COLUMNS = ("system", "revision", "error", "stop_reason", "parse_errors", "guard_flags_json", "detail_json",
                "quality", "quality_json", "copy_quality", "copy_quality_json",
                "llm_calls", "prompt_tokens", "completion_tokens", "seconds", "cache_hits", "engine_errors")
@@ -103,12 +107,15 @@ class CraftWorker:
     def _run(self, row: dict, system: str) -> dict:
         # CORD's instruction as the paper's systems read it (ending in a colon before the text)
         instruction, text = row.get("prompt_instruction") or row["instruction"], row["text"]
-        if system in ("mcts", "mcts_oracle"):
-            config = dataclasses.replace(self.mcts, rc_tools="oracle") if system == "mcts_oracle" else self.mcts
+        if system in SEARCHES:
+            config = self.mcts if system == "mcts" else dataclasses.replace(self.mcts, rc_tools="oracle")
             gold = [str(c) for c in row.get("gold_calls", [])]
             fixed = gold if config.rc_tools in ("fixed", "oracle") else None
+            # the gold planner: CORD's gold calls as its tools and a plan that follows them (no planner model)
+            planner_fn = (lambda current: gold_planner_output(current, text, gold)) \
+                if system == "mcts_gold_planner" else None
             initial = self.systems.initial_messages(instruction, text)
-            result = run_search(text, initial, expander(self.systems, text), self.systems.scorer, config,
+            result = run_search(text, initial, expander(self.systems, text, planner_fn), self.systems.scorer, config,
                                 fixed_calls=fixed)
             constraints = json.loads(row.get("constraints_json") or "[]")
             detail = {"stop_reason": result.stop_reason, "path": result.path, "node_id": result.node_id,

@@ -76,7 +76,7 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
         run = root / "craft" / "t"
         runs = pd.read_parquet(run / "runs")
         assert runs.groupby("system").size().to_dict() == {"direct": 2, "iter": 2, "agent": 2, "mcts": 2,
-                                                           "mcts_oracle": 2}
+                                                           "mcts_oracle_rc": 2, "mcts_gold_planner": 2}
         assert (runs["error"] == "").all() and (runs["engine_errors"] == 0).all()
         by = runs.set_index(["system", "level"])
         assert by.loc["direct", "revision"].str.startswith("###THOUGHT").all()
@@ -85,11 +85,11 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
         assert (by.loc["iter", "guard_flags_json"] == '{"collapsed": 1}').all()
         # agent: a copy of the original, so its gold-call accuracy is the copy floor; one step (the planner's
         # checks are the gold calls and... hold only if the copy meets them) or two; 2 calls per step + 3 feedback
-        for row in runs[runs["system"].isin(["agent", "mcts", "mcts_oracle"])].itertuples():
+        for row in runs[runs["system"].isin(["agent", "mcts", "mcts_oracle_rc"])].itertuples():
             assert quality(row.text, row.revision) > 90  # a copy, up to the fake's naive sentence quoting
             assert row.quality == pytest.approx(quality(row.text, row.revision))  # the recorded R_g (difflib here)
-        # the oracle control grades R_c on CORD's gold calls; each search row counts its children against the copy
-        for row in runs[runs["system"] == "mcts_oracle"].itertuples():
+        # both controls grade R_c on CORD's gold calls; each search row counts its children against the copy
+        for row in runs[runs["system"].isin(["mcts_oracle_rc", "mcts_gold_planner"])].itertuples():
             detail = json.loads(row.detail_json)
             assert detail["rc_calls"] == list(row.gold_calls)
             vs = detail["children_vs_copy"]
@@ -99,7 +99,9 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
         assert calls[("direct", 1)] == 1 and calls[("iter", 1)] == 2 and by.loc[("iter", 1), "llm_calls"] == 1
         assert calls[("agent", 1)] % 5 == 0  # planner + reviser + 3 feedback per step
         assert calls[("mcts", 1)] % 10 == 0  # 2 children x 5 calls per expansion
-        assert calls[("mcts_oracle", 1)] % 10 == 0
+        assert calls[("mcts_oracle_rc", 1)] % 10 == 0
+        # the gold planner sends no planner request: 2 children x (reviser + 3 feedback) per expansion
+        assert calls[("mcts_gold_planner", 1)] % 8 == 0 and calls[("mcts_gold_planner", 1)] > 0
         assert runs["llm_calls"].sum() == first_calls  # every call reached the server once (fresh cache)
         manifest = json.loads((run / "manifest.json").read_text())
         assert all(manifest["stages"][s]["status"] == "complete"
@@ -111,7 +113,7 @@ def test_craft_job_end_to_end_and_resume(ray_local, tmp_path):
         assert set(level.index.get_level_values("level")) == {"C1", "C2", "all"}
         # the copy-the-input floor is in every table, computed without a model call
         assert set(level.index.get_level_values("system")) == {"copy", "direct", "iter", "agent", "mcts",
-                                                               "mcts_oracle"}
+                                                               "mcts_oracle_rc", "mcts_gold_planner"}
         summary = (run / "summary.md").read_text()
         assert "Constraint accuracy per level" in summary and "LLM calls per solved instance" in summary
         assert re.search(r"^\| copy +\|", summary, re.MULTILINE)

@@ -51,7 +51,7 @@ GOLD = ['sentence_modification_check([1], "unchange")', 'keyword_keep_removal_ch
         'word_count_check(50, "less than")']
 # the CPU stand-in of configs/craft_demo.yaml; metric d3 is QualityConfig's default
 STAND_IN = {"ppl_model": "smollm2-135m", "bart_model": "smollm2-135m", "bart_kind": "causal", "device": "cpu",
-            "max_length": 2048}
+            "bart_max_length": 2048}
 
 
 # -- D.3 arithmetic, hand-worked ---------------------------------------------------------------------------------
@@ -71,14 +71,18 @@ def test_bart_nom_uses_the_input_against_itself_as_max_and_minus_ten_as_min():
     assert bart_nom(-11.0, -12.0) == 100.0 and bart_nom(-13.0, -12.0) == 0.0  # no range left
 
 
-def test_r_g_is_the_mean_of_the_terms_that_are_on_and_the_copy_earns_fifty():
+def test_r_g_is_the_mean_of_three_terms_and_the_copy_earns_a_third_of_its_terms():
     cfg = QualityConfig(**STAND_IN)
     anchors = Anchors(ppl_init=40.0, bart_max=-0.4)
-    assert d3_quality(40.0, -0.4, anchors, cfg).value == 50.0  # (0 + 100) / 2: SOME not built
+    assert d3_quality(40.0, -0.4, anchors, cfg).value == pytest.approx(100 / 3)  # (0 + 100 + 0) / 3: SOME fixed 0
     score = d3_quality(30.0, -2.32, anchors, cfg)
-    assert score.value == pytest.approx((25.0 + 80.0) / 2)
+    assert score.value == pytest.approx((25.0 + 80.0 + 0.0) / 3)
     assert score.parts["ppl_nom"] == pytest.approx(25.0) and score.parts["bart_nom"] == pytest.approx(80.0)
     assert d3_quality(30.0, -2.32, anchors, cfg, some=0.7).value == pytest.approx((25.0 + 80.0 + 70.0) / 3)
+    # the mean of the terms that are on (the knob): (0 + 100) / 2 for the copy
+    avail = QualityConfig(**STAND_IN, rg_terms="available")
+    assert d3_quality(40.0, -0.4, anchors, avail).value == 50.0
+    assert d3_quality(30.0, -2.32, anchors, avail).value == pytest.approx((25.0 + 80.0) / 2)
 
 
 def test_perplexity_pieces_and_pooling_follow_the_authors_code():
@@ -130,7 +134,7 @@ def d3() -> QualityScorer:
 
 def test_the_scorer_anchors_at_the_input(d3):
     copy, revision = d3(ORIGINAL, [ORIGINAL, REVISION])
-    assert copy.value == pytest.approx(50.0)  # PPL_nom 0, BART_nom 100
+    assert copy.value == pytest.approx(100 / 3)  # PPL_nom 0, BART_nom 100, SOME_nom fixed 0
     assert copy.parts["ppl"] == pytest.approx(copy.parts["ppl_init"]) and copy.parts["bart"] == copy.parts["bart_max"]
     assert 1.0 < copy.parts["ppl_init"] < 1000.0 and -10.0 < copy.parts["bart_max"] < 0.0
     assert revision.parts["bart"] < revision.parts["bart_max"]  # a changed text is less likely than a copy
@@ -198,7 +202,7 @@ def test_the_demo_config_gives_every_system_one_budget_that_fits_and_the_default
     rows = load_rows(cfg.data)
     assert max(rewrite_budget(t, cfg.agent.tokens_per_word) for t in rows["text"]) <= cfg.agent.reviser_max_tokens
     assert cfg.agent.guard == cfg.mcts.guard == GuardConfig()
-    assert cfg.quality.metric == "d3" and "mcts_oracle" in cfg.systems
+    assert cfg.quality.metric == "d3" and {"mcts_oracle_rc", "mcts_gold_planner"} <= set(cfg.systems)
     with pytest.raises(ConfigError, match="agent.reviser_max_tokens"):
         load_config(Config, demo, [f"data.per_level={per_level}", "agent.reviser_max_tokens=128"])
 

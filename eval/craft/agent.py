@@ -226,12 +226,19 @@ class Systems:
     def initial_messages(self, instruction: str, text: str) -> list[dict]:
         return self.templates["planner"].render(examples="", instruction=instruction, text=text)
 
-    def steps(self, history: list[dict], current: str, original: str, k: int, seed: int) -> list[Proposal]:
-        """K planner samples on ``history``, each revised, checked and turned into an observation (batched)."""
+    def steps(self, history: list[dict], current: str, original: str, k: int, seed: int,
+              planner_fn: Callable[[str], str] | None = None) -> list[Proposal]:
+        """K planner samples on ``history``, each revised, checked and turned into an observation (batched).
+
+        ``planner_fn(current) -> planner answer`` replaces the planner model (no planner call: the gold planner,
+        ``eval.craft.gold_plan``); its K answers are the same and the K revisions differ by the reviser's seeds."""
         cfg = self.config
-        grammar = planner_grammar(cfg.planner_max_tokens, sentence_pieces(current)) if cfg.planner_grammar else ""
-        outs = self.planner([(history, self._sampling(cfg.planner_max_tokens, cfg.planner_temperature, seed + i,
-                                                      ("###OBSERVATION",), grammar)) for i in range(k)])
+        if planner_fn is not None:
+            outs = [_Reply(planner_fn(current)) for _ in range(k)]
+        else:
+            grammar = planner_grammar(cfg.planner_max_tokens, sentence_pieces(current)) if cfg.planner_grammar else ""
+            outs = self.planner([(history, self._sampling(cfg.planner_max_tokens, cfg.planner_temperature, seed + i,
+                                                          ("###OBSERVATION",), grammar)) for i in range(k)])
         parsed = [parse_planner_output(o.text) for o in outs]
         plans = [_plan_for_reviser(s.plan, cfg.unplanned_sentences) for s in parsed]
         with_plan = [i for i, p in enumerate(plans) if p]
@@ -252,7 +259,8 @@ class Systems:
             # text_eval() -> score (E.2): the text-quality tool's score in the observation when the planner calls it
             score = self.quality(original, [text or current])[0].value \
                 if any(c.replace(" ", "") == "text_eval()" for c in step.tool_calls) else None
-            calls = 1 + (i in with_plan) + (len(FEEDBACK_ASPECTS) if cfg.quality_feedback and text else 0)
+            calls = (planner_fn is None) + (i in with_plan) + \
+                (len(FEEDBACK_ASPECTS) if cfg.quality_feedback and text else 0)
             proposals.append(Proposal(
                 text=text, planner_output=step.raw, plan=tuple(asdict(p) for p in step.plan),
                 observation=build_observation(text or current, messages, suggestions[i], quality_score=score,
@@ -318,11 +326,21 @@ def _plan_for_reviser(plan: list[PlanLine], unplanned: str) -> list[PlanLine]:
     return [p for p in plan if not (p.sentence.strip() in seen or seen.add(p.sentence.strip()))]
 
 
-def expander(systems: Systems, original: str) -> Callable[[ExpandRequest], list[Proposal]]:
-    """TG-MCTS expansion: K of the agent's steps on the node's history (``eval.craft.mcts.Expander``)."""
+def expander(systems: Systems, original: str,
+             planner_fn: Callable[[str], str] | None = None) -> Callable[[ExpandRequest], list[Proposal]]:
+    """TG-MCTS expansion: K of the agent's steps on the node's history (``eval.craft.mcts.Expander``);
+    ``planner_fn`` replaces the planner model (the gold planner)."""
     def expand(request: ExpandRequest) -> list[Proposal]:
-        return systems.steps(request.history, request.text, original, request.k, request.seed)
+        return systems.steps(request.history, request.text, original, request.k, request.seed, planner_fn)
     return expand
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A planner answer that no model wrote (``planner_fn``): finished, never cut."""
+
+    text: str
+    finish_reason: str = "stop"
 
 
 def make_scorer(quality_fn: QualityFn) -> Callable[[str, list[str], list[list[str]]], list[RewardTerms]]:

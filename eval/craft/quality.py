@@ -11,15 +11,30 @@ D.5), each normalised against the **input** text (D.3):
   log-likelihood of the revision given the input;
 - ``SOME_nom = 100 x SOME``.
 
-So copying the input earns ``(0 + 100 + SOME_nom) / 3``, never the top score: that is what D.3's input anchor is for.
+R_g is the mean of the three, ``(PPL_nom + BART_nom + SOME_nom) / 3``, so copying the input earns
+``(0 + 100 + SOME_nom) / 3``, never the top score: that is what D.3's input anchor is for.
 
 This module holds the arithmetic (pure, hand-checked in tests) and :class:`QualityConfig`, which names the scorer
 models. The models run in ``actors.text_quality`` (GPT-2 Large and ``facebook/bart-large-cnn`` on a cluster; on
 CPU a declared stand-in: SmolLM2-135M for the perplexity and a BARTScore-*style* conditional log-likelihood under
 the same causal model). **SOME is not built** (its three BERT regressors come from the authors, not a registry):
-``some_model`` must stay empty and R_g is the mean of the terms that are on (PPL_nom and BART_nom), a declared
-deviation. The former proxy, 100 x difflib word similarity to the input (:func:`difflib_quality`: 100 for a copy,
-so a search that copies wins), stays as ``metric: difflib``, a named non-default option.
+``some_model`` must stay empty. By default (``rg_terms: three``, the paper's weighting) its term is the fixed
+``some_value`` (0 unless set) and R_g stays a mean over three, so each PPL or BART point moves R = R_g + R_c by 1/3,
+as in the paper; the copy scores ``(0 + 100 + 100 x some_value) / 3`` (33.3 with some_value 0). A fixed SOME term is
+the same for every text of one input, so it moves no comparison between two of them, only the level of R_g.
+``rg_terms: available`` is the mean of the terms that are on (PPL_nom and BART_nom: the copy scores 50 and each
+point moves R by 1/2, weighting R_g 1.5x against R_c), a declared deviation kept as a knob.
+
+A revision beats the copy in R = R_g + 100 x accuracy exactly when ``R_g(revision) > R_g(copy) - 100 x
+(acc(revision) - acc(copy))`` (:func:`beats_copy`): with the default, ``R_g > 33.3 - 100 x delta_acc``.
+
+Every text is scored in one layout (``layout: paragraph``, the default): lines stripped and joined with single
+spaces, as the authors' code joins the reviser's output (``convert_to_paragraph``). The perplexity splits on
+``". "``, so a text with one sentence per line would otherwise score differently from the same words in one
+paragraph; CORD inputs and Direct / Iter answers keep line breaks, agent and search revisions are joined.
+
+The former proxy, 100 x difflib word similarity to the input (:func:`difflib_quality`: 100 for a copy, so a search
+that copies wins), stays as ``metric: difflib``, a named non-default option.
 
 Pure: no ray, vllm, deepspeed, torch or transformers.
 """
@@ -35,6 +50,8 @@ from typing import Literal
 from core.config import Section, dotted, fail, one_of, positive
 
 METRICS = ("d3", "difflib")
+RG_TERMS = ("three", "available")
+LAYOUTS = ("paragraph", "as_is")
 BART_KINDS = ("seq2seq", "causal")
 PPL_SPLITS = ("sentences", "text")
 
@@ -50,13 +67,23 @@ class QualityConfig(Section):
         bart_model: BARTScore model (paper: ``hf:facebook/bart-large-cnn``; CPU stand-in ``smollm2-135m``).
         bart_kind: ``seq2seq`` (BARTScore: log p(revision | input) under an encoder-decoder) or ``causal`` (the
             stand-in: log p(revision | input + blank line) under a causal LM, the revision's tokens only).
-        some_model: SOME's regressors (grammar/fluency/meaning BERTs). Not built: must be "" (SOME off; R_g is the
-            mean of the terms that are on).
+        some_model: SOME's regressors (grammar/fluency/meaning BERTs). Not built: must be "".
+        rg_terms: ``three`` (the paper: R_g = (PPL_nom + BART_nom + SOME_nom) / 3, SOME_nom = 100 x
+            ``some_value`` while SOME is not built) or ``available`` (the mean of the terms that are on: PPL_nom
+            and BART_nom, which weighs R_g 1.5x against R_c).
+        some_value: The fixed SOME score in [0, 1] of ``rg_terms: three`` (0: not built). The same for every text, so
+            it sets the level of R_g and moves no comparison.
         neg_bart_min: BART_min = -neg_bart_min (paper: BART_min = -10).
         ppl_max: PPL_max of D.3 (paper 0).
         ppl_split: ``sentences`` (the authors' code: the text split on ". ", token losses pooled over the pieces,
             ``exp(sum loss / sum tokens)``) or ``text`` (one piece).
-        max_length: Tokens per scored piece at most (the authors' code: 512 for GPT-2); longer pieces are cut.
+        ppl_max_length: Tokens per perplexity piece at most (the authors' code: 512 for GPT-2); longer pieces are cut.
+        bart_max_length: Tokens of the input and of the revision BARTScore reads at most (neulab's BARTScorer, the
+            authors' scorer: 1024, bart-large-cnn's positions); longer texts are cut and the cut is recorded
+            (``bart_cut`` in the score's parts). The causal stand-in has its own position limit (SmolLM2: 8192, the
+            input's last and the revision's first ``bart_max_length`` tokens).
+        layout: ``paragraph`` (every text, the input included, scored as one paragraph: lines stripped and joined
+            with spaces) or ``as_is``.
         ppl_bos: Put the model's BOS token before each perplexity piece, so its first token is scored too (off: the
             authors' code, GPT-2 with ``labels = input_ids``, where a piece's first token is only read).
         dtype: Scorer weights: float32 (CPU) or bfloat16/float16 on a GPU.
@@ -68,12 +95,23 @@ class QualityConfig(Section):
     bart_model: str = "hf:facebook/bart-large-cnn"  # BARTScore model (paper: bart-large-cnn)
     # seq2seq (BARTScore) or causal (stand-in: log p(revision given input) under a causal LM)
     bart_kind: Literal["seq2seq", "causal"] = "seq2seq"
-    some_model: str = ""  # SOME's regressors: not built, must be "" (SOME off)
+    some_model: str = ""  # SOME's regressors: not built, must be ""
+    # three (the paper: R_g = (PPL_nom + BART_nom + SOME_nom) / 3, SOME_nom = 100 x some_value) or available (the mean
+    # of the terms that are on: weighs R_g 1.5x against R_c)
+    rg_terms: Literal["three", "available"] = "three"
+    # the fixed SOME score in [0, 1] of rg_terms three (SOME is not built); the same for every text: it sets the level
+    # of R_g and moves no comparison
+    some_value: float = 0.0
     neg_bart_min: float = 10.0  # BART_min = -neg_bart_min (paper -10)
     ppl_max: float = 0.0  # PPL_max of D.3 (paper 0)
     # sentences (the authors' code: split on ". ", token losses pooled) or text (one piece)
     ppl_split: Literal["sentences", "text"] = "sentences"
-    max_length: int = 512  # tokens per scored piece at most (the authors' code: 512)
+    ppl_max_length: int = 512  # tokens per perplexity piece at most (the authors' code: 512 for GPT-2)
+    # tokens of the input and of the revision BARTScore reads at most (neulab's BARTScorer, the authors': 1024);
+    # longer texts are cut and the cut is recorded (`bart_cut`)
+    bart_max_length: int = 1024
+    # paragraph (every text, the input too, scored as one paragraph: lines stripped, joined with spaces) or as_is
+    layout: Literal["paragraph", "as_is"] = "paragraph"
     # put the model's BOS token before each perplexity piece so its first token is scored too (the authors' code:
     # GPT-2 with labels = input ids, the first token of a piece is only read)
     ppl_bos: bool = False
@@ -86,10 +124,15 @@ class QualityConfig(Section):
         one_of(self.ppl_split, PPL_SPLITS, dotted(where, "ppl_split"))
         one_of(self.dtype, ("float32", "bfloat16", "float16"), dotted(where, "dtype"))
         one_of(self.device, ("cpu", "cuda", "auto"), dotted(where, "device"))
-        positive(self.max_length, dotted(where, "max_length"))
+        one_of(self.rg_terms, RG_TERMS, dotted(where, "rg_terms"))
+        one_of(self.layout, LAYOUTS, dotted(where, "layout"))
+        positive(self.ppl_max_length, dotted(where, "ppl_max_length"))
+        positive(self.bart_max_length, dotted(where, "bart_max_length"))
+        if not 0.0 <= self.some_value <= 1.0:
+            fail(dotted(where, "some_value"), f"a SOME score is in [0, 1], got {self.some_value}")
         if self.some_model:
             fail(dotted(where, "some_model"), "SOME is not built here (its BERT regressors are not in a registry); "
-                 "leave it empty: R_g is then the mean of PPL_nom and BART_nom (a declared deviation)")
+                 "leave it empty: its term is the fixed some_value (rg_terms: three)")
         if self.metric == "d3" and not (self.ppl_model and self.bart_model):
             fail(dotted(where, "ppl_model, bart_model"), "metric d3 needs both scorer models")
 
@@ -148,21 +191,61 @@ def some_nom(some: float) -> float:
 
 
 def d3_quality(ppl: float, bart: float, anchors: Anchors, config: QualityConfig, some: float | None = None) -> QualityScore:
-    """R_g = the arithmetic mean of the D.3 terms that are on (PPL_nom, BART_nom, and SOME_nom when given).
+    """R_g: ``(PPL_nom + BART_nom + SOME_nom) / 3`` (``rg_terms: three``; SOME_nom = 100 x ``some`` when given,
+    else 100 x ``config.some_value``), or the mean of the terms that are on (``available``).
 
     >>> cfg = QualityConfig(ppl_model="m", bart_model="m", bart_kind="causal")
-    >>> d3_quality(20.0, -0.5, Anchors(ppl_init=20.0, bart_max=-0.5), cfg).value   # the input itself: (0 + 100) / 2
-    50.0
-    >>> d3_quality(15.0, -2.0, Anchors(20.0, -0.5), cfg).value   # (25 + 84.2105...) / 2
+    >>> round(d3_quality(20.0, -0.5, Anchors(ppl_init=20.0, bart_max=-0.5), cfg).value, 4)  # the input: (0 + 100 + 0) / 3
+    33.3333
+    >>> round(d3_quality(15.0, -2.0, Anchors(20.0, -0.5), cfg).value, 4)   # (25 + 84.2105... + 0) / 3
+    36.4035
+    >>> avail = QualityConfig(ppl_model="m", bart_model="m", bart_kind="causal", rg_terms="available")
+    >>> d3_quality(15.0, -2.0, Anchors(20.0, -0.5), avail).value   # (25 + 84.2105...) / 2
     54.60526315789474
     """
     terms = {"ppl_nom": ppl_nom(ppl, anchors.ppl_init, config.ppl_max),
              "bart_nom": bart_nom(bart, anchors.bart_max, -config.neg_bart_min)}
     if some is not None:
         terms["some_nom"] = some_nom(some)
-    value = sum(terms.values()) / len(terms)
+    elif config.rg_terms == "three":
+        terms["some_nom"] = some_nom(config.some_value)  # SOME not built: the fixed term
+    value = sum(terms.values()) / (3 if config.rg_terms == "three" else len(terms))
     return QualityScore(value, {**terms, "ppl": ppl, "bart": bart, "ppl_init": anchors.ppl_init,
                                 "bart_max": anchors.bart_max})
+
+
+def copy_quality(config: QualityConfig) -> float:
+    """R_g of the input returned unchanged (PPL_nom 0, BART_nom 100): the constant every revision is measured by.
+
+    >>> round(copy_quality(QualityConfig()), 4), copy_quality(QualityConfig(rg_terms="available"))
+    (33.3333, 50.0)
+    >>> round(copy_quality(QualityConfig(some_value=0.89)), 4)   # (0 + 100 + 89) / 3
+    63.0
+    """
+    if config.rg_terms == "three":
+        return (0.0 + 100.0 + some_nom(config.some_value)) / 3
+    return (0.0 + 100.0) / 2
+
+
+def beats_copy(quality: float, accuracy: float, copy_quality_value: float, copy_accuracy: float) -> bool:
+    """Whether a revision's R = R_g + 100 x accuracy beats the copy's: ``R_g > R_g(copy) - 100 x delta_acc``.
+
+    >>> beats_copy(20.0, 1.0, 100 / 3, 2 / 3)    # 20 > 33.3 - 33.3 = 0
+    True
+    >>> beats_copy(-5.0, 1.0, 100 / 3, 2 / 3)    # -5 < 0
+    False
+    """
+    return quality > copy_quality_value - 100.0 * (accuracy - copy_accuracy)
+
+
+def paragraph_layout(text: str) -> str:
+    """One layout for every scored text: lines stripped, empty ones dropped, joined with single spaces (the
+    authors' ``convert_to_paragraph`` of the reviser's output).
+
+    >>> paragraph_layout("One cat.\\nTwo dogs.\\n\\n  Three.  ")
+    'One cat. Two dogs. Three.'
+    """
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def difflib_quality(original: str, revision: str) -> float:

@@ -15,8 +15,8 @@ per constraint type it is the share of that type's constraints that hold. 95% CI
 
 **Quality**: the R_g each system's answer got from the job's scorer (``quality`` column, ``eval.craft.quality``:
 App. D.3's normalised perplexity and BARTScore by default, anchored at the input, so the copy row scores
-``(0 + 100) / 2 = 50``; ``copy_quality`` is the copy's own score). A frame without that column (an older run, a
-test) falls back to the difflib proxy, ``eval.craft.quality.difflib_quality``.
+``(0 + 100 + SOME_nom) / 3``, 33.3 with SOME's fixed term at 0; ``copy_quality`` is the copy's own score). A frame
+without that column (an older run, a test) falls back to the difflib proxy, ``eval.craft.quality.difflib_quality``.
 
 **Search children that beat the copy** (:func:`children_beating_copy`, :func:`children_share`): how many of a
 search's usable children meet more gold constraints than the input does. If the reviser never proposes one, no
@@ -42,7 +42,7 @@ from eval.craft.quality import difflib_quality
 from eval.craft.tools import check
 
 COPY = "copy"
-SYSTEM_ORDER = (COPY, "direct", "iter", "agent", "mcts", "mcts_oracle")
+SYSTEM_ORDER = (COPY, "direct", "iter", "agent", "mcts", "mcts_oracle_rc", "mcts_gold_planner")
 COST_COLUMNS = ("llm_calls", "prompt_tokens", "completion_tokens", "seconds")
 
 

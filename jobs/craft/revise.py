@@ -1,6 +1,8 @@
-"""CRAFT on CORD (paper 002, §6): Direct, Iter, the planner/reviser agent, TG-MCTS and TG-MCTS with the oracle
-planner's R_c list (``mcts_oracle``: CORD's gold calls, the control that isolates the search from the planner) on the
-same instances.
+"""CRAFT on CORD (paper 002, §6): Direct, Iter, the planner/reviser agent, TG-MCTS, and two controls on the same
+instances: TG-MCTS with CORD's gold calls as R_c's list (``mcts_oracle_rc``: the planner, its plans and feedback
+unchanged) and TG-MCTS with the gold planner (``mcts_gold_planner``: the gold calls as its tools and a plan that
+follows them, ``eval.craft.gold_plan``; R_c on the gold calls), which shows whether search beats the copy when
+planning is right and only the reviser limits it.
 
 Local (local Ray, SmolLM2-135M as planner and reviser, a few CORD rows per level):
 
@@ -56,13 +58,13 @@ from eval.craft import results as cr
 from eval.craft.agent import AgentConfig, rewrite_budget
 from eval.craft.cord import FILE_PATTERN, CordRow, read_cord
 from eval.craft.mcts_config import MCTSConfig
-from eval.craft.quality import QualityConfig
+from eval.craft.quality import QualityConfig, copy_quality
 from jobs.entry import entry
 from jobs.frames import stage_frame, to_dataset
 
 log = logging.getLogger("quorum.craft")
 JOB = "craft"
-SYSTEMS = ("direct", "iter", "agent", "mcts", "mcts_oracle")
+SYSTEMS = ("direct", "iter", "agent", "mcts", "mcts_oracle_rc", "mcts_gold_planner")
 
 
 @dataclass
@@ -99,8 +101,9 @@ class ReportConfig(Section):
 @dataclass
 class Config(JobSections):
     data: DataConfig = field(default_factory=DataConfig)  # the CORD files, levels and rows to run
-    # which systems run: a non-empty list of distinct names from direct, iter, agent, mcts, mcts_oracle (the search
-    # with CORD's gold calls as R_c's list: the oracle-planner control)
+    # which systems run: a non-empty list of distinct names from direct, iter, agent, mcts, mcts_oracle_rc (the search
+    # with CORD's gold calls as R_c's list, the planner unchanged) and mcts_gold_planner (the search with a planner
+    # that proposes the gold calls and a plan from them)
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
     planner: EngineSpec = field(default_factory=EngineSpec)
     reviser: EngineSpec = field(default_factory=EngineSpec)
@@ -295,10 +298,15 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
                           if system != baseline and baseline in order])
     children = cr.children_share(runs)
     quality_note = (
-        "Quality: R_g of App. D.3, the mean of PPL_nom = 100 x (1 - PPL / PPL(input)) and BART_nom = 100 x (BART - "
+        "Quality: R_g of App. D.3 from PPL_nom = 100 x (1 - PPL / PPL(input)) and BART_nom = 100 x (BART - "
         f"BART_min) / (BARTScore(input, input) - BART_min), BART_min = {-cfg.quality.neg_bart_min:g}; perplexity from "
-        f"{cfg.quality.ppl_model}, BARTScore from {cfg.quality.bart_model} ({cfg.quality.bart_kind}); SOME not built "
-        "(off), so the copy scores (0 + 100) / 2 = 50." if cfg.quality.metric == "d3" else
+        f"{cfg.quality.ppl_model}, BARTScore from {cfg.quality.bart_model} ({cfg.quality.bart_kind}); "
+        + ("(PPL_nom + BART_nom + SOME_nom) / 3 with SOME not built, its term fixed at "
+           f"{100 * cfg.quality.some_value:g}" if cfg.quality.rg_terms == "three" else
+           "the mean of PPL_nom and BART_nom (SOME not built; quality.rg_terms=available)")
+        + f", so the copy scores {copy_quality(cfg.quality):.1f}; a revision beats the copy in R = R_g + 100 x "
+        f"accuracy only when R_g > {copy_quality(cfg.quality):.1f} - 100 x (its accuracy - the copy's)."
+        if cfg.quality.metric == "d3" else
         "Quality: 100 x word-level difflib similarity to the original (quality.metric=difflib, not the paper's R_g).")
     notes = [
         (f"Data: {runs['id'].nunique()} CORD instances from {cfg.data.path} (levels {cfg.data.levels}, "
@@ -307,7 +315,8 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
         (f"Planner {cfg.planner.model} ({cfg.planner.kind}), reviser {cfg.reviser.model} ({cfg.reviser.kind}); agent "
         f"max_steps {cfg.agent.max_steps}, Iter rounds {cfg.agent.iter_rounds}; TG-MCTS width {cfg.mcts.width}, "
         f"{cfg.mcts.max_iterations} iterations, depth {cfg.mcts.max_depth}, R_c list {cfg.mcts.rc_tools} "
-        f"(mcts_oracle: CORD's gold calls); every system's reviser budget {cfg.agent.reviser_max_tokens} new tokens; "
+        f"(mcts_oracle_rc: CORD's gold calls; mcts_gold_planner: the gold planner, R_c on the gold calls); "
+        f"every system's reviser budget {cfg.agent.reviser_max_tokens} new tokens; "
         f"guard {'on' if cfg.agent.guard.enabled else 'off'}."),
         ("Constraint accuracy on CORD's gold constraints (a failed row counts 0); 95% CIs: "
         f"{cfg.report.n_boot} bootstrap resamples of instances. " + quality_note),
@@ -327,7 +336,7 @@ def write_report(cfg: Config, store: RunStore, tracker) -> pd.DataFrame:
         rh.Section("Cost per system (LLM calls sent to a model, tokens, seconds)", cost),
         rh.Section("Sample revisions", cr.sample_revisions(runs, cfg.report.samples)),
     ]
-    title = "CRAFT on CORD: Direct vs Iter vs agent vs TG-MCTS (and its oracle-planner control)"
+    title = "CRAFT on CORD: Direct vs Iter vs agent vs TG-MCTS (and its oracle-R_c and gold-planner controls)"
     markdown = rh.render_markdown(title, notes, sections)
     store.write_text("summary.md", markdown)
     store.write_text("report.html", rh.render_html(title, notes, sections, []))
