@@ -168,3 +168,15 @@ def test_rays_merge_is_what_the_setup_check_assumes(cluster):
     del broken["available_node_types"]["gpu_worker"]["worker_setup_commands"]
     config = prepared(broken)
     assert effective_setup_commands(config, "gpu_worker") == cluster["setup_commands"] + cluster["worker_setup_commands"]
+
+
+def test_the_first_hour_on_a_gpu_names_the_check_the_profile_and_the_wait_for_a_gpu_worker():
+    text = GUIDE.read_text(encoding="utf-8")
+    first_hour = text[text.index("## The first hour on a GPU"):]
+    end = first_hour.find("\n## ", 4)  # the section runs to the next heading or the page's end
+    first_hour = first_hour if end < 0 else first_hour[:end]
+    for needed in ("python -m bench.gpu_check", "quorum-ray-head", "ray up cluster.yaml", "ray monitor cluster.yaml",
+                   "gpu_worker"):
+        assert needed in first_hour, needed
+    never_ran = text[text.index("## What has never run on a GPU"):text.index("## The first hour on a GPU")]
+    assert "bench.gpu_check" in never_ran and "quorum-ray-head" in never_ran
