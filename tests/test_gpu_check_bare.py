@@ -149,7 +149,9 @@ def test_with_n_2_each_worker_runs_whole_files_the_end_to_end_ones_first(tmp_pat
         (tmp_path / f"{name}.py").write_text(body.format(n=n, mark=mark))
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: end to end\n")
     log = tmp_path / "order.log"
-    env = {**os.environ, "ORDER_LOG": str(log), "PYTHONPATH": str(REPO)}
+    # a fresh run, not one more worker of the run this test is in (xdist sets PYTEST_XDIST_WORKER and the like)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "ORDER_LOG": str(log),
+           "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:randomly", "-p",
                            "no:cacheprovider", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
