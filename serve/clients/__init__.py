@@ -1,8 +1,5 @@
-"""Light clients of the quorum reward service for the trainers people already run (docs/trainers.md): TRL's
-GRPOTrainer (`serve.clients.trl`), verl's custom reward function (`serve.clients.verl`) and OpenRLHF's reward_func
-file (`serve.clients.openrlhf`; OpenRLHF's plain HTTP path needs no client: `POST /openrlhf` on the service).
-
-They import httpx and the standard library only (no ray, no torch, nothing of the Serve app): a trainer's process
-loads them in milliseconds. They sit in the `serve` layer because they speak its wire format and nothing else;
-quorum's own GRPO client (`train.grpo.reward.client`) is the training loop's, with its GroupOutcome and torch.
+"""The trainer clients of the reward service, re-exported from the `quorum_clients` distribution (clients/ in this
+repository; docs/trainers.md): `serve.clients.trl`, `serve.clients.verl`, `serve.clients.openrlhf` and
+`serve.clients.http` are the same objects as `quorum_clients.*`, kept under these names for quorum's own code and
+tests. A trainer's environment installs `quorum_clients` alone (`pip install ./clients`), without quorum.
 """
