@@ -17,6 +17,7 @@ import yaml
 REGISTRY = Path(__file__).with_name("corpora.yaml")
 ACCESS = ("download", "hub", "request")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 class RegistryError(ValueError):
@@ -48,6 +49,9 @@ class Corpus:
     files: tuple[CorpusFile, ...] = ()
     steps: str = ""
     licence_note: str = ""
+    # a hub dataset's commit, the one its steps download (`hf download --revision`); "" = none recorded: the
+    # steps ask for one (`quorum data get NAME --revision COMMIT`)
+    revision: str = ""
 
     @property
     def verifiable(self) -> bool:
@@ -108,7 +112,7 @@ def _file(entry: object, where: str) -> CorpusFile:
 
 
 KEYS = {"title", "citation", "source", "licence", "licence_note", "licence_url", "access", "layout", "format", "jobs", "configs",
-        "base_url", "files", "steps"}
+        "base_url", "files", "steps", "revision"}
 
 
 def load_registry(path: str | Path = REGISTRY) -> Registry:
@@ -146,6 +150,17 @@ def load_registry(path: str | Path = REGISTRY) -> Registry:
                 raise RegistryError(f"{where}.files: two files are saved under the same name")
         elif not _text(entry, "steps", where, required=False):
             raise RegistryError(f"{where}.steps: a corpus quorum does not download says how to get it")
+        if access == "hub":
+            if "revision" not in entry:
+                raise RegistryError(f"{where}.revision: a hub dataset declares the commit its steps download "
+                                    "(null: none recorded)")
+            if entry["revision"] is not None and not (isinstance(entry["revision"], str)
+                                                      and COMMIT.fullmatch(entry["revision"])):
+                raise RegistryError(f"{where}.revision: must be a 40-hex-digit commit or null, got {entry['revision']!r}")
+            if "REVISION" not in (entry.get("steps") or ""):
+                raise RegistryError(f"{where}.steps: the download step passes --revision REVISION")
+        elif "revision" in entry:
+            raise RegistryError(f"{where}.revision: only a hub dataset has one")
         layout = _text(entry, "layout", where)
         if "/" in layout or layout in (".", ".."):
             raise RegistryError(f"{where}.layout: must be one directory name, got {layout!r}")
@@ -156,7 +171,7 @@ def load_registry(path: str | Path = REGISTRY) -> Registry:
             format=_text(entry, "format", where), jobs=_strings(entry, "jobs", where),
             configs=_strings(entry, "configs", where), base_url=_text(entry, "base_url", where, required=False),
             files=files, steps=_text(entry, "steps", where, required=False),
-            licence_note=_text(entry, "licence_note", where, required=False))
+            licence_note=_text(entry, "licence_note", where, required=False), revision=entry.get("revision") or "")
     return registry
 
 

@@ -127,8 +127,9 @@ def import_(args) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quorum human", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="quorum human", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(parsers=sub.choices)  # an unknown flag is reported with its subcommand's usage
     exp = sub.add_parser("export", help="blind rating sheet and its key from a finished run")
     exp.add_argument("run_dir")
     exp.add_argument("--out", required=True)
@@ -139,5 +140,7 @@ def main(argv: list[str]) -> int:
     imp.add_argument("ratings", nargs="+", help="filled sheets, one per annotator (named by file stem)")
     imp.add_argument("--n-boot", type=int, default=1000)
     imp.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args.parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     return export(args) if args.command == "export" else import_(args)

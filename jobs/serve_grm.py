@@ -19,6 +19,7 @@ Exit codes: 0 success, 2 bad config or arguments, 1 anything else.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from core.config import ConfigError, load_config, split_command
+from core.config import ConfigError, load_config
 from core.model_store import check_models_staged
 from core.ray_env import RayConfig, init_ray, worker_env
 from core.tracking import install_redaction, secret_env_names
@@ -44,22 +45,32 @@ _POLL_S = 5.0
 _READY_TIMEOUT_S = 600.0
 
 
+def build_parser() -> argparse.ArgumentParser:
+    head, usage, details = __doc__.split("\n\n", 2)
+    parser = argparse.ArgumentParser(prog="quorum serve", allow_abbrev=False, description=head.split(": ", 1)[1],
+                                     epilog=f"examples:\n{usage}\n\n{details}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", metavar="CONFIG.yaml", help="the Serve app's YAML config (configs/grm.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the config's keys")
+    parser.add_argument("--detach", action="store_true",
+                        help="update the app on the running cluster named by ray.address / RAY_ADDRESS and return")
+    parser.add_argument("--print-config", nargs="?", const="-", metavar="PATH",
+                        help="write a Serve config for `serve run` / `serve deploy` to PATH (default: stdout)")
+    return parser
+
+
 def main(argv: list[str] | ServeConfig, config_path: str | None = None) -> int:
     """`quorum serve CONFIG [key=value ...] [flags]`; `quorum run CONFIG` passes the loaded config instead."""
     if isinstance(argv, ServeConfig):
         return run(argv, detach=False)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
-    config_path, overrides, flags = split_command(argv)
-    detach, print_to = False, None
-    for flag in flags:
-        if flag == "--detach":
-            detach = True
-        elif flag == "--print-config" or flag.startswith("--print-config="):
-            print_to = flag.partition("=")[2] or "-"
-        else:
-            raise ConfigError(f"unknown flag {flag!r} (known: --detach, --print-config[=PATH])")
+    args = build_parser().parse_intermixed_args(argv)
+    config_path, overrides, detach, print_to = args.config, list(args.overrides), args.detach, args.print_config
+    if print_to is not None and "=" in print_to and not print_to.endswith((".yaml", ".yml", ".json")):
+        overrides.append(print_to)  # `--print-config key=value`: the override argparse took as the flag's value
+        print_to = "-"
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"quorum serve: an override is key=value, got {bad[0]!r}")
     cfg = load_config(ServeConfig, config_path, overrides)
     install_redaction(secret_env_names(dataclasses.asdict(cfg)))
     if print_to is not None:

@@ -12,6 +12,7 @@ writes the same as a page. `--cache DIR` keeps completions in a request cache (a
 
 from __future__ import annotations
 
+import argparse
 import html
 import itertools
 import json
@@ -30,29 +31,30 @@ DEFAULT_CONFIG = "configs/agentsimp_demo.yaml"
 WIDTH = 60
 
 
+def build_parser() -> argparse.ArgumentParser:
+    head, usage, details = __doc__.split("\n\n", 2)
+    parser = argparse.ArgumentParser(prog="quorum simplify-doc", allow_abbrev=False,
+                                     description=head.split(": ", 1)[1], epilog=f"examples:\n{usage}\n\n{details}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", metavar="FILE", help="the document: .txt, .md or .html")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of CONFIG's keys")
+    parser.add_argument("--configuration", default="pl_iterative", choices=list(CONFIGURATIONS),
+                        help="the AgentSimp configuration (default pl_iterative)")
+    parser.add_argument("--html", default="", metavar="OUT", help="also write the result as an HTML page")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="CONFIG",
+                        help=f"the agentsimp config giving backbone, plan and templates (default {DEFAULT_CONFIG})")
+    parser.add_argument("--cache", default="", metavar="DIR", help="a request cache (a second run is free)")
+    return parser
+
+
 def parse_args(argv: list[str]) -> dict:
-    args = {"file": "", "configuration": "pl_iterative", "html": "", "config": DEFAULT_CONFIG, "cache": "",
-            "overrides": []}
-    it = iter(argv)
-    for arg in it:
-        if arg in ("--configuration", "--html", "--config", "--cache"):
-            value = next(it, None)
-            if value is None:
-                raise ConfigError(f"simplify-doc: {arg} needs a value")
-            args[arg[2:]] = value
-        elif arg.startswith("--"):
-            raise ConfigError(f"simplify-doc: unknown flag {arg!r} (known: --configuration, --html, --config, --cache)")
-        elif "=" in arg:
-            args["overrides"].append(arg)
-        elif not args["file"]:
-            args["file"] = arg
-        else:
-            raise ConfigError(f"simplify-doc: one FILE only, got {args['file']!r} and {arg!r}")
-    if not args["file"]:
-        raise ConfigError("simplify-doc: missing FILE (.txt, .md or .html)")
-    if args["configuration"] not in CONFIGURATIONS:
-        raise ConfigError(f"simplify-doc: --configuration must be one of {list(CONFIGURATIONS)}, "
-                          f"got {args['configuration']!r}")
+    args = vars(build_parser().parse_intermixed_args(argv))
+    words = [args["file"], *args["overrides"]]  # overrides may come before FILE: FILE is the word without "="
+    files = [w for w in words if "=" not in w]
+    if len(files) != 1:
+        raise ConfigError(f"simplify-doc: one FILE only, got {files[0]!r} and {files[1]!r}" if files else
+                          "simplify-doc: missing FILE (.txt, .md or .html)")
+    args["file"], args["overrides"] = files[0], [w for w in words if "=" in w]
     return args
 
 
@@ -112,9 +114,6 @@ def render_html(result: dict) -> str:
 def main(argv: list[str]) -> int:
     from jobs.agentsimp.config import Config
 
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
     args = parse_args(argv)
     cfg = load_config(Config, args["config"], args["overrides"])
     result = simplify_one(cfg, args["file"], args["configuration"], args["cache"])

@@ -16,25 +16,38 @@ failed, 2 bad config or a repo the hub refuses.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from core.config import ConfigError, load_config, split_command
+from core.config import ConfigError, load_config
 from core.model_store import STAGE_IGNORE, missing_files, models_by_repo, snapshot_dir, unstaged
 from core.paths import path_overrides
 
 
-def main(argv: list[str], job_module: Callable[[str], Any]) -> int:
-    """`quorum stage-models CONFIG [key=value ...] [--list]`; `job_module` maps a config to its job's module."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
-    config_path, overrides, flags = split_command(argv)
-    unknown = [f for f in flags if f != "--list"]
-    if unknown:
-        raise ConfigError(f"unknown flag {unknown[0]!r} (known: --list)")
+def build_parser() -> argparse.ArgumentParser:
+    head, usage, details = __doc__.split("\n\n", 2)
+    parser = argparse.ArgumentParser(prog="quorum stage-models", allow_abbrev=False,
+                                     description=head.split(": ", 1)[1], epilog=f"examples:\n{usage}\n\n{details}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", metavar="CONFIG.yaml", help="the job config whose hf:<repo> models to stage")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the config's keys")
+    parser.add_argument("--list", action="store_true", help="say which are staged (exit 1 if any is not)")
+    return parser
+
+
+def main(argv: list[str], job_module: Callable[[str], Any] | None = None) -> int:
+    """`quorum stage-models CONFIG [key=value ...] [--list]`; `job_module` maps a config to its job's module
+    (default: `jobs.entry.job_module`)."""
+    if job_module is None:
+        from jobs.entry import job_module
+    args = build_parser().parse_intermixed_args(argv)
+    config_path, overrides = args.config, list(args.overrides)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"quorum stage-models: an override is key=value, got {bad[0]!r}")
     module = job_module(config_path)
     cfg = load_config(module.Config, config_path, overrides + path_overrides(module.Config, config_path, overrides))
     config = dataclasses.asdict(cfg)
@@ -48,7 +61,7 @@ def main(argv: list[str], job_module: Callable[[str], Any]) -> int:
     for repo, keys in repos.items():
         state = f"missing {missing[repo][1]}" if repo in missing else "staged"
         print(f"quorum stage-models: {repo}: {state} ({', '.join(keys)})")
-    if "--list" in flags:
+    if args.list:
         print(f"quorum stage-models: {len(repos) - len(missing)} of {len(repos)} staged in {cache}")
         return 1 if missing else 0
     failed = [repo for repo in missing if not download(repo, cache, missing[repo][0][0])]

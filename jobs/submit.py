@@ -28,6 +28,7 @@ Exit codes: 0 submitted (or, with --follow, succeeded), 2 bad config or argument
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -46,7 +47,6 @@ DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # never worth uploading (`.gitignore`d files are skipped by Ray as well)
 EXCLUDES = ["*.whl", "runs/", ".venv/", "wandb/", ".git/", ".env", "__pycache__/", ".pytest_cache/"]
 VALUE_FLAGS = ("--address", "--home", "--entrypoint-num-cpus", "--entrypoint-memory", "--working-dir", "--env")
-SWITCHES = ("--follow", "--no-resume", "--resume", "--no-check")
 
 
 @dataclass
@@ -63,28 +63,42 @@ class Submission:
     check_config: bool = True
 
 
+def build_parser() -> argparse.ArgumentParser:
+    head, _usage, details = __doc__.split("\n\n", 2)
+    parser = argparse.ArgumentParser(prog="quorum submit", allow_abbrev=False, description=head.split(": ", 1)[1],
+                                     epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", metavar="CONFIG.yaml", help="the job's YAML config (inside --working-dir)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the config's keys")
+    parser.add_argument("--address", help=f"the Ray dashboard (default: RAY_ADDRESS, else {DEFAULT_ADDRESS})")
+    parser.add_argument("--home", help="QUORUM_HOME of the job (default: $QUORUM_HOME, else the current directory)")
+    parser.add_argument("--entrypoint-num-cpus", metavar="N", help="CPUs reserved for the driver (default 1)")
+    parser.add_argument("--entrypoint-memory", metavar="BYTES", help="memory reserved for the driver")
+    parser.add_argument("--working-dir", metavar="DIR", help="the directory uploaded (default: .)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable of the job's runtime env (never a secret: Ray logs them)")
+    parser.add_argument("--follow", action="store_true", help="tail the job's logs; exit 0 only if it succeeded")
+    parser.add_argument("--no-resume", action="store_true", help="re-run every stage (run.resume=false)")
+    parser.add_argument("--resume", action="store_true", help="reuse finished stages (the default)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip checking the config here (its files exist only on the cluster)")
+    return parser
+
+
 def parse_args(argv: list[str]) -> Submission:
-    if not argv or argv[0].startswith("--"):
-        raise ConfigError("quorum submit: missing CONFIG.yaml (usage: quorum submit CONFIG [key=value ...] [flags])")
-    sub = Submission(config=argv[0])
-    rest = iter(argv[1:])
-    for arg in rest:
-        name, eq, value = arg.partition("=")
-        if name in VALUE_FLAGS:
-            if not eq:
-                value = next(rest, None)
-                if value is None:
-                    raise ConfigError(f"quorum submit: {name} needs a value")
-            _set(sub, name, value)
-        elif arg in SWITCHES:
-            sub.follow |= arg == "--follow"
-            sub.check_config &= arg != "--no-check"
-            if arg == "--no-resume":
-                sub.overrides.append("run.resume=false")
-        elif arg.startswith("--"):
-            raise ConfigError(f"quorum submit: unknown flag {arg!r} (known: {', '.join(VALUE_FLAGS + SWITCHES)})")
-        else:
-            sub.overrides.append(arg)
+    """`CONFIG [key=value ...] [flags]` (flags anywhere after CONFIG); argparse exits 2 on an unknown flag."""
+    args = build_parser().parse_intermixed_args(argv)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"quorum submit: an override is key=value, got {bad[0]!r}")
+    sub = Submission(config=args.config, overrides=list(args.overrides), follow=args.follow,
+                     check_config=not args.no_check)
+    if args.no_resume:
+        sub.overrides.append("run.resume=false")
+    for flag in VALUE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                _set(sub, flag, item)
     return sub
 
 
@@ -203,10 +217,10 @@ class SubmitError(RuntimeError):
     """The cluster refused or could not be reached (exit 1)."""
 
 
-def main(argv: list[str], job_module: Callable[[str], ModuleType]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
+def main(argv: list[str], job_module: Callable[[str], ModuleType] | None = None) -> int:
+    """`quorum submit ...`; `job_module` maps a config to its job's module (default: `jobs.entry.job_module`)."""
+    if job_module is None:
+        from jobs.entry import job_module
     sub = parse_args(argv)
     p = plan(sub, job_module)
     address = sub.address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS

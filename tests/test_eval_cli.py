@@ -85,6 +85,15 @@ def test_other_bad_inputs_exit_2(files, tmp_path, capsys):
     assert main(["--orig", str(orig)]) == 2  # argparse usage error: --sys missing
 
 
+def development_file(path: Path) -> Path:
+    """A file only the development copy of ../shared/data has (EASSE's reference values): `quorum data get` lays
+    out the corpora's own files, so with the data as users get it the test is skipped, saying so."""
+    if not path.is_file():
+        pytest.skip(f"needs {path}: EASSE's reference values, a development-only file of ../shared/data that "
+                    "`quorum data get` does not lay out")
+    return path
+
+
 def reference_rows(path: Path) -> dict[str, dict[str, float]]:
     """system -> {SARI, BLEU} from a shared `reference-values.md` table (EASSE's own numbers)."""
     rows = {}
@@ -110,7 +119,7 @@ def test_cli_defaults_reproduce_easse_evaluate(shared_data, capsys, corpus, syst
     import sacrebleu
 
     root = shared_data / corpus
-    expected = reference_rows(root / "reference-values.md")[system]
+    expected = reference_rows(development_file(root / "reference-values.md"))[system]
     argv = ["--metrics", "sari,bleu", "--orig", str(root / orig), "--sys", str(root / sys_file),
             "--refs", *[str(root / r) for r in refs]]
     assert main(argv) == 0

@@ -79,9 +79,9 @@ def test_the_token_comes_from_the_environment_or_its_file(tmp_path):
     (["configs/demo_scores.yaml", "data.nope=1"], "data.nope"),
     (["configs/missing.yaml"], "no such config file"),
     (["configs/demo_scores.yaml", "--entrypoint-num-cpus", "-1"], "--entrypoint-num-cpus"),
-    (["configs/demo_scores.yaml", "--bogus"], "unknown flag '--bogus'"),
+    (["configs/demo_scores.yaml", "--bogus"], "unrecognized arguments: --bogus"),
     (["configs/demo_scores.yaml", "--working-dir", "/nonexistent-dir"], "--working-dir"),
-    (["--follow"], "missing CONFIG.yaml"),
+    (["--follow"], "the following arguments are required: CONFIG.yaml"),
 ])
 def test_bad_submissions_stop_before_anything_is_uploaded(in_repo, argv, message, capsys):
     assert cli_main(["submit", *argv, "--address", "http://127.0.0.1:1"]) == 2

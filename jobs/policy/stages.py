@@ -21,6 +21,7 @@ from actors.engines.base import EngineSpec
 from actors.jury import JudgeConfig, JuryConfig
 from actors.stage_config import ModelConfig, PoolConfig, SamplingConfig
 from core.config import ConfigError, Section, dotted, fail, in_range, one_of, positive
+from core.corpora import hint_suffix
 from core.errors import CorpusError
 from core.files import json_object, read_utf8
 from core.runstore import RunStore, StageResult, write_table
@@ -80,7 +81,7 @@ class EvalConfig(Section):
     split: str = "tune"
     offset: int = 0  # evaluation sources to skip first
     limit: int = 100  # evaluation sources to keep after the offset (0 = all)
-    # used when `path` does not exist (no ../shared beside the checkout): self-written demo references
+    # used when `path` does not exist or is an empty directory (no corpus got yet): self-written demo references
     fallback_path: str = "configs/data/demo_references.jsonl"
     # sources of the fallback references, used with fallback_path
     fallback_sources: str = "configs/data/demo_corpus.jsonl"
@@ -131,21 +132,37 @@ class EvalConfig(Section):
                  "trained are taken)")
 
 
+    def data_found(self) -> bool:
+        """Whether `path` is there with something in it: a missing path and an empty directory (a corpus not got
+        yet) are not found; only the default path may be so (`check_data`), and then the demo references stand in."""
+        path = Path(self.path)
+        return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
     def check_data(self) -> None:
-        """The evaluation files exist now, not after training. Only the default `path` may be missing (no
-        ../shared beside the checkout): the demo references stand in, and the eval_set stage says so."""
-        if not Path(self.path).exists():
+        """The evaluation files exist now, not after training. Only the default `path` may be missing or empty (no
+        ../shared beside the checkout): the demo references stand in, and the eval_set stage says so. A directory
+        holding part of the split's files (an incomplete copy) stops the run, naming the files and the command that
+        gets the corpus."""
+        if not self.data_found():
+            state = "is an empty directory" if Path(self.path).is_dir() else "does not exist"
             if self.path != EvalConfig.path:
-                raise ConfigError(f"evaluate.path: {self.path!r} does not exist")
+                raise ConfigError(f"evaluate.path: {self.path!r} {state}{hint_suffix(self.path)}")
             for key in ("fallback_path", "fallback_sources"):
                 if not Path(getattr(self, key)).is_file():
                     raise ConfigError(f"evaluate.{key}: file not found: {getattr(self, key)} (and evaluate.path "
-                                      f"{self.path!r} does not exist)")
+                                      f"{self.path!r} {state})")
             return
-        expected = {"turkcorpus": f"{self.split}.8turkers.tok.norm", "asset": f"asset.{self.split}.orig"}
-        if self.format in expected and not (Path(self.path) / expected[self.format]).is_file():
-            raise ConfigError(f"evaluate.split: {self.split!r} has no {expected[self.format]} in {self.path} "
-                              f"(evaluate.format={self.format})")
+        stems = {"turkcorpus": (f"{self.split}.8turkers.tok.norm", f"{self.split}.8turkers.tok.turk.", 8),
+                 "asset": (f"asset.{self.split}.orig", f"asset.{self.split}.simp.", 10)}
+        if self.format in stems:
+            source, refs, n = stems[self.format]
+            wanted = [source, *(f"{refs}{k}" for k in range(n))]
+            missing = [name for name in wanted if not (Path(self.path) / name).is_file()]
+            if missing:
+                shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                raise ConfigError(f"evaluate.split: {self.path} lacks {len(missing)} of the {len(wanted)} files "
+                                  f"split {self.split!r} reads (evaluate.format={self.format}): {shown}; an "
+                                  f"incomplete copy?{hint_suffix(self.path)}")
         if self.format == "jsonl" and not Path(self.path).is_file():
             raise ConfigError(f"evaluate.path: {self.path!r} is not a JSONL file")
 
@@ -225,7 +242,7 @@ def adapter_dir(store: RunStore) -> str:
 def load_eval_set(cfg: EvalConfig, policy: str) -> pd.DataFrame:
     """id, source, references of the evaluation sentences (the fallback demo set when `path` is missing)."""
     window = {"offset": cfg.offset, "limit": cfg.limit or None}
-    if not Path(cfg.path).exists():
+    if not cfg.data_found():
         frame = demo_eval_set(cfg.fallback_path, cfg.fallback_sources, policy)
         return frame.iloc[cfg.offset : cfg.offset + cfg.limit if cfg.limit else None].reset_index(drop=True)
     if cfg.format == "jsonl":  # rows with id, text and a list of references
@@ -285,19 +302,19 @@ def stage_eval_set(store: RunStore, cfg: EvalConfig, policy: str) -> StageResult
     def produce(out_dir: str) -> dict:
         frame = load_eval_set(cfg, policy)
         write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir)
-        found = Path(cfg.path).exists()
+        found = cfg.data_found()
         used = cfg.path if found else cfg.fallback_path
         summary = {"rows_out": len(frame), "data": used, "references_per_source": round(
             float(frame["references"].map(len).mean()), 2) if len(frame) else 0}
         if not found:
             # only the default path may be missing (EvalConfig.check_data); the scores are on the demo set
-            summary["warning"] = f"evaluate.path {cfg.path} not found: scored on the demo references {used}"
+            summary["warning"] = f"evaluate.path {cfg.path} not found or empty: scored on the demo references {used}"
         return summary
 
     key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("rejudge", "rejudge_limit", "rejudge_identical", "pool",
                                                                        "n_boot")}
     return store.run_stage("eval_set", {**key, "policy": policy,
-                                        "found": Path(cfg.path).exists()}, produce)
+                                        "found": cfg.data_found()}, produce)
 
 
 # ---------------------------------------------------------------------------------------------------------------
