@@ -22,6 +22,12 @@ rank fits the slot (`can_swap_to`). Requests in flight keep the adapter they sta
 integer id because vLLM caches loaded adapters by id. Two slots (`max_loras=2`), so requests on the new adapter
 start while the last ones on the old adapter finish.
 
+Shutdown: `close` (or, for an engine its owner never closed, interpreter exit) shuts the engine down in order while
+every module is loaded: the engine core process stops and its IPC and shared-memory segments are released
+(`vllm_sync.shutdown_vllm`). Left to AsyncLLM's own `__del__`, the shutdown ran during interpreter teardown, where
+it failed part-way (`TypeError: 'NoneType' object is not callable`, module globals already cleared) and left its
+`/dev/shm/psm_*` segments behind.
+
 `vllm` is imported inside the class only: this module imports on machines without vLLM.
 """
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+import weakref
 
 from actors.engines.base import ChatRequest, Completion, EngineSpec
 from actors.engines.hf.constrained import special_tags
@@ -39,6 +46,7 @@ from actors.engines.vllm_sync import (
     build_sampling_params,
     chat_template_kwargs,
     check_extra_args,
+    shutdown_vllm,
     to_completion,
 )
 
@@ -81,6 +89,9 @@ class AsyncVLLMEngine:
         self.spec = spec
         self.lora_rank_slot = kwargs.get("max_lora_rank", 0) if kwargs["enable_lora"] else 0
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        # shut down explicitly: on `close`, or at interpreter exit while every module is still loaded (atexit; a Ray
+        # actor's graceful exit runs it), never from AsyncLLM's own __del__ at teardown (module docstring)
+        self._finalizer = weakref.finalize(self, shutdown_vllm, self._engine)
         from vllm.renderers import ChatParams
 
         self._tags = special_tags(self._engine.get_tokenizer())
@@ -164,7 +175,7 @@ class AsyncVLLMEngine:
         return self._engine is None or self._engine.errored
 
     def close(self) -> None:
-        """Stop the engine core process and free its memory; requests still in flight fail."""
-        if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+        """Stop the engine core process and free its memory and shared-memory segments; requests still in flight
+        fail. Idempotent."""
+        self._engine = None
+        self._finalizer()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import weakref
 from pathlib import Path
 
 from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingParams, split_thinking
@@ -190,6 +191,36 @@ def to_completion(output) -> Completion:
     )
 
 
+# how long an engine core process gets to stop before vLLM's process manager kills it. vLLM's default, 5 s, is its
+# own executor's first wait for the worker processes (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then 4 s after SIGTERM):
+# a worker slower than that on a busy machine got the engine core killed before it unlinked the shared-memory
+# queue it created (`/dev/shm/psm_*`, 160 MiB), which then stayed behind
+SHUTDOWN_TIMEOUT_S = 120.0
+
+
+def shutdown_vllm(engine, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Shut a vLLM engine down now, in order: an `AsyncLLM` with its `shutdown()`, an offline `LLM` through its
+    engine-core client (the engine core process, or the in-process core, stops; IPC and shared-memory segments are
+    released), its processes given `timeout_s` to stop. Afterwards the engine's own `shutdown` is a no-op, so the
+    one vLLM's `__del__` calls when the object is collected, possibly at interpreter teardown where module globals
+    are already None (`TypeError: 'NoneType' object is not callable`), does nothing.
+    """
+    if engine is None:
+        return
+    if hasattr(engine, "llm_engine"):  # vllm.LLM
+        client = getattr(engine.llm_engine, "engine_core", None)
+        if client is not None:
+            client.shutdown(timeout=timeout_s)
+            client.shutdown = _no_shutdown
+        return
+    engine.shutdown(timeout=timeout_s)
+    engine.shutdown = _no_shutdown
+
+
+def _no_shutdown(*args, **kwargs) -> None:
+    """What an engine's `shutdown` becomes once `shutdown_vllm` has run it."""
+
+
 def build_error_completion(exc: Exception) -> Completion:
     return Completion(text="", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
 
@@ -208,6 +239,8 @@ class VLLMEngine:
 
         self.spec = spec
         self._llm = LLM(**llm_kwargs)
+        # shut down on `close` or at interpreter exit, never at teardown (vllm_async's docstring, "Shutdown")
+        self._finalizer = weakref.finalize(self, shutdown_vllm, self._llm)
         # reasoning tags that are added tokens (Qwen3) must be special-token references in a grammar
         self._tags = special_tags(self._llm.get_tokenizer())
         self._lora = None
@@ -239,8 +272,9 @@ class VLLMEngine:
         return results
 
     def close(self) -> None:
-        """Drop the engine so its GPU memory can be reclaimed (vLLM frees it when the `LLM` is collected)."""
+        """Shut the engine down (its engine core process and shared memory) and free its GPU memory. Idempotent."""
         self._llm = None
+        self._finalizer()
         gc.collect()
         import torch
 

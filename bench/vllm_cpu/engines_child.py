@@ -16,7 +16,7 @@ the one argument (vLLM logs to stdout). Cases:
   LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT as Ray Train exports them), build a colocated `VLLMRollout` (vLLM's
   `external_launcher`) and sample a group per prompt with the policy adapter; ``rollout_rank`` is one of them. With
   ``sleep_mode`` the engine sleeps between calls (vLLM's CPU platform let to accept sleep mode: see
-  `allow_sleep_mode_on_cpu`) and every `sleep`/`wake_up`/`generate` is recorded with the engine's own sleeping
+  `train.grpo.rollout_vllm.allow_sleep_mode_on_cpu`) and every `sleep`/`wake_up`/`generate` is recorded with the engine's own sleeping
   state; with ``updated_adapter`` the rank publishes that adapter as version 2 after its first calls, as `sync`
   does after an optimizer step, and samples again with the same seeds.
 """
@@ -142,19 +142,6 @@ def case_rollout(request: dict) -> dict:
     return {"ranks": answers, "seconds": time.perf_counter() - started}
 
 
-def allow_sleep_mode_on_cpu() -> None:
-    """Let vLLM's CPU platform accept `enable_sleep_mode`, which it refuses only because its workers cannot offload.
-
-    With it the sleep path is vLLM's own down to the worker: `LLM.sleep` pauses the engine core's scheduler (aborting
-    and then queueing requests) and marks the executor asleep, `LLM.wake_up` undoes both; only the CPU worker's
-    `sleep`/`wake_up` are no-ops (vllm/v1/worker/cpu_worker.py: "sleep mode is not supported on CPU, ignore it"), so
-    no memory moves. A `generate` on a sleeping engine would queue its requests and never run them.
-    """
-    from vllm.platforms import current_platform
-
-    type(current_platform).is_sleep_mode_available = lambda self: True
-
-
 def record_engine_calls(log: list) -> None:
     """Record every `vllm.LLM.sleep` / `wake_up` / `generate` (the real methods still run), with whether the engine
     slept when the call began and when it ended, so the order of calls and the engine's own state can be read back."""
@@ -184,7 +171,7 @@ def case_rollout_rank(request: dict) -> dict:
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from train.grpo.rollout_vllm import VLLMRollout, adapter_version_dir
+    from train.grpo.rollout_vllm import VLLMRollout, adapter_version_dir, allow_sleep_mode_on_cpu
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method="env://")

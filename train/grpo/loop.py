@@ -132,6 +132,10 @@ def grpo_loop_per_worker(config: dict) -> None:
         reward_fn.close()
         if monitors is not None and monitors.probe is not None:
             monitors.probe.close()
+        # after the last collective: a colocated vLLM engine's in-process core tears down the process group it
+        # joined when it stops (train.grpo.rollout_vllm.VLLMRollout.close)
+        if hasattr(rollout, "close"):
+            rollout.close()
     if tracker is not None:
         tracker.finish()
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import weakref
 from pathlib import Path
 
-from actors.engines.vllm_sync import lora_rank_slot
+from actors.engines.vllm_sync import lora_rank_slot, shutdown_vllm
 
 # level 1 keeps the base weights (in host memory) across a sleep: only the adapter changes between steps, so there is
 # nothing to reload; level 2 would discard them and need a full weight sync, as TRL does for full fine-tuning
@@ -144,6 +145,20 @@ def adapter_version_dir(root: str | Path, version: int) -> Path:
     return Path(root) / f"policy-v{version}"
 
 
+def allow_sleep_mode_on_cpu() -> None:
+    """Let vLLM's CPU platform accept `enable_sleep_mode`, which it refuses only because its workers cannot offload.
+
+    With it the sleep path is vLLM's own down to the worker: `LLM.sleep` pauses the engine core's scheduler (aborting
+    and then queueing requests) and marks the executor asleep, `LLM.wake_up` undoes both; only the CPU worker's
+    `sleep`/`wake_up` are no-ops (vllm/v1/worker/cpu_worker.py: "sleep mode is not supported on CPU, ignore it"), so
+    no memory moves. A `generate` on a sleeping engine would queue its requests and never run them. Used by
+    `quorum rehearse` (`rollout.vllm_cpu`) and the vLLM-CPU tier.
+    """
+    from vllm.platforms import current_platform
+
+    type(current_platform).is_sleep_mode_available = lambda self: True
+
+
 class VLLMRollout:
     """A colocated vLLM engine that samples with the policy's latest LoRA adapter (see module docstring).
 
@@ -160,7 +175,12 @@ class VLLMRollout:
         self.scratch = Path(scratch_dir) / f"vllm-rank{rank}"
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.version = 0
-        self.sleep_mode = torch.cuda.is_available() if sleep_mode is None else sleep_mode
+        on_cpu = getattr(cfg.rollout, "vllm_cpu", False) and not torch.cuda.is_available()
+        if sleep_mode is None:
+            sleep_mode = torch.cuda.is_available() or on_cpu
+        if sleep_mode and on_cpu:
+            allow_sleep_mode_on_cpu()
+        self.sleep_mode = sleep_mode
         local_rank, world_size = worker_ranks(os.environ)
         kwargs, env = colocated_engine_args(
             model_dir, rank=rank, local_rank=local_rank, world_size=world_size, lora_rank=cfg.lora.r,
@@ -169,8 +189,16 @@ class VLLMRollout:
             sleep_mode=self.sleep_mode, visible_gpus=visible_gpu_count(os.environ))
         os.environ.update(env)
         self.llm = LLM(**kwargs)
+        # shut down on `close` or at interpreter exit, never from vLLM's __del__ at teardown (actors.engines.vllm_async)
+        self._finalizer = weakref.finalize(self, shutdown_vllm, self.llm)
         if self.sleep_mode:  # the first sync and the training step before the first rollout need no engine
             self.llm.sleep(level=SLEEP_LEVEL)
+
+    def close(self) -> None:
+        """Stop the engine (its in-process core also destroys the process group it joined: call it after the last
+        collective). Idempotent."""
+        self.llm = None
+        self._finalizer()
 
     def sync(self, engine) -> None:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
@@ -222,7 +250,8 @@ class VLLMRollout:
             # allocates outside it, so without this the memory budget (train.memory_budget) counts them twice
             import torch
 
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             self.llm.wake_up()  # every tag: weights, KV cache and scheduling
         try:
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=request,
