@@ -132,8 +132,9 @@ def _pool_of(key: str, pools: dict[str, Any]) -> str:
     return gpu_pools[0] if len(gpu_pools) == 1 else ""
 
 
-def vllm_engines(cfg: Any, prefix: str = "") -> list[tuple[str, Any, float, str, str]]:
-    """(key, EngineSpec, GPUs of its actor or replica, adapter, adapter's key) of every vLLM engine of `cfg`."""
+def vllm_engines(cfg: Any, prefix: str = "") -> list[tuple[str, Any, float, str, str, str]]:
+    """(key, EngineSpec, GPUs of its actor or replica, adapter, adapter's key, the pool's key: "" for a Serve
+    replica, which checks its own GPUs) of every vLLM engine of `cfg`."""
     from actors.engines.base import EngineSpec
     from actors.stage_config import PoolConfig
 
@@ -144,10 +145,12 @@ def vllm_engines(cfg: Any, prefix: str = "") -> list[tuple[str, Any, float, str,
         if isinstance(node, EngineSpec) and node.kind == "vllm":
             if isinstance(cfg, ServeConfig):
                 gpus, adapter, adapter_key = float(cfg.resources.num_gpus), cfg.judge.adapter, "judge.adapter"
+                pool_key = ""
             else:
-                pool = pools.get(_pool_of(key, pools))
+                pool_key = _pool_of(key, pools)
+                pool = pools.get(pool_key)
                 gpus, adapter, adapter_key = (pool.num_gpus if pool else 0.0), node.adapter, f"{key}.adapter"
-            out.append((prefix + key, node, gpus, adapter, prefix + adapter_key))
+            out.append((prefix + key, node, gpus, adapter, prefix + adapter_key, pool_key))
     return out
 
 
@@ -162,11 +165,18 @@ def add_engines(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
     if serve_cfg is not None:
         engines += vllm_engines(serve_cfg, "grm.overrides: ")
     hub_cache = cfg.ray.models.hub_cache() if cfg.ray.models.hf_home else ""
-    for key, spec, gpus, adapter, adapter_key in engines:
+    for key, spec, gpus, adapter, adapter_key, pool_key in engines:
         report.problems += rank_problems(adapter_rank(adapter), adapter_key)
+        label = f"{key} ({spec.model}, tp {spec.tensor_parallel_size})"
+        if spec.device == "cpu":
+            report.memory.append((label, "-", "vLLM's CPU build: no GPU"))
+            continue
+        if pool_key and gpus < spec.tensor_parallel_size:
+            report.problems.append((f"{pool_key}.num_gpus", (
+                f"{gpus:g} GPUs per actor cannot hold {key}: vLLM shards it over tensor_parallel_size "
+                f"{spec.tensor_parallel_size} GPUs of its actor; give the pool that many")))
         gpu = _gpu_of(gpus, nodes)
         shape, hf_config, source = engine_shape(spec.model, hub_cache)
-        label = f"{key} ({spec.model}, tp {spec.tensor_parallel_size})"
         if not gpu or shape is None:
             why = "no GPU node type of known memory holds it" if not gpu else (
                 "model shape unknown: stage it (`quorum stage-models`) so its config.json is read")
@@ -212,8 +222,9 @@ def add_trainers(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
                                   "not checked: the GPU memory budget covers GRPO workers of a known model shape"))
             continue
         b = budget(plan)
-        label = f"{key} worker ({node.model}, ZeRO-{plan.zero_stage}, LoRA r {plan.lora_r})"
-        resident = sum(b.parts[n] for n in RESIDENT_PARTS)
+        label = f"{key} worker ({node.model}, ZeRO-{plan.zero_stage}, " + (
+            f"LoRA r {plan.lora_r})" if plan.lora_r else "full fine-tuning)")
+        resident = sum(b.parts.get(n, 0.0) for n in RESIDENT_PARTS)
         report.memory.append((label + ": rollout", f"{b.rollout_gib:.2f} of {b.gpu_gib:.2f} ({plan.gpu_type})",
                               f"DeepSpeed resident {resident:.2f} (" + _parts(b.parts, RESIDENT_PARTS) + ") + "
                               + (f"vLLM share {plan.gpu_memory_utilization * b.gpu_gib:.2f}"

@@ -4,6 +4,7 @@ naming the keys), and the same refusal from `quorum run`'s pre-flight; the plan-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import pytest
 
 from core.cluster_nodes import node_types
 from jobs.cli import main as cli_main
-from jobs.plan import load_unchecked
+from jobs.plan import load
 from jobs.plan import main as plan_main
+from train.config import GRPOConfig
 from train.engine_memory import EngineFit, gpu_gib
 from train.engine_memory import problems as engine_problems
 from train.memory_budget import GIB, budget
@@ -27,6 +29,12 @@ CRAFT_SELFTRAIN_OLD = ["planner.engine.tensor_parallel_size=1", "reviser.tensor_
 JURY_EVAL_OLD = ["synth.simplifiers.3.engine.kind=vllm", "synth.simplifiers.3.engine.model=hf:meta-llama/Llama-3.3-70B-Instruct",
                  "synth.simplifiers.3.engine.tensor_parallel_size=4", "synth.simplifiers.3.engine.api_key_env=",
                  "synth.simplifiers.3.pool.num_gpus=4", "synth.simplifiers.3.pool.num_cpus=4"]
+
+
+# judge_grpo_cluster's worker as the issue sizes it: LoRA r 64 on every linear, ZeRO-3, the optimizer on the GPU
+JUDGE_GRPO_LORA = [*(["grpo.finetune=lora"] if "finetune" in {f.name for f in dataclasses.fields(GRPOConfig)} else []),
+                   "grpo.lora.r=64", "grpo.lora.alpha=128", "grpo.lora.dropout=0.0",
+                   "grpo.lora.target_modules=all-linear", "grpo.deepspeed.offload_optimizer=false"]
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +53,7 @@ def test_every_shipped_cluster_config_plans_and_fits(config, capsys):
 
 
 def test_judge_grpo_cluster_memory_per_a10g_by_hand(capsys):
-    """Qwen3-4B (hidden 2560, 36 layers, MLP 9728, 32 heads, 8 KV heads of 128, vocab 151,936, tied; 4,022,468,096
+    """At the LoRA settings the issue sizes (JUDGE_GRPO_LORA). Qwen3-4B (hidden 2560, 36 layers, MLP 9728, 32 heads, 8 KV heads of 128, vocab 151,936, tied; 4,022,468,096
     parameters), 8 A10G workers (23,028 MiB = 22.488 GiB), ZeRO-3, LoRA r 64 on all linears, micro-batch 2 x 8,192
     tokens, gradient checkpointing, log-probs in 1,024-token chunks, the vLLM engine at 0.6 of the card, asleep in
     the update. GiB = 2**30 bytes.
@@ -70,7 +78,7 @@ def test_judge_grpo_cluster_memory_per_a10g_by_hand(capsys):
       + the sleeping engine                                                         = 1.0000
                                                                                     = 15.962   (issue: about 16.0)
     """
-    plan = load_unchecked("configs/judge_grpo_cluster.yaml").grpo.memory_plan()
+    plan = load("configs/judge_grpo_cluster.yaml", JUDGE_GRPO_LORA)[0].grpo.memory_plan()
     b = budget(plan)
     resident = (4_022_468_096 * 2 / 8 + 132_120_576 * 2 / 8 * 2 + 132_120_576 * 12 / 8 + 500_000_000 * 2
                 + 4_914_688 * 2 * 7 / 8) / GIB + 1.0
@@ -81,7 +89,7 @@ def test_judge_grpo_cluster_memory_per_a10g_by_hand(capsys):
                          + 2 * 8192 * 8192 * 2 + 1024 * 151_936 * 14) / GIB + 1.0
     assert b.update_gib == pytest.approx(update, abs=1e-6)
     assert (round(b.rollout_gib, 1), round(b.update_gib, 1)) == (16.6, 16.0)
-    assert plan_main(["configs/judge_grpo_cluster.yaml"]) == 0
+    assert plan_main(["configs/judge_grpo_cluster.yaml", *JUDGE_GRPO_LORA]) == 0
     out = capsys.readouterr().out
     assert "rollout  16.61 of 22.49 (A10G)" in out and "update   15.96 of 22.49 (A10G)" in out
     assert "zero3_head_copy 0.72" in out
@@ -191,3 +199,32 @@ def test_a_model_s_staged_config_json_is_read(tmp_path, capsys):
     model_dir = resolve_model_dir("smollm2-135m")
     assert plan_main(["configs/grm_cluster.yaml", f"judge.engine.model={model_dir}"]) == 0
     assert f"{model_dir}/config.json" in capsys.readouterr().out
+
+
+def test_an_engine_sharded_over_more_gpus_than_its_actor_holds_is_refused(capsys):
+    """judge_eval's Qwen3-32B judge shards over 2 GPUs (tensor_parallel_size 2): a 1-GPU actor could never start it."""
+    assert plan_main(["configs/judge_eval_cluster.yaml", "judges.1.pool.num_gpus=1"]) == 2
+    assert "judges.1.pool.num_gpus" in capsys.readouterr().err
+
+
+def test_a_quantised_checkpoint_s_config_json_sets_its_weight_bytes(tmp_path, capsys):
+    """A made-up AWQ decoder (hidden 1024, 2 layers, MLP 4096, 8 heads, 2 KV heads of 128, vocab 32,000, untied; 4
+    bits in groups of 128). Per layer: q, o 1024 x 1024, k, v 1024 x 256, gate, up, down 1024 x 4096 = 15,204,352
+    linear weights (+ 2 x 1024 + 2 x 128 norms, 2,304); embedding and head 2 x 32,000 x 1024 = 65,536,000 in bf16; the
+    rest at 0.5 + (2 + 0.5) / 128 = 0.51953125 B. Weights = (65,536,000 x 2 + (2 x 15,206,656 + 1024) x 0.51953125)
+    B = 146,873,198 B = 0.1368 GiB on one GPU."""
+    model = tmp_path / "awq-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "hidden_size": 1024, "num_hidden_layers": 2, "intermediate_size": 4096, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 32000, "tie_word_embeddings": False,
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}))
+    from jobs.plan_check import engine_shape
+    from train.engine_memory import weight_bytes
+
+    shape, hf_config, _ = engine_shape(str(model), "")
+    fit = EngineFit(shape, "A10G", 1, 0.5, 4096, weight_bytes(hf_config))
+    expected = (65_536_000 * 2 + (2 * 15_206_656 + 1024) * 0.51953125) / GIB
+    assert fit.budget()["weights"] == pytest.approx(expected)
+    assert plan_main(["configs/grm_cluster.yaml", f"judge.engine.model={model}"]) == 0
+    assert f"weights {expected:.2f}" in capsys.readouterr().out

@@ -6,7 +6,8 @@ to start when that share is not free (`train.memory_budget`'s docstring cites th
 per GPU (all figures GiB):
 
 - the weights: the parameters over the tensor-parallel ranks, 2 bytes each in bf16/fp16 (4 in float32), or the
-  checkpoint's quantised width (`quantization_config.bits` of an AWQ / GPTQ config.json);
+  checkpoint's quantised width with its group scales (`quantization_config` of an AWQ / GPTQ config.json) for all but
+  the embedding and output head, which stay bf16;
 - one LoRA slot of rank `max_lora_rank` when the engine serves an adapter (`lora_rank_slot`: the smallest of vLLM's
   ranks that holds it), bf16 A and B matrices on the adapter's target modules, sharded like the weights;
 - its profile run's activations, sampler and CUDA graphs (`VLLM_RESERVE_GIB`, the same reserve the GRPO budget uses);
@@ -56,7 +57,9 @@ class EngineFit:
         the share leaves for it), kv_per_sequence and sequences (full `max_model_len` sequences the KV cache holds)."""
         tp, shape = self.tensor_parallel, self.shape
         share = self.utilization * gpu_gib(self.gpu_type)
-        weights = shape.n_params * self.weight_bytes / tp / GIB
+        # a quantised checkpoint keeps its embedding and output head in bf16 (AWQ / GPTQ quantise the linears only)
+        embeddings = shape.embedding_params * (1 if shape.tied else 2) if self.weight_bytes < 2 else 0
+        weights = ((shape.n_params - embeddings) * self.weight_bytes + embeddings * 2) / tp / GIB
         lora = shape.lora_params(lora_rank_slot(self.lora_rank), self.lora_targets) * 2 / tp / GIB \
             if self.lora_rank else 0.0
         per_token = 2 * shape.layers * math.ceil(shape.kv_heads / tp) * shape.head_dim * 2
@@ -95,12 +98,17 @@ def rank_problems(rank: int, key: str) -> list[tuple[str, str]]:
 
 
 def weight_bytes(hf_config: dict, dtype: str = "auto") -> float:
-    """Bytes per weight of an engine: the checkpoint's quantised width, else its dtype's (2 for bf16 / fp16).
+    """Bytes per weight of an engine's linear layers: a quantised checkpoint's width plus its per-group scale (fp16)
+    and zero point (`bits`) every `group_size` weights (AWQ / GPTQ), else its dtype's (2 for bf16 / fp16).
 
-    >>> weight_bytes({"quantization_config": {"quant_method": "awq", "bits": 4}}), weight_bytes({}, "float32")
-    (0.5, 4.0)
+    >>> weight_bytes({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}})
+    0.51953125
+    >>> weight_bytes({}, "float32"), weight_bytes({})
+    (4.0, 2.0)
     """
-    bits = (hf_config.get("quantization_config") or {}).get("bits")
+    quant = hf_config.get("quantization_config") or {}
+    bits = quant.get("bits")
     if bits:
-        return int(bits) / 8
+        group = int(quant.get("group_size") or 0)
+        return int(bits) / 8 + ((2 + int(bits) / 8) / group if group > 0 else 0.0)
     return 4.0 if dtype == "float32" else 2.0  # vLLM's "auto" runs a float32 checkpoint in bf16
