@@ -27,15 +27,15 @@ from train.config import TrainerBase
 from train.trainer import workers_ask
 
 
-def _walk(node: Any, where: str = ""):
+def walk(node: Any, where: str = ""):
     """(dotted key, value) of every dataclass in the tree, the root included."""
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         yield where, node
         for f in dataclasses.fields(node):
-            yield from _walk(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
+            yield from walk(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
     elif isinstance(node, (list, tuple)):
         for i, item in enumerate(node):
-            yield from _walk(item, f"{where}.{i}")
+            yield from walk(item, f"{where}.{i}")
 
 
 def pool_ask(pool: PoolConfig, key: str) -> Ask:
@@ -50,7 +50,7 @@ def groups(cfg: Any) -> list[list[Ask]]:
         return [[cfg.replicas_ask()]]
     placement = getattr(_job_module(cfg), "placement", None)
     out = [placement(cfg)] if placement is not None else []
-    for key, node in _walk(cfg):
+    for key, node in walk(cfg):
         if isinstance(node, TrainerBase) and placement is None:
             out.append([workers_ask(node, key)])
         elif isinstance(node, PoolConfig):

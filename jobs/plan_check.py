@@ -27,13 +27,13 @@ from typing import Any
 from core.cluster_nodes import ClusterNode, node_types
 from core.config import ConfigError
 from core.resource_fit import REFUSE, Capacity, NodeType, describe, units_on, verdict_all
-from jobs.placement import _walk, groups
+from jobs.placement import groups, walk
 from serve.config import ServeConfig
 from train.engine_memory import EngineFit, rank_problems, weight_bytes
 from train.engine_memory import problems as engine_problems
 from train.memory_budget import GPU_MEMORY_MIB, RESIDENT_PARTS, VLLM_LORA_RANK_SLOTS, budget
 from train.memory_budget import problems as worker_problems
-from train.model_shape import KNOWN_MODELS, ModelShape, shape_from_hf_config
+from train.model_shape import ModelShape, model_shape, shape_from_hf_config
 
 CLUSTER_ENV = "QUORUM_CLUSTER"
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[1] / "cluster.yaml"
@@ -93,7 +93,7 @@ def add_stages(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
 
 def engine_shape(model: str, hub_cache: str) -> tuple[ModelShape | None, dict, str]:
     """(shape, config.json, where it came from) of an engine's model: a local directory's config.json, the staged
-    snapshot's under `hub_cache`, else `train.model_shape.KNOWN_MODELS` ({} as config.json)."""
+    snapshot's under `hub_cache`, else `train.model_shape.model_shape`'s known hub ids ({} as config.json)."""
     spec = model.removeprefix("hf:")
     found = Path(spec).expanduser() / "config.json"
     if not found.is_file() and model.startswith("hf:") and hub_cache:
@@ -106,8 +106,8 @@ def engine_shape(model: str, hub_cache: str) -> tuple[ModelShape | None, dict, s
             config = json.loads(found.read_text(encoding="utf-8"))
             return shape_from_hf_config(config), config, str(found)
         except (KeyError, TypeError, ValueError):
-            return None, {}, f"{found} (not a decoder config)"
-    shape = KNOWN_MODELS.get(spec.rstrip("/").rsplit("/", 1)[-1].lower())
+            pass  # not a Llama-style decoder's config.json: the known hub ids may still tell
+    shape = model_shape(model)
     return shape, {}, "train/model_shape.py KNOWN_MODELS" if shape else ""
 
 
@@ -138,7 +138,7 @@ def vllm_engines(cfg: Any, prefix: str = "") -> list[tuple[str, Any, float, str,
     from actors.engines.base import EngineSpec
     from actors.stage_config import PoolConfig
 
-    tree = list(_walk(cfg))
+    tree = list(walk(cfg))
     pools = {k: n for k, n in tree if isinstance(n, PoolConfig)}
     out = []
     for key, node in tree:
@@ -208,7 +208,7 @@ def add_trainers(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
     from train.config import GRPOConfig, TrainerBase
 
     cluster_gpus = {n.gpu_model for n in nodes if n.gpus}
-    for key, node in _walk(cfg):
+    for key, node in walk(cfg):
         if not isinstance(node, TrainerBase) or not node.use_gpu:
             continue
         if isinstance(node, GRPOConfig) and node.gpu_type and node.gpu_type not in cluster_gpus:
@@ -257,7 +257,7 @@ def add_timeouts(report: Report, cfg: Any) -> None:
     from train.grpo.reward.client import RewardServiceConfig
     from train.grpo.reward.wait import step_wait
 
-    for key, node in _walk(cfg):
+    for key, node in walk(cfg):
         if isinstance(node, GRPOConfig):
             report.timeouts.append((f"{key}.collective_timeout_s", f"{node.collective_timeout_s:g} s",
                                     "the longest a rank waits in a collective for the others"))
@@ -295,7 +295,7 @@ def add_storage(report: Report, cfg: Any) -> None:
     run = getattr(cfg, "run", None)
     if run is not None and getattr(run, "root", ""):
         report.storage.append(("run.root", run.root, "run directories: results, manifests, reports, adapters"))
-    for key, node in _walk(cfg):
+    for key, node in walk(cfg):
         for name, holds in PATH_FIELDS.items():
             value = getattr(node, name, None)
             if isinstance(value, str) and value:
