@@ -11,11 +11,11 @@ the bundled SmolLM2, OpenRLHF's body and response handling (openrlhf 0.11.2), ve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -37,7 +37,6 @@ from tests.trainer_conventions import (
     FakeVLLMEngine,
     openrlhf_query,
     openrlhf_reward,
-    verl_batch,
     verl_custom_reward_fn,
     verl_run_single,
 )
@@ -56,6 +55,12 @@ PROBE = [{"pair_id": f"probe-{i}", "prompt": "Describe the harbor.", "gold_a": a
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
+    with scripted_service(tmp_path_factory) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def scripted_service(tmp_path_factory):
     """`quorum serve` with the scripted judge, no auth (OpenRLHF's HTTP path sends no token), its own Ray, and the
     monitors logged to offline W&B runs under `wandb_dir`. `stop()` ends it (the W&B files are complete then)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="qt", dir="/tmp"))
@@ -278,8 +283,9 @@ def test_openrlhf_own_executor_gets_the_services_reward(service, smollm2_dir):
     assert caller_stats(service, "orl-own")["rollouts"] == 1
 
 
-def test_openrlhf_reward_func_file_posts_the_same_body(service, monkeypatch):
-    """The `.py` form OpenRLHF loads with `spec_from_file_location` and calls as reward_func(queries, prompts, labels)."""
+def test_openrlhf_reward_func_file_judges_the_response_in_the_query(service, monkeypatch):
+    """The `.py` form OpenRLHF loads with `spec_from_file_location` and calls as reward_func(queries, prompts, labels):
+    the response is what follows the prompt in the query, judged through the service."""
     import importlib.util
 
     from serve.clients import openrlhf
@@ -319,53 +325,17 @@ def test_verl_naive_manager_calls_compute_score_per_response(service):
     assert caller_stats(service, "verl-run")["null_rewards"] == 2
 
 
-def test_verl_own_reward_managers_score_through_the_service(service, smollm2_dir):
-    """Through verl's own code where it installs (`pip install --no-deps verl` and its pure dependencies):
-    `get_custom_reward_fn` loads `pkg://serve.clients.verl` with the config's reward_kwargs, the reward loop's
-    `naive` manager scores one response per `run_single`, the `batch` manager a batch in one call."""
-    pytest.importorskip("verl", reason="verl is not installed (not a quorum dependency: its CUDA stack does not "
-                                       "install on CPU)")
-    from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
-    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
-    from verl.trainer.ppo.reward import get_custom_reward_fn
-    from verl.workers.reward_manager.batch import BatchRewardManager
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    kwargs = {"url": service.url, "caller": "verl-own", **CONTEXT}
-    config = OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": "pkg://serve.clients.verl", "name": "compute_score", "reward_kwargs": kwargs}}})
-    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
-    responses = ["The river bends twice before it reaches the old mill.", "Water."]
-    data = verl_batch(tokenizer, ["Describe a river."] * 2, responses, [None, None],
-                      [{"question": "Describe a river."}] * 2)
-    scores = [manager.loop.run_until_complete(manager.run_single(data[i:i + 1])) for i in range(2)]
-    expected = [float(min(5, 1 + len(r.split()) // 3)) for r in responses]
-    assert [s["reward_score"] for s in scores] == expected
-    assert [s["reward_extra_info"]["quorum_failed"] for s in scores] == [0.0, 0.0]
-
-    batch_config = OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": "pkg://serve.clients.verl", "name": "compute_score_batch",
-        "reward_kwargs": {**kwargs, "caller": "verl-own-batch"}}}})
-    batch_manager = BatchRewardManager(tokenizer, 0, get_custom_reward_fn(batch_config))
-    data = verl_batch(tokenizer, ["P1", "P1"], ["short one", "a much longer answer than the other one here"],
-                      [None, None], [{"question": "P1"}, {"question": "P1"}])
-    out = batch_manager(data, return_dict=True)
-    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(dim=1) - 1
-    assert [out["reward_tensor"][i, last[i]].item() for i in range(2)] == [2.0, 4.0]
-    assert out["reward_extra_info"]["quorum_failed"] == [0.0, 0.0]
-
-
-def test_verl_batch_manager_groups_rows_by_prompt(service):
-    """verl/workers/reward_manager/batch.py `verify`: compute_score(data_sources=, solution_strs=, ground_truths=,
-    extra_infos=, **reward_kwargs) once per batch, a list with one score per row."""
+def test_verl_group_function_groups_rows_by_prompt(service):
+    """compute_score_batch(data_sources=, solution_strs=, ground_truths=, extra_infos=, **reward_kwargs), as
+    QuorumRewardManager calls it (tests/test_trainer_clients_e2e.py runs the manager in verl): one score per row,
+    consecutive rows with the same prompt judged as one group."""
     fn = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score_batch",
                                {"url": service.url, "caller": "verl-batch", "signal": "own_grade", **CONTEXT})
     solutions = ["short one", "a much longer answer than the other one here", "mid length answer", "tiny"]
     infos = [{"question": "P1", "rollout_reward_scores": {}}] * 2 + [{"question": "P2", "rollout_reward_scores": {}}] * 2
     scores = fn(data_sources=["menlo"] * 4, solution_strs=solutions, ground_truths=[None] * 4, extra_infos=infos)
     assert [s["score"] for s in scores] == [2.0, 4.0, 4.0, 2.0]  # each pair: the longer answer wins 4 to 2
-    assert re.fullmatch(r"\d+", str(caller_stats(service, "verl-batch")["open_step"]))
+    assert caller_stats(service, "verl-batch")["groups"] == 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
