@@ -275,9 +275,9 @@ class GRMServer(JudgeCore):
                 reference = None
                 if scheme == "vs_reference":
                     reference = (body.labels or [None] * len(responses))[rows[0]]
-                    if not isinstance(reference, str):
+                    if not isinstance(reference, str) or not reference.strip():
                         raise P.RequestError(f"labels[{rows[0]}]", "scheme vs_reference judges against the label: "
-                                                                   "it must be a string")
+                                                                   "it must be a non-empty string")
                 requests.append(P.GroupRewardRequest(prompt=body.prompts[rows[0]], responses=[responses[i] for i in rows],
                                                      reference=reference, scheme=scheme, **context))
             for request in requests:
