@@ -16,7 +16,8 @@ of a micro-batch at `max_prompt_length + max_completion_length`, since one batch
 - update: the resident state plus what a training micro-batch adds (ZeRO-3's gathered parameters, ZeRO-2's reduce
   bucket, the activations - saved layer inputs and one layer's recomputation under gradient checkpointing, every layer's
   otherwise - the attention mask, and the logits of the completion window, or one chunk of them with
-  `logprob_chunk_tokens`), while the rollout engine holds only what vLLM's sleep mode leaves on the GPU
+  `logprob_chunk_tokens`, and then under ZeRO-3 the copy of the output head's weight the chunks project with,
+  `train.engine.output_head`), while the rollout engine holds only what vLLM's sleep mode leaves on the GPU
   (`train.grpo.rollout_vllm` sleeps it between rollouts: weights and KV cache released), or its whole share without
   sleep mode (`WorkerPlan.sleep_level` 0).
 
