@@ -13,7 +13,8 @@ import pytest
 
 from actors.text_quality import QualityScorer, build_quality
 from core.config import load_config
-from eval.craft.quality import Anchors, QualityConfig, beats_copy, copy_quality, d3_quality
+from eval.craft import quality as craft_quality
+from eval.craft.quality import Anchors, QualityConfig, d3_quality
 
 # the CPU stand-in's models; every other knob at QualityConfig's default (bart_max_length 1024, rg_terms three)
 MODELS = {"ppl_model": "smollm2-135m", "bart_model": "smollm2-135m", "bart_kind": "causal", "device": "cpu"}
@@ -51,9 +52,10 @@ def test_bartscore_sees_a_change_past_token_512(scorer):
     # the same text with its last sentence changed: every difference lies past token 512
     changed = long_text[: long_text.rindex("The new funding")] + "Nobody knows when any of the money will arrive."
     assert len(tok(long_text[: long_text.rindex("The new funding")], add_special_tokens=False).input_ids) > 512
-    copy, revision = (scorer._bartscore(long_text, t) for t in (long_text, changed))
-    assert revision[0] != pytest.approx(copy[0], abs=1e-6)  # with a 512-token cut both would read alike
-    assert revision[0] < copy[0] and not revision[1] and not copy[1]  # nothing cut at 1024
+    copy, revision = (scorer.bartscore(long_text, t) for t in (long_text, changed))
+    assert revision != pytest.approx(copy, abs=1e-6)  # with a 512-token cut both would read alike
+    assert revision < copy
+    assert not scorer._bartscore(long_text, changed)[1]  # nothing cut at 1024
 
 
 def test_the_two_limits_are_separate_and_the_cluster_config_uses_the_authors_values():
@@ -80,7 +82,7 @@ def test_the_papers_weighting_gives_the_copy_a_third_of_its_terms(scorer):
     copy, = scorer(text, [text])
     assert copy.value == pytest.approx((0 + 100 + 0) / 3)  # SOME not built: its term fixed at some_value 0
     assert variant(scorer, some_value=0.89)(text, [text])[0].value == pytest.approx((0 + 100 + 89) / 3)  # 63
-    assert copy_quality(QualityConfig(some_value=0.89)) == pytest.approx(63.0)
+    assert craft_quality.copy_quality(QualityConfig(some_value=0.89)) == pytest.approx(63.0)
     assert variant(scorer, rg_terms="available")(text, [text])[0].value == pytest.approx(50.0)  # (0 + 100) / 2
 
 
@@ -118,16 +120,17 @@ def test_the_same_words_score_the_same_in_every_systems_layout(scorer):
 # -- item 7: when a revision beats the copy -------------------------------------------------------------------------
 
 def test_a_revision_beats_the_copy_only_when_r_g_clears_the_copy_minus_its_accuracy_gain():
-    rg_copy = copy_quality(QualityConfig())  # 33.3
+    rg_copy = craft_quality.copy_quality(QualityConfig())  # 33.3
     # meets all 3 constraints where the copy meets 2: the bar is 33.3 - 33.3 = 0
-    assert beats_copy(5.0, 1.0, rg_copy, 2 / 3) and not beats_copy(-5.0, 1.0, rg_copy, 2 / 3)
+    assert craft_quality.beats_copy(5.0, 1.0, rg_copy, 2 / 3)
+    assert not craft_quality.beats_copy(-5.0, 1.0, rg_copy, 2 / 3)
     # the same accuracy as the copy: it must read better than the copy (R_g > 33.3)
-    assert not beats_copy(30.0, 0.5, rg_copy, 0.5) and beats_copy(40.0, 0.5, rg_copy, 0.5)
+    assert not craft_quality.beats_copy(30.0, 0.5, rg_copy, 0.5) and craft_quality.beats_copy(40.0, 0.5, rg_copy, 0.5)
     # fewer constraints than the copy: a fluent revision can still win (the reward trades accuracy for fluency)
-    assert beats_copy(70.0, 0.5, rg_copy, 0.75)  # 70 > 33.3 + 25
+    assert craft_quality.beats_copy(70.0, 0.5, rg_copy, 0.75)  # 70 > 33.3 + 25
     # the R comparison and the condition agree
     for rg, acc in ((5.0, 1.0), (-5.0, 1.0), (70.0, 0.5), (30.0, 0.5)):
-        assert beats_copy(rg, acc, rg_copy, 2 / 3) == (rg + 100 * acc > rg_copy + 100 * 2 / 3)
+        assert craft_quality.beats_copy(rg, acc, rg_copy, 2 / 3) == (rg + 100 * acc > rg_copy + 100 * 2 / 3)
 
 
 def test_the_same_constraints_met_by_a_disfluent_text_lose_to_the_copy(scorer):
@@ -144,4 +147,4 @@ def test_the_same_constraints_met_by_a_disfluent_text_lose_to_the_copy(scorer):
     copy, bad = scorer(ORIGINAL, [ORIGINAL, salad])
     assert bad.value < 0.0  # the bar: R_g > 33.3 - 100 x (1 - 2/3) = 0
     assert bad.value + 100 * acc_salad < copy.value + 100 * acc_copy
-    assert not beats_copy(bad.value, acc_salad, copy.value, acc_copy)
+    assert not craft_quality.beats_copy(bad.value, acc_salad, copy.value, acc_copy)

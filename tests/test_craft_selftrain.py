@@ -17,7 +17,6 @@ from eval.craft.selftrain import (
     Pair,
     ScoreWeights,
     action_score,
-    degenerate_floor,
     dev_summary,
     oracle_step,
     pick_pair,
@@ -303,6 +302,8 @@ def test_pick_pair_reads_the_guards_flag_not_the_planner_text():
 
 
 def test_degenerate_floor_is_below_every_usable_score():
+    from eval.craft.selftrain import degenerate_floor
+
     assert degenerate_floor([48.35, -30.0], 100.0) == pytest.approx(-130.0)
     assert degenerate_floor([], 100.0) == -100.0
     with pytest.raises(ValueError, match="degenerate_margin"):

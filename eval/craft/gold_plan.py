@@ -57,7 +57,8 @@ def _notes(call: ToolCall, piece: str, current: str, original: str, rules: TextR
         if need == "fewer":
             return (f"Shorten this sentence: the whole text must have {_rel(rel)} {n} words (it has {words})."), False
         if need == "more":
-            return (f"Add one relevant detail: the whole text must have {_rel(rel)} {n} words (it has {words})."), False
+            return (f"Add one relevant detail: the whole text must have {_rel(rel)} {n} words "
+                    f"(it has {words})."), False
     elif name == "sentence_count_check":
         n, rel = args
         count = len(split_sentences(current, rules))
@@ -66,7 +67,8 @@ def _notes(call: ToolCall, piece: str, current: str, original: str, rules: TextR
             return (f"Merge this sentence with the next one: the text must have {_rel(rel)} {n} sentences "
                     f"(it has {count})."), False
         if need == "more":
-            return (f"Split this sentence in two: the text must have {_rel(rel)} {n} sentences (it has {count})."), False
+            return (f"Split this sentence in two: the text must have {_rel(rel)} {n} sentences "
+                    f"(it has {count})."), False
     elif name == "sentence_length_check":
         n, rel = args
         length = (sentence_lengths(piece, rules) or [0])[0]
