@@ -151,7 +151,7 @@ def stage_train(store: RunStore, grpo: GRPOConfig, wandb_cfg: WandbConfig, key: 
                 "val_vs_baseline_score": _finite(metrics.get("val/vs_baseline/score")),
                 "prompt_rows_truncated": metrics.get("prompt/rows_truncated"),
                 "best_step": result.best.get("step"), "best_score_key": result.best.get("score_key"),
-                "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir,
+                "best_score": result.best.get("score"), "best_adapter": result.best_adapter_dir or result.best_model_dir,
                 "worker_nodes": result.metrics.get("worker_nodes", []),
                 # the reward-hacking monitors' last values and every alert they raised (train.grpo.monitoring)
                 **({"monitor": {k: v for k, v in metrics.items() if k.startswith("monitor/")},

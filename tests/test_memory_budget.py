@@ -168,8 +168,11 @@ def test_gpu_workers_are_placed_on_the_gpu_type_the_budget_was_checked_for():
 def test_zero_2_on_the_a10g_cluster_config_is_refused_with_the_numbers(module, name):
     """At 1761e29 ZeRO-2 was accepted at 22.45 of 22.49 GiB: 0.04 GiB left, which vLLM's start-up check (free bytes
     >= ceil(0.6 x total), no tolerance) does not leave to an estimate. Refused now, naming the key and the numbers."""
+    # the cluster configs train every parameter with the optimizer offloaded; the numbers are the r = 64 LoRA's
+    lora = ["grpo.finetune=lora", "grpo.lora.r=64", "grpo.lora.alpha=128", "grpo.lora.target_modules=all-linear",
+            "grpo.deepspeed.offload_optimizer=false"]
     with pytest.raises(ConfigError) as err:
-        load_config(module.Config, REPO / "configs" / name, ["grpo.deepspeed.zero_stage=2"])
+        load_config(module.Config, REPO / "configs" / name, [*lora, "grpo.deepspeed.zero_stage=2"])
     message = str(err.value)
     assert "grpo.rollout.gpu_memory_utilization: the rollout phase needs 22.45 GiB of A10G (22.5 GiB)" in message
     # Qwen3-4B's bf16 weights whole on every rank (ZeRO-2 shards no parameters) + LoRA + grads + AdamW + reserve
@@ -178,7 +181,7 @@ def test_zero_2_on_the_a10g_cluster_config_is_refused_with_the_numbers(module, n
     assert "at most 0.57" in message and "deepspeed.zero_stage 3" in message
     # the remedy it names is accepted
     cfg = load_config(module.Config, REPO / "configs" / name,
-                      ["grpo.deepspeed.zero_stage=2", "grpo.rollout.gpu_memory_utilization=0.57"])
+                      [*lora, "grpo.deepspeed.zero_stage=2", "grpo.rollout.gpu_memory_utilization=0.57"])
     assert problems(cfg.grpo.memory_plan()) == []
 
 

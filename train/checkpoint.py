@@ -1,11 +1,14 @@
 """Checkpoints, reports and W&B of every trainer's Ray Train worker (`train.preference.loop`, `train.grpo.loop`).
 
 A checkpoint (Ray Train merges the workers' directories into one) holds:
-    deepspeed/step_<k>/...   DeepSpeed `save_checkpoint` per rank: LoRA weights, optimizer, LR scheduler (frozen
-                             base weights excluded; they are reloaded from `model_dir`), the step and the loop's
-                             client state (GRPO: its count of off-policy steps)
+    deepspeed/step_<k>/...   DeepSpeed `save_checkpoint` per rank: the trainable weights, optimizer, LR scheduler
+                             (LoRA: frozen base weights excluded, they are reloaded from `model_dir`; finetune
+                             full: the whole model with Adam's moments and, at bf16, fp32 master weights: 12
+                             bytes a parameter at fp32, 14 at bf16, about 52 GiB for a 4B model), the step and the
+                             loop's client state (GRPO: its count of off-policy steps)
     rng/rank<r>.pt           each rank's torch RNG state (LoRA dropout), so a resumed run replays the same masks
-    adapter/                 rank 0's peft `save_pretrained` of the LoRA adapter
+    adapter/                 rank 0's peft `save_pretrained` of the LoRA adapter (finetune lora), or
+    model/                   the 16-bit Hugging Face export of the whole model (finetune full, `export_model`)
     train_state.json         step and total steps
 On start a worker restores all of that from `ray.train.get_checkpoint()` and continues at the saved step.
 """
@@ -24,7 +27,7 @@ import torch
 from core.tracking import start_worker_run
 from train import collectives
 from train.config import TrainerBase
-from train.engine import lora_state_dict
+from train.engine import export_model, lora_state_dict
 
 Metrics = dict[str, float]
 
@@ -39,9 +42,13 @@ def save_checkpoint(engine, cfg: TrainerBase, directory: str, step: int, total: 
     rng.mkdir(exist_ok=True)
     torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if cfg.use_gpu else []},
                rng / f"rank{rank}.pt")
-    lora = lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
+    if cfg.finetune == "full":  # the 16-bit export (a collective under ZeRO-3: every rank calls it)
+        export_model(engine, cfg.deepspeed.zero_stage, rank, os.path.join(directory, "model"))
+    else:
+        lora = lora_state_dict(engine, cfg.deepspeed.zero_stage)  # a collective under ZeRO-3: every rank calls it
+        if rank == 0:
+            engine.module.save_pretrained(os.path.join(directory, "adapter"), state_dict=lora)
     if rank == 0:
-        engine.module.save_pretrained(os.path.join(directory, "adapter"), state_dict=lora)
         state = {"step": step, "total_steps": total}
         (Path(directory) / "train_state.json").write_text(json.dumps(state) + "\n")
 

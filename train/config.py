@@ -137,7 +137,8 @@ class GRPOConfig(TrainerBase):
     num_iterations: int = 1
     clip_eps_low: float = 0.2  # ε_low: the ratio is clipped below at 1 - ε_low (verl clip_ratio 0.2)
     clip_eps_high: float = 0.2  # ε_high: clipped above at 1 + ε_high; > ε_low is DAPO's clip-higher
-    # β of the KL-to-reference term (reference = the base model: LoRA disabled); 0 = no reference forward
+    # β of the KL-to-reference term (reference = the initial policy: LoRA disabled, or with finetune full a frozen
+    # copy of the model partitioned like the policy); 0 = no reference forward and no reference copy
     kl_coef: float = 0.0
     kl_kind: str = "k3"  # KL estimator (Schulman): k1 = -log r | k2 = (log r)^2 / 2 | k3 = (r - 1) - log r
     # bonus on the policy's token entropy, subtracted from the loss (verl entropy_coeff; the paper leaves it 0)

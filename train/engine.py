@@ -175,14 +175,16 @@ def base_fingerprint(model: torch.nn.Module, gather: bool) -> torch.Tensor:
 
 class GatheringHead:
     """The partitioned output head of ZeRO-3 when it trains (full fine-tuning; in most models it is the tied input
-    embedding), for chunked log-probs. A gathered copy would take no gradient, so each chunk calls the module
-    itself: ZeRO-3's pre-forward hook gathers the weight for that call and again for the chunk's recomputation in
-    backward, and the gradient reaches the parameter through autograd exactly as in the model's own forward (ZeRO-3
-    reduce-scatters it once the tied parameter's gradient is complete, after the embedding's backward). Every call
-    is a collective, so each rank runs as many chunks as the rank with the most (`chunks_to_run`; the extra ones
-    project a zero row and add nothing: `train.logprobs.chunked_token_logps`)."""
+    embedding), for chunked log-probs. A gathered copy would take no gradient, and calling the partitioned module
+    per chunk would make one collective per chunk, a count that differs between ranks (their batches differ in
+    length). So the weight is gathered once for the projection's forward and once for its backward, and the
+    parameter itself enters autograd (`train.logprobs.GatheredChunkedLogps`): its gradient reaches ZeRO-3's
+    reduce-scatter as the model's own projection's does, once the tied parameter's gradient is complete."""
 
     def __init__(self, module: torch.nn.Module):
+        if getattr(module, "bias", None) is not None:
+            raise ValueError("logprob_chunk_tokens: a trainable output head with a bias is not supported under "
+                             "ZeRO-3; set logprob_chunk_tokens: 0")
         self.module = module
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -191,19 +193,24 @@ class GatheringHead:
     def parameters(self):
         return self.module.parameters()
 
-    def chunks_to_run(self, chunks: int) -> int:
-        """The most chunks any rank has this call (a collective)."""
-        from train import collectives
+    def chunked_logps(self, hidden: torch.Tensor, labels: torch.Tensor, chunk_tokens: int, with_entropy: bool):
+        from train.logprobs import GatheredChunkedLogps
 
-        return int(collectives.all_reduce_values([float(chunks)], "max")[0])
+        weight = self.module.weight
+
+        def gather():
+            return deepspeed.zero.GatheredParameters([weight])
+
+        with gather():
+            logps, entropy = GatheredChunkedLogps.apply(hidden, weight, labels, chunk_tokens, with_entropy, gather)
+        return logps, entropy if with_entropy else None
 
 
 def output_head(engine, cfg: TrainerBase):
     """The output projection for chunked log-probs. Under ZeRO-3 a frozen head's weight is gathered once, here, and
     copied: the partitioned module would gather at every chunk, a collective whose count differs between ranks
     (their batches differ in length), and the copy outlives the gather for the chunks recomputed in backward. A
-    trainable head (full fine-tuning) must receive its gradient, so it is the partitioned module itself, with the
-    chunk count agreed between ranks (`GatheringHead`)."""
+    trainable head (full fine-tuning) must receive its gradient: `GatheringHead`."""
     head = engine.module.get_output_embeddings()
     if not cfg.logprob_chunk_tokens or cfg.deepspeed.zero_stage != 3:
         return head

@@ -75,7 +75,9 @@ def chunked_token_logps(
         hidden: Final (post-norm) hidden states. Shape: (b, T, H).
         head: The output projection, (n, H) -> (n, V) logits: the output embedding module, or under ZeRO-3 a
             function of its gathered weight (`train.engine.output_head`): a partitioned module would gather at each
-            call, a collective whose count (chunks) differs between ranks.
+            call, a collective whose count (chunks) differs between ranks. A head with ``chunked_logps`` (the
+            trainable partitioned head, `train.engine.GatheringHead`) computes the whole call itself
+            (`GatheredChunkedLogps`).
         labels: Token ids in ``[0, V)``. Shape: (b, T).
         chunk_tokens: Positions per chunk (> 0).
         with_entropy: Also return the next-token entropy (nats) at every position.
@@ -87,6 +89,8 @@ def chunked_token_logps(
         raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree on (b, T)")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens: must be >= 1, got {chunk_tokens}")
+    if hasattr(head, "chunked_logps"):  # a head whose weight must be gathered (`GatheredChunkedLogps`)
+        return head.chunked_logps(hidden, labels, chunk_tokens, with_entropy)
     flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
         p.requires_grad for p in getattr(head, "parameters", list)()))
@@ -105,6 +109,47 @@ def chunked_token_logps(
         empty = hidden.new_zeros(shape, dtype=torch.float32)
         return empty, empty.clone() if with_entropy else None
     return torch.cat(logps).reshape(shape), torch.cat(entropy).reshape(shape) if with_entropy else None
+
+
+class GatheredChunkedLogps(torch.autograd.Function):
+    """`chunked_token_logps` through a weight that must be gathered to be used (ZeRO-3's partitioned, trainable
+    output head): `gather()` is entered once in forward and once in backward, whatever the number of chunks, so
+    every rank makes the same collectives however long its batch. Call `apply` inside `gather()`, with the
+    parameter itself as `weight`: its gradient, the full (V, H) matrix summed over the chunks, reaches the parameter
+    through autograd as the model's own projection's would. Backward recomputes each chunk's logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk_tokens, with_entropy, gather):
+        ctx.save_for_backward(hidden, labels)
+        ctx.weight, ctx.chunk_tokens, ctx.with_entropy, ctx.gather = weight, chunk_tokens, with_entropy, gather
+        with torch.no_grad():
+            logps, entropy = chunked_token_logps(hidden, lambda h: torch.nn.functional.linear(h, weight), labels,
+                                                 chunk_tokens, with_entropy)
+        return logps, entropy if entropy is not None else logps.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy):
+        hidden, labels = ctx.saved_tensors
+        flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+        flat_grad = grad_logps.reshape(-1)
+        flat_grad_entropy = grad_entropy.reshape(-1) if ctx.with_entropy else None
+        grad_hidden = torch.zeros_like(flat_hidden)
+        with ctx.gather():
+            weight = ctx.weight.detach().requires_grad_(True)
+            with torch.enable_grad():
+                for start in range(0, flat_labels.shape[0], ctx.chunk_tokens):
+                    part = slice(start, start + ctx.chunk_tokens)
+                    h = flat_hidden[part].detach().requires_grad_(True)
+                    logps, entropy = _chunk_logps(lambda x: torch.nn.functional.linear(x, weight), h,
+                                                  flat_labels[part], ctx.with_entropy)
+                    outputs, grads = [logps], [flat_grad[part]]
+                    if ctx.with_entropy:
+                        outputs.append(entropy)
+                        grads.append(flat_grad_entropy[part])
+                    torch.autograd.backward(outputs, grads)
+                    grad_hidden[part] = h.grad
+            grad_weight = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        return grad_hidden.reshape(hidden.shape), grad_weight, None, None, None, None
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,9 @@ class WorkerPlan:
     # the `zero_optimization` section of the DeepSpeed config the worker builds (`train.ds_config.trainer_ds_config`);
     # None = build_ds_config's for zero_stage, precision and offload
     zero_config: dict | None = None
+    # full fine-tuning with a KL term: a frozen reference copy of the model, partitioned like the policy
+    # (`train.engine.build_reference`)
+    reference: bool = False
 
     def zero(self) -> dict:
         if self.zero_config is not None:
@@ -177,6 +180,7 @@ def budget(plan: WorkerPlan) -> Budget:
         "zero3_reduce_bucket": _gib(zero["reduce_bucket_size"] * weight_bytes) if zero3 else 0.0,
         "zero3_persistent": _gib(lora_persistent * weight_bytes) * (1 - 1 / world)
         if zero3 and not plan.offload_params else 0.0,
+        **_full_finetune_resident(plan, weight_bytes, zero3),
     }
     resident = sum(parts.values())
     seq = plan.max_prompt_length + plan.max_completion_length
@@ -200,9 +204,10 @@ def budget(plan: WorkerPlan) -> Budget:
         "logits": logits_gib(plan.max_completion_length + 1, shape.vocab, act_bytes, plan.logprob_chunk_tokens,
                              plan.micro_batch_size),
         # ZeRO-3 with chunked log-probs: the output head's weight, gathered once and copied for the whole update
-        # (`train.engine.output_head`), beside ZeRO's own gathered parameters
-        "zero3_head_copy": _gib(shape.vocab * shape.hidden * weight_bytes) if zero3 and plan.logprob_chunk_tokens
-        else 0.0,
+        # (`train.engine.output_head`), beside ZeRO's own gathered parameters; a trainable head (full fine-tuning,
+        # `train.logprobs.GatheredChunkedLogps`) is gathered in forward and backward, with its full gradient
+        "zero3_head_copy": _gib(shape.vocab * shape.hidden * weight_bytes) * (1 if plan.lora_r else 2)
+        if zero3 and plan.logprob_chunk_tokens else 0.0,
     }
     vllm = plan.rollout_kind == "vllm"
     vllm_parts = {
@@ -214,8 +219,8 @@ def budget(plan: WorkerPlan) -> Budget:
     } if vllm else {}
     share = plan.gpu_memory_utilization * gpu if vllm else 0.0
     held = (VLLM_ASLEEP_GIB if plan.sleep_level else share) if vllm else 0.0
-    if vllm:
-        rollout = resident + share
+    if vllm:  # full fine-tuning's weight sync gathers one parameter at a time while the engine's weights are awake
+        rollout = resident + share + (_gib(shape.largest_param() * weight_bytes) if not plan.lora_r and zero3 else 0.0)
     else:  # HF generate on the training model: ZeRO-3 gathers, plus the KV cache of every rollout at once
         rollout = resident + update["zero3_gathered"] + _gib(
             plan.rollouts_per_worker * seq * shape.kv_bytes_per_token(act_bytes))
@@ -224,8 +229,27 @@ def budget(plan: WorkerPlan) -> Budget:
                   update_gib=resident + sum(update.values()) + held)
 
 
+def checkpoint_gib(shape: ModelShape, precision: str) -> float:
+    """One full-fine-tuning checkpoint (DeepSpeed's, all ranks together): the weights in their dtype, the fp32 master
+    copy where they are 2-byte, and AdamW's two fp32 moments. Qwen3-4B at bf16: 14 bytes a parameter, 52.4 GiB.
+
+    >>> round(checkpoint_gib(model_shape("hf:Qwen/Qwen3-4B"), "bf16"), 1)
+    52.4
+    """
+    weight_bytes = 2 if precision in ("bf16", "fp16") else 4
+    return _gib(shape.n_params * (weight_bytes + (4 if weight_bytes == 2 else 0) + 8))
+
+
+def _full_finetune_resident(plan: WorkerPlan, weight_bytes: int, zero3: bool) -> dict[str, float]:
+    """Full fine-tuning's resident part beyond the policy's own state: the frozen reference copy of a KL term, in
+    the weights' dtype, partitioned like the policy under ZeRO-3 (offloaded with its parameters)."""
+    if not plan.reference or plan.offload_params:
+        return {}
+    return {"reference_weights": _gib(plan.shape.n_params * weight_bytes) / (plan.num_workers if zero3 else 1)}
+
+
 RESIDENT_PARTS = ["frozen_weights", "trainable_weights", "gradients", "optimizer", "train_reserve",
-                  "zero3_reduce_bucket", "zero3_persistent"]
+                  "zero3_reduce_bucket", "zero3_persistent", "reference_weights"]
 
 
 def _fmt(parts: dict[str, float], names: list[str]) -> str:
@@ -293,7 +317,8 @@ def grpo_plan(cfg) -> WorkerPlan | None:
         shape=shape, gpu_type=cfg.gpu_type, num_workers=cfg.num_workers,
         precision="bf16" if cfg.precision == "auto" else cfg.precision, zero_stage=cfg.deepspeed.zero_stage,
         offload_optimizer=cfg.deepspeed.offload_optimizer, offload_params=cfg.deepspeed.offload_params,
-        lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules, micro_batch_size=cfg.micro_batch_size,
+        lora_r=0 if cfg.finetune == "full" else cfg.lora.r, lora_targets=cfg.lora.target_modules,
+        reference=cfg.finetune == "full" and cfg.kl_coef > 0, micro_batch_size=cfg.micro_batch_size,
         max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
         gradient_checkpointing=cfg.gradient_checkpointing, rollouts_per_worker=cfg.prompts_per_worker * cfg.group_size,
         rollout_kind=cfg.rollout.kind, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,

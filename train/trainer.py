@@ -34,6 +34,10 @@ class TrainResult:
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # GRPO with validation prompts: the adapter with the best val/reward/mean and its best.json (step, score, ...)
     best_adapter_dir: str | None = None
+    # finetune full: <run_dir>/model, the 16-bit Hugging Face export of the trained model (no adapter_dir then)
+    model_dir: str | None = None
+    # finetune full with validation prompts: the export of the best validation score (<run_dir>/best_model)
+    best_model_dir: str | None = None
     best: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -130,18 +134,19 @@ def build_trainer(cfg: TrainerBase, loop_config: dict, storage_path: str, loop: 
 
 
 def _collect(result: Any, out: Path, storage_dir: str) -> TrainResult:
-    """Copy the adapter of the latest checkpoint next to the run's other outputs."""
-    checkpoint_path, adapter_dir = None, None
+    """Copy the adapter (or the full model's export) of the latest checkpoint next to the run's other outputs."""
+    checkpoint_path, copied = None, {}
     if result.checkpoint is not None:
         checkpoint_path = result.checkpoint.path
         with result.checkpoint.as_directory() as ckpt_dir:
-            source = Path(ckpt_dir) / "adapter"
-            if source.is_dir():
-                adapter_dir = str(out / "adapter")
-                shutil.rmtree(adapter_dir, ignore_errors=True)
-                shutil.copytree(source, adapter_dir)
+            for name in ("adapter", "model"):  # finetune lora / full
+                source = Path(ckpt_dir) / name
+                if source.is_dir():
+                    copied[name] = str(out / name)
+                    shutil.rmtree(copied[name], ignore_errors=True)
+                    shutil.copytree(source, copied[name])
     metrics = dict(result.metrics or {})
     (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     history = sorted((dict(m) for _, m in result.best_checkpoints or []), key=lambda m: m.get("step", 0))
-    return TrainResult(metrics=metrics, checkpoint_path=checkpoint_path, adapter_dir=adapter_dir,
-                       storage_dir=storage_dir, history=history)
+    return TrainResult(metrics=metrics, checkpoint_path=checkpoint_path, adapter_dir=copied.get("adapter"),
+                       storage_dir=storage_dir, history=history, model_dir=copied.get("model"))

@@ -151,7 +151,11 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
                                lambda: contextlib.nullcontext((spec, {}))))
     table = report(store, tracker, results, "Judge GRPO (MENLO reward)")
     best = results[-1].summary.get("best_adapter")
-    store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {})})
+    if cfg.grpo.finetune == "full":  # the 16-bit export (train/run/model; best_model on each new best)
+        store.finish({"model": adapter_dir(store).removesuffix("adapter") + "model",
+                      **({"best_model": best} if best else {})})
+    else:
+        store.finish({"adapter": adapter_dir(store), **({"best_adapter": best} if best else {})})
     tracker.finish()
     return table
 

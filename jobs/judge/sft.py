@@ -119,10 +119,13 @@ def main(cfg: Config, config_path: str = "") -> pd.DataFrame:
     table = pd.DataFrame([{"stage": r.name, "skipped": r.skipped, "rows": r.rows, "seconds": round(r.seconds, 3),
                            **{k: v for k, v in r.summary.items() if isinstance(v, (int, float, str))}}
                           for r in results])
+    # finetune lora leaves a peft adapter (judge_eval: judges.N.engine.adapter), full a 16-bit model export
+    # (judges.N.engine.model)
+    output = "model" if cfg.train.finetune == "full" else "adapter"
     store.write_text("summary.md", "# Judge SFT (paper 003 Table 5)\n\n" + table.to_markdown(index=False) + "\n\n"
-                     f"Adapter: `{store.path}/train/run/adapter`\n")
+                     f"{output.capitalize()}: `{store.path}/train/run/{output}`\n")
     record_stages(results, tracker)
-    store.finish({"adapter": f"{store.path}/train/run/adapter"})
+    store.finish({output: f"{store.path}/train/run/{output}"})
     tracker.finish()
     return table
 

@@ -103,6 +103,9 @@ class GRMConfig:
     overrides: list[str] = field(default_factory=list)
     # the judge's LoRA adapter (a judge_grpo run's train/run/adapter), applied as judge.adapter; "" = as configured
     adapter: str = ""
+    # a fully fine-tuned judge (a judge_grpo run's train/run/model, its 16-bit export), applied as judge.model;
+    # "" = as configured
+    model: str = ""
     start_timeout_s: float = 600.0  # seconds to wait for the deployed GRM app to be RUNNING before the job fails
 
 
@@ -153,7 +156,10 @@ class Config(JobSections):
     def serve_config(self) -> ServeConfig:
         require_file(self.grm.config, "grm.config")
         try:
+            if self.grm.adapter and self.grm.model:
+                raise ConfigError("grm.model: a fully fine-tuned judge has no adapter; set grm.model or grm.adapter")
             extra = [f"judge.adapter={self.grm.adapter}"] if self.grm.adapter else []
+            extra += [f"judge.model={self.grm.model}"] if self.grm.model else []
             return load_config(ServeConfig, self.grm.config, [*self.grm.overrides, *extra])
         except ConfigError as exc:
             raise ConfigError(f"grm: {exc}") from None

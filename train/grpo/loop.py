@@ -16,7 +16,8 @@ optimizer step, rank r:
    returns (`reward.overlap`, `train.grpo.overlap`: the judge works while the next call generates); failed groups
    (reward service down, timed out, no reward for a rollout) are counted and masked out of the loss, never scored 0;
 4. runs `grad_accum` micro-batches of rollouts through `advantages.grpo_policy_loss` (group advantages, clip,
-   optional KL to the reference = the same model with the LoRA adapter disabled), `num_iterations` times; the
+   optional KL to the reference = the same model with the LoRA adapter disabled, or with `finetune: full` a frozen
+   copy of the initial model), `num_iterations` times; the
    loss is aggregated per micro-batch and DeepSpeed averages micro-batches and workers (so "token_mean" is a
    mean of micro-batch token means, as in TRL's per-device normalisation);
 5. reports the step's metrics reduced over workers (every reward component, failures by kind, service latency,
@@ -46,7 +47,7 @@ from train import collectives
 from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import GRPOConfig
 from train.cuda_check import require_cuda
-from train.engine import build_engine, build_lora_model, output_head
+from train.engine import build_engine, build_model, build_reference, output_head
 from train.grpo.batch import (
     GroupOutcome,
     finish_outcome_metrics,
@@ -61,7 +62,7 @@ from train.grpo.reward.build import build_reward
 from train.grpo.rollout_hf import HFRollout
 from train.grpo.staleness import Batch, StepPipeline
 from train.grpo.stats import finish_stats, rank_metrics, step_stat_sums
-from train.grpo.validate import BaselineAnswers, BestAdapter, validate, write_answers
+from train.grpo.validate import BaselineAnswers, BestAdapter, sample_baselines, validate, write_answers
 from train.precision import worker_precision
 from train.sequences import collate_sequences, encode_prompt, step_row_indices
 
@@ -80,7 +81,9 @@ def grpo_loop_per_worker(config: dict) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     total, rows = config["total_steps"], config["rows"]
     tokenizer = AutoTokenizer.from_pretrained(config["model_dir"])
-    engine = build_engine(build_lora_model(config["model_dir"], cfg), cfg, world, total)
+    engine = build_engine(build_model(config["model_dir"], cfg), cfg, world, total)
+    # finetune full with kl_coef > 0: a frozen copy of the initial model (LoRA: the adapter disabled, no copy)
+    reference = build_reference(config["model_dir"], cfg, world, engine.device)
     state: dict = {}
     start = restore_checkpoint(engine, rank, state)
     tracker = init_wandb(cfg, config, rank)
@@ -90,8 +93,10 @@ def grpo_loop_per_worker(config: dict) -> None:
     rollout = make_rollout(tokenizer, cfg, config["model_dir"], rank, world)
     val_rows = config.get("val_rows") or []
     best = BestAdapter(config["best_dir"], rank, cfg.val_metric) if val_rows else None
-    # vs_baseline validation: the base model's answer per val row, sampled once per run
+    # vs_baseline validation: the initial policy's answer per val row, sampled once per run, before step 1
     baselines = BaselineAnswers(str(Path(config["best_dir"]).parent / "val_baseline"), rank) if val_rows else None
+    if baselines is not None and cfg.val_metric == "vs_baseline":  # the policy before its first update
+        sample_baselines(engine, tokenizer, cfg, val_rows, rollout, rank, world, baselines, start)
     # prompts over max_prompt_length lose the tail of their user turn (fit_prompt): counted once over all rows
     rows_truncated = float(sum(encode_prompt(tokenizer, row, cfg)[1] for row in rows))
     failed_streak = 0
@@ -99,7 +104,7 @@ def grpo_loop_per_worker(config: dict) -> None:
     off_policy = int(state.get("off_policy_steps", 0))  # the run's steps trained on an earlier policy's rollouts
     try:
         for step in range(start, total):
-            metrics, samples = grpo_step(engine, tokenizer, cfg, pipeline, step, rank)
+            metrics, samples = grpo_step(engine, tokenizer, cfg, pipeline, step, rank, reference, rollout)
             done = step + 1
             off_policy += metrics["grpo/staleness"] > 0
             metrics |= {"step": done, "start_step": start, "prompt/rows_truncated": rows_truncated,
@@ -119,7 +124,8 @@ def grpo_loop_per_worker(config: dict) -> None:
                     generations = _gather_records(answers)
                     if tracker is not None:
                         _log_records(tracker, "val/generations", generations, done)
-                metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done))
+                metrics["val/new_best"] = float(best.offer(engine, cfg.deepspeed.zero_stage, metrics, done,
+                                                            full=cfg.finetune == "full"))
             failed_streak = failed_streak + 1 if metrics["reward/groups_failed_fraction"] == 1.0 else 0
             if tracker is not None and cfg.log_samples_every and done % cfg.log_samples_every == 0:
                 _log_samples(tracker, samples, done)
@@ -199,9 +205,10 @@ def old_logps(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor]) -> list[t
             for s in micro_batch_slices(batch["input_ids"].shape[0], cfg.micro_batch_size)]
 
 
-def grpo_step(engine, tokenizer, cfg: GRPOConfig, pipeline: StepPipeline, step: int,
-              rank: int) -> tuple[Metrics, list[dict]]:
-    """Rollouts -> rewards -> `num_iterations` optimizer steps. Returns the reduced metrics and rank-local samples."""
+def grpo_step(engine, tokenizer, cfg: GRPOConfig, pipeline: StepPipeline, step: int, rank: int,
+              reference=None, rollout=None) -> tuple[Metrics, list[dict]]:
+    """Rollouts -> rewards -> `num_iterations` optimizer steps. Returns the reduced metrics and rank-local samples.
+    `reference`: full fine-tuning's frozen reference copy for the KL term (`train.engine.build_reference`)."""
     began = time.perf_counter()
     cuda = engine.device.type == "cuda"
     if cuda:
@@ -212,9 +219,11 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, pipeline: StepPipeline, step: 
     completions, finished, texts = got.completions, got.finished, got.texts
     outcomes: list[GroupOutcome] = got.outcomes
     advantages, valid = outcome_advantages(outcomes, cfg.group_size, cfg.normalize_std)
+    if rollout is not None:  # a full-fine-tuning vLLM engine sleeps (level 2) through the update
+        rollout.release()
     if _any_worker(bool(valid.any())):
         sums = policy_update(engine, cfg, rollout_batch(cfg, batch), advantages,
-                             valid, behaviour=batch.behaviour)
+                             valid, behaviour=batch.behaviour, reference=reference)
     else:
         # no group scored anywhere: no optimizer step at all (weight decay and Adam state would still move)
         sums = {"lr": engine.get_lr()[0], "grad_norm_max": math.nan, "train_tokens": 0.0, "updates_skipped": 1.0}
@@ -248,7 +257,7 @@ def grpo_step(engine, tokenizer, cfg: GRPOConfig, pipeline: StepPipeline, step: 
 
 
 def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advantages: torch.Tensor,
-                  valid: torch.Tensor, behaviour: list[torch.Tensor] | None = None) -> Metrics:
+                  valid: torch.Tensor, behaviour: list[torch.Tensor] | None = None, reference=None) -> Metrics:
     """`num_iterations` passes of `grad_accum` micro-batches; the engine steps at each accumulation boundary.
 
     The ratio's "old" log-probs are `behaviour`'s when the rollouts came from an earlier policy (max_staleness 1:
@@ -261,8 +270,7 @@ def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advan
     clock = time.perf_counter()
     old = behaviour if behaviour is not None else old_logps(engine, cfg, batch) if cfg.num_iterations > 1 else None
     old_s, clock = time.perf_counter() - clock, time.perf_counter()
-    ref = ([policy_logps(engine, batch, s, cfg, no_grad=True, reference=True, head=output_head(engine, cfg))[0]
-            for s in slices] if cfg.kl_coef else None)
+    ref = reference_logps(engine, cfg, batch, slices, reference) if cfg.kl_coef else None
     sums: Metrics = {"lr": engine.get_lr()[0], "old_logprob_s_max": old_s,
                      "reference_s_max": time.perf_counter() - clock}
     clock = time.perf_counter()
@@ -280,6 +288,15 @@ def policy_update(engine, cfg: GRPOConfig, batch: dict[str, torch.Tensor], advan
     sums["grad_norm_max"] = float(norm) if norm is not None else math.nan
     sums["train_tokens"] = float(batch["attention_mask"].sum()) * cfg.num_iterations
     return sums
+
+
+def reference_logps(engine, cfg: GRPOConfig, batch: dict, slices: list[slice], reference=None) -> list[torch.Tensor]:
+    """The reference policy's per-token log-probs of every micro-batch (the KL term): `reference`, the frozen copy
+    of full fine-tuning (`train.engine.build_reference`), or the LoRA policy with its adapter disabled."""
+    model = reference if reference is not None else engine
+    head = output_head(model, cfg)
+    return [policy_logps(model, batch, s, cfg, no_grad=True, reference=reference is None, head=head)[0]
+            for s in slices]
 
 
 # ---------------------------------------------------------------------------------------------------------------

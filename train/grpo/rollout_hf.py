@@ -18,7 +18,8 @@ class HFRollout:
     The rollouts come from the weights as they are when `generate` runs, so GRPO stays on-policy with no weight sync
     (`sync` is a no-op; with `rollout.max_staleness: 1` the next step's rollouts are generated before the update:
     `train.grpo.staleness`); `train.grpo.rollout_vllm.VLLMRollout` is the fast engine for GPUs, synced after every
-    optimizer step.
+    optimizer step. With `finetune: full` the model is every trained weight, so each step samples the weights the
+    last update wrote.
     """
 
     def __init__(self, tokenizer, cfg: GRPOConfig, synced_gpus: bool):
@@ -27,6 +28,9 @@ class HFRollout:
 
     def sync(self, engine) -> None:
         """Nothing to sync: `generate` reads the training model itself."""
+
+    def release(self) -> None:
+        """Nothing to release before an update: the rollouts come from the training model itself."""
 
     def stop_ids(self, model) -> set[int]:
         eos = model.generation_config.eos_token_id
@@ -45,6 +49,9 @@ class HFRollout:
         """
         if adapter:
             return self._generate(model, prompts, group_size)
+        if not hasattr(model, "disable_adapter"):
+            raise ValueError("finetune full has no adapter to switch off: the initial policy's answers are sampled "
+                             "before the first update (train.grpo.validate)")
         with model.disable_adapter():
             return self._generate(model, prompts, group_size)
 

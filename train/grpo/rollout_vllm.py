@@ -22,7 +22,9 @@ worker-local directory, and the next `generate` passes it as a `LoRARequest` wit
 adapter cache by that id, so a new id per version guarantees the rollouts of step t come from the weights after
 step t-1 (on-policy, as with `HFRollout`), while the base weights stay resident. With `rollout.max_staleness: 1` the
 adapter synced at the start of step t also samples step t+1's rollouts, before step t's update
-(`train.grpo.staleness`). Everything vLLM-specific is
+(`train.grpo.staleness`). With `finetune: full` every weight trains, so the sync pushes every weight into the
+engine in process, one parameter at a time (`VLLMRollout.sync_full`), the engine sleeps at level 2 before each
+update (`release`), and the step's `generate` calls share the weights of one sync. Everything vLLM-specific is
 imported inside `VLLMRollout`; the mappings below are pure and tested on CPU (tests/test_vllm_rollout.py; the GPU
 test is marked `gpu`; the vLLM-CPU tier, tests/test_vllm_cpu_tier.py, runs two colocated ranks on vLLM itself).
 """
@@ -39,6 +41,9 @@ from actors.engines.vllm_sync import lora_rank_slot, shutdown_vllm
 # level 1 keeps the base weights (in host memory) across a sleep: only the adapter changes between steps, so there is
 # nothing to reload; level 2 would discard them and need a full weight sync, as TRL does for full fine-tuning
 SLEEP_LEVEL = 1
+# finetune full rewrites every weight at each sync, so the engine sleeps at level 2 (weights and KV cache discarded,
+# nothing copied to host memory), as TRL's colocate mode and verl's sharding manager do
+FULL_SLEEP_LEVEL = 2
 
 
 def rollout_sampling_kwargs(temperature: float, top_p: float, top_k: int, max_tokens: int, group_size: int,
@@ -79,7 +84,7 @@ def read_group_outputs(outputs: list, group_size: int) -> tuple[list[list[int]],
 
 def colocated_engine_args(model_dir: str, *, rank: int, local_rank: int, world_size: int, lora_rank: int,
                           gpu_memory_utilization: float, max_model_len: int, seed: int, sleep_mode: bool = True,
-                          visible_gpus: int | None = None) -> tuple[dict, dict]:
+                          visible_gpus: int | None = None, dtype: str = "auto") -> tuple[dict, dict]:
     """The `vllm.LLM` keyword arguments and the environment one training rank hands vLLM (see module docstring).
 
     `visible_gpus` is how many GPUs the worker sees (its `CUDA_VISIBLE_DEVICES`); vLLM opens `cuda:<local_rank>`
@@ -103,14 +108,16 @@ def colocated_engine_args(model_dir: str, *, rank: int, local_rank: int, world_s
         "distributed_executor_backend": "external_launcher",
         # each rank samples its own prompts: a tensor-parallel group of one inside the trainers' process group
         "tensor_parallel_size": 1,
-        "enable_lora": True,
-        "max_lora_rank": lora_rank_slot(lora_rank),
-        "max_loras": 1,
+        # lora_rank 0: full fine-tuning, the engine's own weights are rewritten (VLLMRollout.sync_full)
+        "enable_lora": lora_rank > 0,
+        **({"max_lora_rank": lora_rank_slot(lora_rank), "max_loras": 1} if lora_rank > 0 else {}),
         "gpu_memory_utilization": gpu_memory_utilization,
         "enable_sleep_mode": sleep_mode,
         "seed": seed + rank,
         "max_model_len": max_model_len,
         "enable_prefix_caching": True,
+        # "auto" (vLLM's default: the checkpoint's dtype) unless told otherwise (the vLLM-CPU tier's float32)
+        **({"dtype": dtype} if dtype != "auto" else {}),
     }
     # what vLLM's external launcher reads (vllm/v1/executor/uniproc_executor.py ExecutorWithExternalLauncher); RANK,
     # LOCAL_RANK and WORLD_SIZE restate Ray Train's, the engine runs in this process (the launcher asserts it)
@@ -166,7 +173,8 @@ class VLLMRollout:
     construction until the first `generate`, and again after every `generate`.
     """
 
-    def __init__(self, tokenizer, cfg, model_dir: str, scratch_dir: str, rank: int, sleep_mode: bool | None = None):
+    def __init__(self, tokenizer, cfg, model_dir: str, scratch_dir: str, rank: int, sleep_mode: bool | None = None,
+                 dtype: str = "auto"):
         import torch
         from vllm import LLM
 
@@ -175,6 +183,7 @@ class VLLMRollout:
         self.scratch = Path(scratch_dir) / f"vllm-rank{rank}"
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.version = 0
+        self.full = getattr(cfg, "finetune", "lora") == "full"
         on_cpu = getattr(cfg.rollout, "vllm_cpu", False) and not torch.cuda.is_available()
         if sleep_mode is None:
             sleep_mode = torch.cuda.is_available() or on_cpu
@@ -183,16 +192,21 @@ class VLLMRollout:
         self.sleep_mode = sleep_mode
         local_rank, world_size = worker_ranks(os.environ)
         kwargs, env = colocated_engine_args(
-            model_dir, rank=rank, local_rank=local_rank, world_size=world_size, lora_rank=cfg.lora.r,
+            model_dir, rank=rank, local_rank=local_rank, world_size=world_size,
+            lora_rank=0 if self.full else cfg.lora.r,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             max_model_len=cfg.max_prompt_length + cfg.max_completion_length, seed=cfg.seed,
-            sleep_mode=self.sleep_mode, visible_gpus=visible_gpu_count(os.environ))
+            sleep_mode=self.sleep_mode, visible_gpus=visible_gpu_count(os.environ), dtype=dtype)
         os.environ.update(env)
         self.llm = LLM(**kwargs)
         # shut down on `close` or at interpreter exit, never from vLLM's __del__ at teardown (actors.engines.vllm_async)
         self._finalizer = weakref.finalize(self, shutdown_vllm, self.llm)
+        # asleep: nothing of the engine is on the device but what sleep mode keeps; awake weights: they hold the
+        # last sync's values (full fine-tuning)
+        self.asleep, self.weights_awake = False, True
         if self.sleep_mode:  # the first sync and the training step before the first rollout need no engine
-            self.llm.sleep(level=SLEEP_LEVEL)
+            self.llm.sleep(level=FULL_SLEEP_LEVEL if self.full else SLEEP_LEVEL)
+            self.asleep, self.weights_awake = True, False
 
     def close(self) -> None:
         """Stop the engine (its in-process core also destroys the process group it joined: call it after the last
@@ -201,11 +215,55 @@ class VLLMRollout:
         self._finalizer()
 
     def sync(self, engine) -> None:
-        """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective)."""
+        """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective); with
+        `finetune: full`, push every weight into the engine (`sync_full`)."""
         from train.engine import lora_state_dict
 
+        if self.full:
+            self.sync_full(engine)
+            return
         state = lora_state_dict(engine, self.cfg.deepspeed.zero_stage)
         self.publish(lambda target: engine.module.save_pretrained(target, state_dict=state))
+
+    def sync_full(self, engine) -> None:
+        """Push the policy's weights into the engine, in process (full fine-tuning; every rank calls it).
+
+        Order: wake the weights only (a level-2 sleep left their memory unallocated), load, then reset the prefix
+        cache (its blocks were computed with the old weights); `generate` wakes the KV cache. The load is vLLM
+        0.32's in-place reload, `collective_rpc("reload_weights", weights_iterator=...)` (`vllm/model_executor/
+        model_loader/reload/inplace.py`: the model's own `load_weights`, which stacks q/k/v and gate/up and skips
+        a tied `lm_head.weight`), fed one parameter at a time, gathered from the ZeRO-3 partitions on every rank
+        (`train.grpo.weight_sync.gathered_weights`): no rank holds more than one gathered parameter beyond its
+        shard. The tied head is the embedding's parameter, which `named_parameters` yields once.
+        """
+        from train.grpo.weight_sync import gathered_weights
+
+        if self.asleep and not self.weights_awake:
+            self._empty_cuda_cache()
+            self.llm.wake_up(tags=["weights"])
+            self.weights_awake = True
+        self.llm.collective_rpc("reload_weights", kwargs={
+            "weights_iterator": gathered_weights(engine.module, self.cfg.deepspeed.zero_stage == 3),
+            "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+        self.version += 1
+
+    def release(self) -> None:
+        """Before a training update: put an awake full-fine-tuning engine to sleep at level 2 (the next sync
+        rewrites its weights anyway). A LoRA engine sleeps after every `generate` already."""
+        if self.full and self.sleep_mode and not self.asleep:
+            self._empty_cuda_cache()
+            self.llm.sleep(level=FULL_SLEEP_LEVEL)
+            self.asleep, self.weights_awake = True, False
+
+    @staticmethod
+    def _empty_cuda_cache() -> None:
+        # the training step's freed activations stay in torch's caching allocator until emptied; vLLM's wake-up
+        # allocates outside it, so without this the memory budget (train.memory_budget) counts them twice
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def publish(self, write) -> Path:
         """Make the adapter `write(directory)` writes the next version, the one the next `generate` samples with.
@@ -228,23 +286,20 @@ class VLLMRollout:
         `seed` is the step's (distinct per rank); prompt i of the step samples with ``seed * 1000 + i``, `first`
         being the step index of `prompts[0]`, so a step generated in several calls (`rollout.prompts_per_generate`)
         samples what one call would. A sleeping engine is woken first and put back to sleep after, also when
-        sampling fails. `adapter` False samples the base model, the initial policy (validation's baseline): no
-        `LoRARequest`, which vLLM 0.32's `LLM.generate(..., lora_request=None)` serves with the base weights.
+        sampling fails. `adapter` False samples the base model without the adapter: no `LoRARequest`, which vLLM
+        0.32's `LLM.generate(..., lora_request=None)` serves with the base weights.
         """
-        from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
 
+        if self.full:
+            return self._generate_full(prompts, group_size, seed, first, adapter)
         request = None
         if adapter:
             if self.version == 0:
                 raise RuntimeError("VLLMRollout.generate before the first sync: the engine has no policy adapter")
             request = LoRARequest(f"policy-v{self.version}", self.version,
                                   str(adapter_version_dir(self.scratch, self.version)))
-        rollout = self.cfg.rollout
-        max_tokens = self.cfg.max_completion_length
-        params = [SamplingParams(**rollout_sampling_kwargs(rollout.temperature, rollout.top_p, rollout.top_k,
-                                                           max_tokens, group_size, seed * 1_000 + first + i))
-                  for i in range(len(prompts))]
+        params = self._sampling(len(prompts), group_size, seed, first)
         if self.sleep_mode:
             # the training step's freed activations stay in torch's caching allocator until emptied; vLLM's wake-up
             # allocates outside it, so without this the memory budget (train.memory_budget) counts them twice
@@ -259,4 +314,29 @@ class VLLMRollout:
         finally:
             if self.sleep_mode:
                 self.llm.sleep(level=SLEEP_LEVEL)
+        return read_group_outputs(outputs, group_size)
+
+    def _sampling(self, n_prompts: int, group_size: int, seed: int, first: int) -> list:
+        from vllm import SamplingParams
+
+        rollout = self.cfg.rollout
+        return [SamplingParams(**rollout_sampling_kwargs(rollout.temperature, rollout.top_p, rollout.top_k,
+                                                         self.cfg.max_completion_length, group_size,
+                                                         seed * 1_000 + first + i)) for i in range(n_prompts)]
+
+    def _generate_full(self, prompts: list[list[int]], group_size: int, seed: int, first: int, adapter: bool):
+        """`generate` of full fine-tuning: the engine's own weights are the policy of the last `sync_full`. A
+        sleeping engine wakes its KV cache (the sync woke the weights) and stays awake until `release`, so that
+        the step's later `generate` calls find the same weights; a level-2 sleep forgets them."""
+        if not adapter:
+            raise ValueError("finetune full has no adapter to switch off: the initial policy's answers are sampled "
+                             "before the first update (train.grpo.validate)")
+        if self.version == 0 or not self.weights_awake:
+            raise RuntimeError("VLLMRollout.generate without a weight sync since the engine last slept: its weights "
+                               "are not the policy's")
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache", "scheduling"])
+            self.asleep = False
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                    self._sampling(len(prompts), group_size, seed, first), use_tqdm=False)
         return read_group_outputs(outputs, group_size)

@@ -62,7 +62,8 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
         cfg: The run config (validated here).
         rows: Prompt rows (see the module docstring).
         val_rows: Held-out prompt rows of the same shape: validated every ``eval_every`` steps and after the last;
-            the best adapter by the ``val_metric`` score lands in ``<run_dir>/best_adapter`` (with ``best.json``).
+            the best adapter by the ``val_metric`` score lands in ``<run_dir>/best_adapter`` (with ``best.json``;
+            ``finetune: full``: the 16-bit model export in ``<run_dir>/best_model``).
         reward: Reward spec for `train.grpo.reward.build.build_reward` (``{"kind": "judge" | "grm", ...}``).
         run_dir: Output folder: resolved config, Ray Train storage (unless ``storage_path`` is set), adapter.
         secret_env: Variables the workers need but no file may hold (the reward service's bearer token).
@@ -90,6 +91,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
     if val_rows:
         check_rows(reward, val_rows)
     total_steps = plan_steps(cfg, len(rows))
+    best_name = "best_model" if cfg.finetune == "full" else "best_adapter"  # the 16-bit export or the adapter
     out = Path(run_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     storage_path = cfg.storage_path or str(out / "ray")
@@ -97,7 +99,7 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
     loop_config = {
         "train": dataclasses.asdict(cfg), "model_dir": resolve_model_dir(cfg.model), "rows": rows,
         "reward": reward, "total_steps": total_steps, "wandb_dir": wandb_dir or str(Path(storage_path) / cfg.run_name),
-        "val_rows": list(val_rows or []), "best_dir": str(out / "best_adapter"),
+        "val_rows": list(val_rows or []), "best_dir": str(out / best_name),
         # the values of the named variables as set here (and the W&B key when online); each worker installs them
         "secrets": worker_secrets(cfg, secret_env or {}),
     }
@@ -105,7 +107,11 @@ def run_grpo(cfg: GRPOConfig, rows: list[dict], reward: dict, *, run_dir: str,
     if result.error is not None:
         raise result.error
     collected = _collect(result, out, str(Path(storage_path) / cfg.run_name))
-    record = out / "best_adapter" / "best.json"
+    record = out / best_name / "best.json"
     if record.is_file():
-        collected.best_adapter_dir, collected.best = str(record.parent), json.loads(record.read_text())
+        collected.best = json.loads(record.read_text())
+        if cfg.finetune == "full":
+            collected.best_model_dir = str(record.parent)
+        else:
+            collected.best_adapter_dir = str(record.parent)
     return collected

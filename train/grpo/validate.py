@@ -221,18 +221,24 @@ class BestAdapter:
         (best,) = collectives.all_reduce_values([score], "max")
         return None if best == -math.inf else best
 
-    def offer(self, engine, zero_stage: int, metrics: Metrics, step: int) -> bool:
-        """Keep the adapter if `metrics[self.key]` is a new best. Every rank calls it (ZeRO-3 gathers)."""
-        from train.engine import lora_state_dict
+    def offer(self, engine, zero_stage: int, metrics: Metrics, step: int, full: bool = False) -> bool:
+        """Keep the adapter (`full`: the 16-bit model export, `train.engine.export_model`) if `metrics[self.key]` is
+        a new best. Every rank calls it (ZeRO-3 gathers)."""
+        from train.engine import export_model, lora_state_dict
 
         value = metrics[self.key]
         if not improved(value, self.score):
             return False
-        lora = lora_state_dict(engine, zero_stage)
+        tmp = self.dir.with_name(self.dir.name + f".tmp-{os.getpid()}")
         if self.rank == 0:
-            tmp = self.dir.with_name(self.dir.name + f".tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
-            engine.module.save_pretrained(str(tmp), state_dict=lora)
+        if full:
+            export_model(engine, zero_stage, self.rank, str(tmp))
+        else:
+            lora = lora_state_dict(engine, zero_stage)
+            if self.rank == 0:
+                engine.module.save_pretrained(str(tmp), state_dict=lora)
+        if self.rank == 0:
             record = {"step": step, "score_key": self.key, "score": value,
                       "metrics": {k: v for k, v in metrics.items() if k.startswith("val/")}}
             (tmp / "best.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -31,7 +31,7 @@ from train import collectives
 from train.checkpoint import init_wandb, report_step, restore_checkpoint
 from train.config import TrainConfig
 from train.cuda_check import require_cuda
-from train.engine import base_fingerprint, build_engine, build_lora_model, output_head
+from train.engine import base_fingerprint, build_engine, build_model, build_reference, output_head
 from train.logprobs import chunked_token_logps, final_hidden, sequence_logps
 from train.precision import autocast, worker_precision
 from train.preference.objective import compute_preference_loss
@@ -56,14 +56,16 @@ def train_loop_per_worker(config: dict) -> None:
     total, rows = config["total_steps"], config["train_rows"]
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(config["model_dir"])
-    engine = build_engine(build_lora_model(config["model_dir"], cfg), cfg, world, total)
+    engine = build_engine(build_model(config["model_dir"], cfg), cfg, world, total)
+    # DPO under finetune full: a frozen copy of the initial model (LoRA: the adapter disabled, no copy)
+    reference = build_reference(config["model_dir"], cfg, world, engine.device)
     zero3 = cfg.deepspeed.zero_stage == 3
     fingerprint = base_fingerprint(engine.module, gather=zero3)  # after DeepSpeed's dtype cast, if any
     start = restore_checkpoint(engine, rank)
     tracker = init_wandb(cfg, config, rank)
     sums, tokens, clock = {}, 0, time.perf_counter()
     for step in range(start, total):
-        step_sums, step_tokens = train_step(engine, tokenizer, cfg, rows, step, rank, world)
+        step_sums, step_tokens = train_step(engine, tokenizer, cfg, rows, step, rank, world, reference)
         sums, tokens, done = _add(sums, step_sums), tokens + step_tokens, step + 1
         save = done % cfg.checkpoint_every == 0 or done == total
         if not (save or done % cfg.log_every == 0):
@@ -71,9 +73,10 @@ def train_loop_per_worker(config: dict) -> None:
         metrics = _reduce_means(sums) | _throughput(tokens, clock, world) | _local_phase_means(sums) | _peak_memory(
             engine) | {"step": done, "start_step": start}
         if config["eval_rows"] and (done == total or (cfg.eval_every and done % cfg.eval_every == 0)):
-            metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world)
+            metrics |= evaluate(engine, tokenizer, cfg, config["eval_rows"], rank, world, reference)
         if done == total:
-            metrics["base_drift"] = float((base_fingerprint(engine.module, gather=zero3) - fingerprint).abs().max())
+            if fingerprint.numel():  # finetune full has no frozen weights to watch
+                metrics["base_drift"] = float((base_fingerprint(engine.module, gather=zero3) - fingerprint).abs().max())
             if world > 1:
                 metrics["time/allreduce_s"] = allreduce_seconds(engine)
         report_step(engine, cfg, metrics, done, total, rank, save, tracker)
@@ -114,8 +117,11 @@ def _logps(engine, batch: dict[str, torch.Tensor], cfg: TrainConfig) -> tuple[to
     return (per_token * mask).sum(-1), mask.sum(-1)
 
 
-def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """Concatenated forward (chosen rows, then rejected rows), then `compute_preference_loss`.
+def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor],
+                  reference=None) -> tuple[torch.Tensor, dict]:
+    """Concatenated forward (chosen rows, then rejected rows), then `compute_preference_loss`. DPO's reference is
+    `reference` (full fine-tuning's frozen copy, `train.engine.build_reference`) or the policy with its LoRA
+    adapter disabled.
 
     Returns:
         The scalar loss and the loss's metric dict plus ``logps/chosen`` and ``logps/rejected`` (summed log-probs).
@@ -127,15 +133,20 @@ def loss_on_batch(engine, cfg: TrainConfig, batch: dict[str, torch.Tensor]) -> t
     stats = {"chosen_logps": logps[:b], "chosen_n_tokens": n_tokens[:b],
              "rejected_logps": logps[b:], "rejected_n_tokens": n_tokens[b:]}
     if cfg.loss == "dpo":
-        with torch.no_grad(), engine.module.disable_adapter():
-            ref, _ = _logps(engine, batch, cfg)
+        if reference is not None:
+            with torch.no_grad():
+                ref, _ = _logps(reference, batch, cfg)
+        else:
+            with torch.no_grad(), engine.module.disable_adapter():
+                ref, _ = _logps(engine, batch, cfg)
         stats["ref_chosen_logps"], stats["ref_rejected_logps"] = ref[:b], ref[b:]
     loss, metrics = compute_preference_loss(cfg.loss, stats, cfg.loss_config)
     metrics["logps/chosen"], metrics["logps/rejected"] = logps[:b].detach().mean(), logps[b:].detach().mean()
     return loss, metrics
 
 
-def train_step(engine, tokenizer, cfg: TrainConfig, rows: list[dict], step: int, rank: int, world: int):
+def train_step(engine, tokenizer, cfg: TrainConfig, rows: list[dict], step: int, rank: int, world: int,
+               reference=None):
     """One optimizer step: `grad_accum` micro-batches through the engine (it scales the loss and steps on the
     accumulation boundary).
 
@@ -152,7 +163,7 @@ def train_step(engine, tokenizer, cfg: TrainConfig, rows: list[dict], step: int,
     for micro, indices in enumerate(plan):
         batch = _collate(tokenizer, cfg, [rows[i] for i in indices], engine.device)
         started = time.perf_counter()
-        loss, metrics = loss_on_batch(engine, cfg, batch)
+        loss, metrics = loss_on_batch(engine, cfg, batch, reference)
         forward_done = time.perf_counter()
         engine.backward(loss)
         backward_done = time.perf_counter()
@@ -238,7 +249,8 @@ def _peak_memory(engine) -> Metrics:
     return {"gpu/peak_memory_gib": peak}
 
 
-def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, world: int) -> Metrics:
+def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, world: int,
+             reference=None) -> Metrics:
     """Loss metrics on `rows` (rank r takes rows r, r+world, ...), weighted by pairs, prefixed ``eval/``.
 
     Every rank runs the same number of forwards (ZeRO-3 gathers parameters collectively); a rank whose share is
@@ -252,7 +264,8 @@ def evaluate(engine, tokenizer, cfg: TrainConfig, rows: list[dict], rank: int, w
         for j in range(n_batches):
             chunk = shard[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size]
             weight = float(len(chunk))
-            _, metrics = loss_on_batch(engine, cfg, _collate(tokenizer, cfg, chunk or rows[:1], engine.device))
+            _, metrics = loss_on_batch(engine, cfg, _collate(tokenizer, cfg, chunk or rows[:1], engine.device),
+                                       reference)
             sums = _add(sums, {k: weight * float(v) for k, v in metrics.items()} | {"count": weight})
     engine.train()
     return {f"eval/{k}": v for k, v in _reduce_means(sums).items()}

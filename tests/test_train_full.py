@@ -1,0 +1,181 @@
+"""Full fine-tuning (`finetune: full`) on Ray Train + DeepSpeed (CPU, gloo): SmolLM2 on two workers.
+
+One SFT step under ZeRO-2 and under ZeRO-3 (gradient checkpointing on, chunked log-probs through the trainable tied
+output head, chunk counts that differ between the ranks) must equal the same step taken in this process on the same
+rows: the two ranks' losses averaged, backward, one torch AdamW step. A LoRA run of the same step is the control
+whose frozen base stays bit-identical. The resume test kills a full run after its first checkpoint (tiny model).
+Everything runs at float32 (`precision: fp32`), so no result depends on the CPU's bf16 kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.config import DeepSpeedSection, LoraSection, TrainConfig
+from train.preference.trainer import run_training
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+# two rows of different lengths: each rank gets one, and their chunk counts (8-token chunks) differ
+ROWS = [
+    {"prompt_messages": [{"role": "user", "content": "Grade the answer: the sky is green."}],
+     "target": "Grade: 1. The sky is blue, so the answer is wrong."},
+    {"prompt_messages": [{"role": "user", "content": "Grade the answer to 'two plus two' given as four, written "
+                                                     "out in words by a careful student."}],
+     "target": "Grade: 5."},
+]
+LR = 1e-4
+ADAM_EPS = 1e-8  # torch AdamW's default, the optimizer `train.engine.build_engine` builds
+U32 = torch.finfo(torch.float32).eps / 2  # unit roundoff of float32
+
+
+def full_config(model_dir: str, stage: int, **changes) -> TrainConfig:
+    base = TrainConfig(model=model_dir, loss="sft", finetune="full", num_workers=2, micro_batch_size=1, grad_accum=1,
+                       max_steps=1, checkpoint_every=1, max_failures=0, lr=LR, scheduler="constant",
+                       weight_decay=0.0, max_grad_norm=0.0, precision="fp32", gradient_checkpointing=True,
+                       logprob_chunk_tokens=8, max_prompt_length=64, max_completion_length=24,
+                       deepspeed=DeepSpeedSection(zero_stage=stage), run_name=f"full-zero{stage}")
+    return dataclasses.replace(base, **changes)
+
+
+def checkpoint_weights(result, step: int) -> dict[str, torch.Tensor]:
+    """The fp32 weights of the run's step-`step` checkpoint, merged from the ZeRO partitions by DeepSpeed itself."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    directory = Path(result.storage_dir) / f"checkpoint_{step:06d}" / "deepspeed"
+    return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=f"step_{step}")
+
+
+class InProcess:
+    """The engine interface the loop's loss reads (a forward, `.module`, `.device`) around a plain model."""
+
+    def __init__(self, model):
+        self.module, self.device = model, torch.device("cpu")
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def reference_step(model_dir: str, cfg: TrainConfig, dtype: torch.dtype) -> tuple[dict, dict, dict]:
+    """(initial weights, gradient, weights after the step; float32 only) of the single-process step in `dtype`: each
+    rank's rows (`step_row_indices`, as the workers read them) through the loop's own loss, the losses averaged over
+    the ranks as DeepSpeed averages gradients, one AdamW step."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from train.preference.loop import _collate, loss_on_batch
+    from train.sequences import step_row_indices
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers (cpus_per_worker 1): the same kernels' blocking
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        engine = InProcess(model)
+        for rank in range(cfg.num_workers):
+            (indices,) = step_row_indices(0, len(ROWS), cfg.micro_batch_size, 1, cfg.num_workers, rank, cfg.seed)
+            batch = _collate(tokenizer, cfg, [ROWS[i] for i in indices], engine.device)
+            if dtype == torch.float32:  # the loop's own loss (chunked log-probs, float32 log-softmax)
+                loss, _ = loss_on_batch(engine, cfg, batch)
+            else:  # the same token-mean NLL written out, every operation in `dtype`
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               position_ids=batch["position_ids"], use_cache=False).logits[:, :-1]
+                mask = batch["loss_mask"][:, 1:].bool()
+                picked = logits.log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+                loss = -(picked * mask).sum() / mask.sum()
+            (loss / cfg.num_workers).backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        if dtype != torch.float32:  # only the float32 gradient is stepped: the float64 one bounds its rounding
+            return initial, grads, {}
+        torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, eps=ADAM_EPS).step()
+        return initial, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def step_tolerance(w32: torch.Tensor, g32: torch.Tensor, g64: torch.Tensor) -> torch.Tensor:
+    """Elementwise bound on |distributed step - in-process step| for one float32 weight, from float32's unit roundoff
+    u. One Adam step from a zero state moves w by lr * g / (|g| + eps). The two float32 gradients differ by their
+    rounding, each at most what float32 loses against float64 on these very sums (|g32 - g64|, measured), plus u|g|
+    for the reduction over ranks, so by dg = 2|g32 - g64| + 4u|g|; through g / (|g| + eps), whose derivative is
+    eps / (|g| + eps)^2, that moves the step by at most lr * min(2, eps * dg / (|g| + eps)^2). Adam's own arithmetic
+    (moments, bias corrections, sqrt, division: 8 roundings) adds lr * 8u and the final subtraction rounds w twice
+    (u|w| each)."""
+    dg = 2 * (g32.double() - g64).abs() + 4 * U32 * g64.abs()
+    through = (ADAM_EPS * dg / (g64.abs() + ADAM_EPS) ** 2).clamp(max=2.0)
+    return (2 * U32 * w32.double().abs() + LR * (8 * U32 + through)).float()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_dir):
+    """(initial weights, weights after the in-process step, their elementwise tolerance), float32 each."""
+    cfg = full_config(smollm2_dir, 2)
+    initial, g32, after = reference_step(smollm2_dir, cfg, torch.float32)
+    _, g64, _ = reference_step(smollm2_dir, cfg, torch.float64)
+    bounds = {name: step_tolerance(after[name], g32.pop(name), g64.pop(name)) for name in list(after)}
+    return initial, after, bounds
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_one_full_step_under_zero_equals_the_single_process_step(stage, ray_local, smollm2_dir, reference,
+                                                                 tmp_path):
+    initial, expected, bounds = reference
+    cfg = full_config(smollm2_dir, stage)
+    result = run_training(cfg, ROWS, run_dir=str(tmp_path))
+    assert result.metrics["step"] == 1 and result.adapter_dir is None
+    trained = checkpoint_weights(result, 1)
+    # the tied output head is the input embedding: one trainable weight (DeepSpeed's merge names it twice)
+    head = trained.pop("lm_head.weight", None)
+    assert head is None or torch.equal(head, trained["model.embed_tokens.weight"])
+    assert set(trained) == set(initial) and "lm_head.weight" not in initial
+    for name, before in initial.items():
+        after = trained[name]
+        assert not torch.equal(after, before), f"{name}: full fine-tuning left it unchanged"
+        bound = bounds[name]
+        err = (after - expected[name]).abs()
+        worst = int((err - bound).argmax())
+        assert bool((err <= bound).all()), (
+            f"{name}: |distributed - in-process| = {float(err.flatten()[worst]):.3g} > bound "
+            f"{float(bound.flatten()[worst]):.3g} at element {worst}")
+    # the 16-bit export: what `model=` loads, the trained weights rounded to bfloat16, with the tokenizer
+    export = Path(result.model_dir)
+    assert export == tmp_path / "model" and (export / "tokenizer_config.json").is_file()
+    assert json.loads((export / "config.json").read_text()).get("dtype") == "bfloat16"
+    from transformers import AutoModelForCausalLM
+
+    loaded = dict(AutoModelForCausalLM.from_pretrained(str(export), dtype="auto").named_parameters())
+    name = "model.embed_tokens.weight"
+    assert loaded[name].dtype == torch.bfloat16 and torch.equal(loaded[name], trained[name].to(torch.bfloat16))
+
+
+def test_the_lora_control_leaves_every_frozen_weight_bit_identical(ray_local, smollm2_dir, tmp_path):
+    """The same step with LoRA: the adapter moves, the frozen base does not (`base_drift`: per frozen parameter,
+    the float64 sum and sum of squares before and after, on every rank)."""
+    cfg = full_config(smollm2_dir, 3, finetune="lora", lora=LoraSection(r=4, alpha=8), run_name="lora-control")
+    result = run_training(cfg, ROWS, run_dir=str(tmp_path))
+    assert result.metrics["base_drift"] == 0.0 and result.model_dir is None
+    assert (Path(result.adapter_dir) / "adapter_model.safetensors").is_file()
+
+
+def test_a_killed_full_run_resumes_to_the_uninterrupted_runs_weights(ray_local, tiny_model_dir, tmp_path):
+    """Full checkpoints (weights, fp32 master, Adam moments, schedule, RNG) resume: a run whose last rank raises
+    after its step-2 checkpoint restarts there and ends where the uninterrupted run (same seed) ends."""
+    rows = [{"prompt_messages": [{"role": "user", "content": f"Say {i}."}], "target": f"{i} {i + 1} {i + 2}"}
+            for i in range(8)]
+    cfg = full_config(tiny_model_dir, 2, max_steps=4, checkpoint_every=2, max_failures=1, lr=1e-3,
+                      run_name="uninterrupted")
+    plain = run_training(cfg, rows, run_dir=str(tmp_path / "plain"))
+    resumed = run_training(dataclasses.replace(cfg, run_name="killed", fail_at_step=2), rows,
+                           run_dir=str(tmp_path / "killed"))
+    assert resumed.metrics["start_step"] == 2 and resumed.metrics["step"] == plain.metrics["step"] == 4
+    a, b = checkpoint_weights(plain, 4), checkpoint_weights(resumed, 4)
+    assert a.keys() == b.keys()
+    for name in a:  # same process layout, same kernels, same order: the same bits
+        assert torch.equal(a[name], b[name]), name
