@@ -217,11 +217,11 @@ class VLLMRollout:
     def sync(self, engine) -> None:
         """Write the current adapter as a new version (every rank calls it: ZeRO-3 gathers are collective); with
         `finetune: full`, push every weight into the engine (`sync_full`)."""
-        from train.engine import lora_state_dict
-
         if self.full:
             self.sync_full(engine)
             return
+        from train.engine import lora_state_dict  # DeepSpeed: imported where a LoRA sync needs it
+
         state = lora_state_dict(engine, self.cfg.deepspeed.zero_stage)
         self.publish(lambda target: engine.module.save_pretrained(target, state_dict=state))
 
