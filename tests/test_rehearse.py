@@ -26,11 +26,14 @@ def rehearsed(path: str, *extra: str):
 
 
 def test_policy_grpo_keeps_what_the_cluster_decides_and_cuts_the_rest():
-    _, _, cfg = rehearsed("configs/policy_grpo_cluster.yaml")
-    grpo = cfg.grpo
-    # kept: the engine kind, ZeRO stage, LoRA rank and targets, the reward scheme, the timeouts
-    assert (grpo.rollout.kind, grpo.deepspeed.zero_stage, grpo.lora.r, grpo.lora.target_modules) == (
-        "vllm", 3, 64, "all-linear")
+    data, _, cfg = rehearsed("configs/policy_grpo_cluster.yaml")
+    grpo, written = cfg.grpo, data["grpo"]
+    # kept: the engine kind, ZeRO stage, what trains (full or LoRA, its rank and targets), the reward scheme, the
+    # timeouts
+    assert (grpo.rollout.kind, grpo.deepspeed.zero_stage) == ("vllm", 3)
+    assert grpo.finetune == written.get("finetune", "lora")
+    for key, value in (written.get("lora") or {}).items():
+        assert getattr(grpo.lora, key) == value
     assert (cfg.reward.scheme, cfg.reward.signal, grpo.collective_timeout_s) == ("all_pairs", "own_grade", 3000)
     # cut: the model, workers, GPUs, steps and groups; the CPU build samples with sleep mode kept
     assert (grpo.model, grpo.num_workers, grpo.use_gpu, grpo.rollout.vllm_cpu) == (REHEARSAL_MODEL, 2, False, True)
