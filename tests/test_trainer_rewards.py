@@ -243,6 +243,10 @@ def test_openrlhf_remote_rm_gets_rewards_it_accepts(service, smollm2_dir):
     ref = openrlhf_reward(f"{service.url}/openrlhf?scheme=vs_reference&dimension=fluency&locale=en_US", query,
                           prompt, "Rivers flow.")
     assert ref["reward"].flatten().tolist() == [4.0]  # longer than the reference: the scripted judge gives it 4
+    # OpenRLHF's default label is empty: never judged as a reference
+    empty = httpx.post(f"{service.url}/openrlhf?scheme=vs_reference&dimension=fluency&locale=en_US",
+                       json={"query": [query], "prompts": [prompt], "labels": [""]}, timeout=60)
+    assert empty.status_code == 400 and "labels[0]" in empty.text, empty.text
 
     # a judgment that fails: 502 without failed_reward (OpenRLHF retries, then has no reward); counted with it
     bad_prompt = prompt.replace("Say something", f"{UNJUDGEABLE} say something")
@@ -317,9 +321,10 @@ def test_verl_naive_manager_calls_compute_score_per_response(service):
 
     with pytest.raises(RewardJudgmentError, match="failed_reward"):
         verl_run_single(fn, "menlo", response, None, {"question": f"{UNJUDGEABLE} river"})
-    lenient = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score", {**kwargs, "failed_reward": -1})
+    lenient = verl_custom_reward_fn("pkg://serve.clients.verl", "compute_score",
+                                    {**kwargs, "failed_reward": "neutral"})
     failed = verl_run_single(lenient, "menlo", response, None, {"question": f"{UNJUDGEABLE} river"})
-    assert failed["reward_score"] == -1.0 and failed["reward_extra_info"]["quorum_failed"] == 1.0
+    assert failed["reward_score"] == 3.0 and failed["reward_extra_info"]["quorum_failed"] == 1.0  # mid 1-5
     with pytest.raises(ValueError, match="extra_info"):
         verl_run_single(fn, "menlo", response, None, {"index": 3})
     assert caller_stats(service, "verl-run")["null_rewards"] == 2
