@@ -6,7 +6,8 @@ A checkpoint (Ray Train merges the workers' directories into one) holds:
                              full: the whole model with Adam's moments and, at bf16, fp32 master weights: 12
                              bytes a parameter at fp32, 14 at bf16, about 52 GiB for a 4B model), the step and the
                              loop's client state (GRPO: its count of off-policy steps)
-    rng/rank<r>.pt           each rank's torch RNG state (LoRA dropout), so a resumed run replays the same masks
+    rng/rank<r>.pt           each rank's torch RNG state, CPU and its own GPU (LoRA dropout), so a resumed run
+                             replays the same masks
     adapter/                 rank 0's peft `save_pretrained` of the LoRA adapter (finetune lora), or
     model/                   the 16-bit Hugging Face export of the whole model (finetune full, `export_model`)
     train_state.json         step and total steps
@@ -40,8 +41,7 @@ def save_checkpoint(engine, cfg: TrainerBase, directory: str, step: int, total: 
                            client_state={**(client_state or {}), "step": step}, exclude_frozen_parameters=True)
     rng = Path(directory) / "rng"
     rng.mkdir(exist_ok=True)
-    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if cfg.use_gpu else []},
-               rng / f"rank{rank}.pt")
+    torch.save(rng_state(cfg.use_gpu), rng / f"rank{rank}.pt")
     if cfg.finetune == "full":  # the 16-bit export (a collective under ZeRO-3: every rank calls it)
         export_model(engine, cfg.deepspeed.zero_stage, rank, os.path.join(directory, "model"))
     else:
@@ -67,10 +67,31 @@ def restore_checkpoint(engine, rank: int, state: dict | None = None) -> int:
         rng = torch.load(Path(directory) / "rng" / f"rank{rank}.pt", weights_only=False)
     if state is not None:
         state.update(client_state)
-    torch.set_rng_state(rng["cpu"])
-    if rng["cuda"]:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    restore_rng_state(rng)
     return int(client_state["step"])
+
+
+def rng_state(use_gpu: bool) -> dict:
+    """This rank's RNG state: the CPU generator's and, on a GPU worker, its own device's only. Ray Train shows a
+    worker every GPU of its node, so `get_rng_state_all` would save one state per visible GPU (4 on a g5.12xlarge),
+    and a restart on a node where the rank sees fewer GPUs would fail to restore them, or restore another GPU's."""
+    state = {"cpu": torch.get_rng_state()}
+    if use_gpu:
+        device = torch.cuda.current_device()  # the rank's own: Ray Train sets it to the worker's GPU
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Put back what `rng_state` saved; the CUDA state goes to this rank's current device, whichever index it has
+    on the node the worker restarted on."""
+    torch.set_rng_state(state["cpu"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, (list, tuple)):  # an older checkpoint's format: one state per visible GPU (empty on CPU)
+        device = torch.cuda.current_device() if cuda else 0
+        cuda = cuda[device] if device < len(cuda) else None
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
 
 
 def report_step(engine, cfg: TrainerBase, metrics: Metrics, step: int, total: int, rank: int, save: bool,

@@ -155,8 +155,8 @@ class GRPOConfig(TrainerBase):
     # configs set true (its output format opens with a <think> block); templates without the switch ignore it
     thinking: bool = False
     # what picks the best adapter: reward (mean training reward of G rollouts per prompt, val/reward/mean) or
-    # vs_baseline (GRM reward only: one answer per prompt judged against the LoRA-disabled base model's answer in
-    # both orders, val/vs_baseline/score = win rate with ties counted half; MENLO §5.2)
+    # vs_baseline (GRM reward only: one answer per prompt judged against the initial policy's answer, sampled
+    # before the first update, in both orders, val/vs_baseline/score = win rate with ties counted half; MENLO §5.2)
     val_metric: str = "reward"
 
     @property
