@@ -231,6 +231,15 @@ def record(run_dir: str, entry: dict) -> None:
     tmp.replace(path)
 
 
+def failed_stages(run_dir: str) -> list[str]:
+    """Stages of the run whose every row is an engine error (an engine that died or never answered): the job counts
+    them and goes on, a rehearsal that is to show the engines work must not."""
+    path = Path(run_dir) / "manifest.json"
+    stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
+    return [f"{name} ({entry['summary']['engine_errors']} of {entry.get('rows')} rows)" for name, entry in stages.items()
+            if entry.get("rows") and (entry.get("summary") or {}).get("engine_errors", 0) >= entry["rows"]]
+
+
 def started_vllm_engines(run_dir: str) -> list[str]:
     """The vLLM versions of the engines whose start-up lines the run's log holds (one per engine)."""
     log = Path(run_dir) / "logs" / "driver.log"
@@ -302,6 +311,10 @@ def main(argv: list[str]) -> int:
         record(run_dir, entry)
     print(f"quorum rehearse: {config_path} exit {code} in {seconds:.0f} s; vLLM engines started: "
           f"{entry['vllm_engines_started']}; /dev/shm segments left: {len(left)}", flush=True)
+    dead = failed_stages(run_dir) if run_dir else []
+    if code == 0 and dead:
+        print("quorum rehearse: every row an engine error in " + ", ".join(dead), file=sys.stderr)
+        return 1
     if code == 0 and any(v == "vllm" for v in kinds.values()) and not engines:
         print("quorum rehearse: the config names vLLM engines but the run's log shows none starting", file=sys.stderr)
         return 1

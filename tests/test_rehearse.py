@@ -91,3 +91,13 @@ def test_a_rehearsal_run_directory_is_never_a_real_runs(tmp_path):
     RunStore(str(tmp_path), "job", "real").start({"a": 1}, "a: 1\n")
     with pytest.raises(ConfigError, match="real run's"):
         RunStore(str(tmp_path), "job", "real", rehearsal=True)
+
+
+def test_a_stage_whose_every_row_is_an_engine_error_fails_the_rehearsal(tmp_path):
+    from jobs.rehearse import failed_stages
+
+    stages = {"simplify": {"rows": 16, "summary": {"failed": 0}},
+              "jury": {"rows": 168, "summary": {"engine_errors": 168}},
+              "ablations": {"rows": 120, "summary": {"engine_errors": 3}}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"stages": stages}))
+    assert failed_stages(str(tmp_path)) == ["jury (168 of 168 rows)"]
