@@ -121,18 +121,21 @@ def grpo_overrides(key: str, grpo: dict) -> list[str]:
     return out
 
 
-def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, openai_url: str = "") -> list[str]:
+def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, openai_url: str = "",
+                        serve_port: int = 0) -> list[str]:
     """The overrides that make `data` (a job config as written) its rehearsal (module docstring).
 
     `nested` maps a nested job config's path (policy GRPO's `grm.config`) to its data: its own rehearsal overrides
     join the job's list of overrides for it (`grm.overrides`). `openai_url` is where the rehearsal's local
-    OpenAI-compatible server listens (OpenAI engines only).
+    OpenAI-compatible server listens (OpenAI engines only); `serve_port` (0: the config's) the port a Serve app of
+    the job listens on, free on this machine.
     """
     nested = nested or {}
     out = ["run.rehearsal=true", f"run.root={REHEARSAL_ROOT}", "ray.address=", "ray.shared_storage=",
            "ray.models.hub_access=offline", "ray.models.hf_home=", f"ray.num_cpus={REHEARSAL_CPUS}", "wandb.mode=offline"]
     if "job" not in data or data.get("job") == "serve_grm":
         out = ["ray.address=", "ray.shared_storage=", "ray.models.hub_access=offline", "ray.models.hf_home="]
+        out += [f"serve.port={serve_port}"] if serve_port else []
     engines = set()
     for path, node in _walk(data):
         if not path or path[0] in ("run", "ray", "wandb", "job"):
@@ -144,7 +147,7 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
         elif isinstance(node, dict) and path[-1] == "grpo" and "rollout" in node:
             out += grpo_overrides(key, node)
         elif isinstance(node, dict) and path[-1] == "grm" and node.get("config") in nested:
-            inner = rehearsal_overrides(nested[node["config"]], openai_url=openai_url)
+            inner = rehearsal_overrides(nested[node["config"]], openai_url=openai_url, serve_port=serve_port)
             listed = [*(node.get("overrides") or []), *inner,
                       "resources.num_cpus=0", "autoscaling.max_replicas=1"]
             out.append(f"{key}.overrides=[{', '.join(_quoted(o) for o in listed)}]")
