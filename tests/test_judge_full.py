@@ -66,7 +66,7 @@ def test_a_fully_trained_judge_is_exported_served_and_evaluated(ray_local, tiny_
             f"serve.auth_token_env={TOKEN_ENV}", "resources.num_cpus=0.5", "sampling.max_tokens=8",
             "prompts.pointwise=jury_score", "prompts.pointwise_format=answer",
             "prompts.pointwise_vars={prompt: base_sentence, response: new_sentence}"])
-        serve.run(make_app(cfg), name="full-judge", route_prefix="/full", blocking=True)
+        serve.run(make_app(cfg), name="full-judge", route_prefix="/full")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}/full", timeout=120) as client:
             ready = client.get("/health")
             assert ready.status_code == 200, ready.text

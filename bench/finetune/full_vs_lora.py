@@ -1,6 +1,6 @@
 """Full fine-tuning against LoRA on CPU: seconds per SFT training step and peak resident memory, SmolLM2-135M.
 
-    python -m bench.full_vs_lora [--model smollm2-135m] [--steps 6] [--warmup 2] [--threads 1]
+    python -m bench.finetune.full_vs_lora [--model smollm2-135m] [--steps 6] [--warmup 2] [--threads 1]
 
 Each mode runs in a child process of its own (so its peak RSS, `ru_maxrss`, is its own): the model the trainers
 build (`train.engine.build_model`: `finetune: full` or `lora` with the trainers' default r = 16 on q/k/v/o), the
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     got = {}
     for mode in ("full", "lora"):
-        done = subprocess.run([sys.executable, "-m", "bench.full_vs_lora", "--child", mode, "--model", args.model,
+        done = subprocess.run([sys.executable, "-m", "bench.finetune.full_vs_lora", "--child", mode, "--model", args.model,
                                "--steps", str(args.steps), "--warmup", str(args.warmup),
                                "--threads", str(args.threads)], capture_output=True, text=True, check=True)
         got[mode] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,1 @@
+"""Benchmarks of the fine-tuning modes (`finetune: full | lora`)."""
