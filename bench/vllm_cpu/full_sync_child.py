@@ -143,17 +143,7 @@ def case_full_sync_rank(request: dict) -> dict:
 CASES = {"full_sync": case_full_sync, "full_sync_rank": case_full_sync_rank}
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.read())
-    answer = CASES[request["case"]](request)
-    import vllm
-
-    answer["vllm_version"] = vllm.__version__
-    with open(sys.argv[1], "w", encoding="utf-8") as out:
-        json.dump(answer, out)
-    sys.stdout.flush()
-    os._exit(0)  # vLLM's engine and process-group teardown at exit can hang a finished run; the answer is written
-
-
 if __name__ == "__main__":  # vLLM may spawn workers, which re-import this file
-    main()
+    from bench.vllm_cpu.engines_child import main
+
+    main(CASES)
