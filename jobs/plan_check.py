@@ -3,15 +3,17 @@
 
 - stages: per stage, what it places at once (Ray Train workers, Ray Data pools, Serve replicas, the driver), on
   which node type of the cluster file (`core.cluster_nodes`), and how many of those nodes;
-- GPU memory: per GPU and phase, every GRPO trainer's colocated worker (`train.memory_budget`) and every vLLM engine
-  (Ray Data pools' actors, Serve replicas: `train.engine_memory`), the KV cache also as full sequences of the
-  engine's `max_model_len`;
+- GPU memory: per GPU and phase, every trainer's worker (`train.memory_budget`: a GRPO worker with its colocated
+  rollout engine, a preference / SFT worker's update) and every vLLM engine (Ray Data pools' actors, Serve
+  replicas: `train.engine_memory`), the KV cache also as full sequences of the engine's `max_model_len`; with
+  optimizer offload, its estimated cost per optimizer step (`train.offload_cost`);
 - timeouts: the collective timeout against the worst reward wait, Serve's request and shutdown timeouts;
 - storage: where results, checkpoints, adapters and models live.
 
-Refusals, each (dotted key, message): a stage no node type can hold (`core.resource_fit.verdict_all`), a GRPO
-worker or vLLM engine its GPU cannot hold, a LoRA rank above vLLM's largest `max_lora_rank`, a GRPO `gpu_type` no
-node type has. The config's own checks (reward waits, Serve timeouts, the GRPO budget) run when it is loaded.
+Refusals, each (dotted key, message): a stage no node type can hold (`core.resource_fit.verdict_all`), a trainer's
+worker or vLLM engine its GPU cannot hold, a LoRA rank above vLLM's largest `max_lora_rank`, a trainer's `gpu_type`
+no node type has. The config's own checks (reward waits, Serve timeouts, the trainers' budgets) run when it is
+loaded.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from train.engine_memory import problems as engine_problems
 from train.memory_budget import GPU_MEMORY_MIB, RESIDENT_PARTS, VLLM_LORA_RANK_SLOTS, budget
 from train.memory_budget import problems as worker_problems
 from train.model_shape import ModelShape, model_shape, shape_from_hf_config
+from train.offload_cost import describe as describe_offload
+from train.offload_cost import offload_cost
 
 CLUSTER_ENV = "QUORUM_CLUSTER"
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[1] / "cluster.yaml"
@@ -211,29 +215,39 @@ def add_trainers(report: Report, cfg: Any, nodes: list[ClusterNode]) -> None:
     for key, node in walk(cfg):
         if not isinstance(node, TrainerBase) or not node.use_gpu:
             continue
-        if isinstance(node, GRPOConfig) and node.gpu_type and node.gpu_type not in cluster_gpus:
+        if node.gpu_type and node.gpu_type not in cluster_gpus:
             report.problems.append((f"{key}.gpu_type", (f"{node.gpu_type} is not the GPU of any node type of "
                                                        f"{report.cluster} ({', '.join(sorted(cluster_gpus)) or 'none'})")))
-        plan = node.memory_plan() if isinstance(node, GRPOConfig) else None
-        if plan is None and isinstance(node, GRPOConfig) and not node.gpu_type and _gpu_of(1, nodes):
+        plan = node.memory_plan()
+        # a GRPO worker without a gpu_type is checked against the cluster's GPU; a preference / SFT worker against
+        # the gpu_type its config names (as its own check at load)
+        grpo = isinstance(node, GRPOConfig)
+        if plan is None and grpo and not node.gpu_type and _gpu_of(1, nodes):
             plan = dataclasses.replace(node, gpu_type=_gpu_of(1, nodes)).memory_plan()
         if plan is None:
-            report.memory.append((f"{key} ({node.model}, {node.num_workers} workers)", "-",
-                                  "not checked: the GPU memory budget covers GRPO workers of a known model shape"))
+            why = ("a preference / SFT trainer is checked against the gpu_type it names" if not grpo and not
+                   node.gpu_type else "the GPU memory budget covers trainers of a known model shape")
+            report.memory.append((f"{key} ({node.model}, {node.num_workers} workers)", "-", "not checked: " + why))
             continue
         b = budget(plan)
         label = f"{key} worker ({node.model}, ZeRO-{plan.zero_stage}, " + (
             f"LoRA r {plan.lora_r})" if plan.lora_r else "full fine-tuning)")
         resident = sum(b.parts.get(n, 0.0) for n in RESIDENT_PARTS)
-        report.memory.append((label + ": rollout", f"{b.rollout_gib:.2f} of {b.gpu_gib:.2f} ({plan.gpu_type})",
-                              f"DeepSpeed resident {resident:.2f} (" + _parts(b.parts, RESIDENT_PARTS) + ") + "
-                              + (f"vLLM share {plan.gpu_memory_utilization * b.gpu_gib:.2f}"
-                                 if plan.rollout_kind == "vllm" else "HF generate's gathered weights and KV cache")))
+        if plan.rollout_kind != "none":
+            report.memory.append((label + ": rollout", f"{b.rollout_gib:.2f} of {b.gpu_gib:.2f} ({plan.gpu_type})",
+                                  f"DeepSpeed resident {resident:.2f} (" + _parts(b.parts, RESIDENT_PARTS) + ") + "
+                                  + (f"vLLM share {plan.gpu_memory_utilization * b.gpu_gib:.2f}"
+                                     if plan.rollout_kind == "vllm" else "HF generate's gathered weights and KV cache")))
         update = ("zero3_gathered", "zero3_head_copy", "zero2_reduce_bucket", "activations", "attention_mask", "logits",
                   "vllm_during_update")
         report.memory.append((label + ": update", f"{b.update_gib:.2f} of {b.gpu_gib:.2f} ({plan.gpu_type})",
-                              f"DeepSpeed resident {resident:.2f} + " + _parts(b.parts, update)))
+                              f"DeepSpeed resident {resident:.2f} " + (
+                                  "" if plan.rollout_kind != "none" else f"({_parts(b.parts, RESIDENT_PARTS)}) ")
+                              + "+ " + _parts(b.parts, update)))
         report.problems += [(f"{key}.{k}", m) for k, m in worker_problems(plan)]
+        cost = offload_cost(plan)
+        if cost is not None:
+            report.notes.append(describe_offload(cost, key, node.optimizer_steps_per_step))
         if plan.rollout_kind == "vllm":
             report.problems += rank_problems(plan.lora_r, f"{key}.lora.r")
             # the colocated engine's share while it samples, itemised like a pool's engine (its fit is the budget's)

@@ -95,6 +95,45 @@ def test_judge_grpo_cluster_memory_per_a10g_by_hand(capsys):
     assert "zero3_head_copy 0.72" in out
 
 
+def test_judge_sft_cluster_memory_per_a10g_by_hand(capsys):
+    """Full fine-tuning of Qwen3-4B (4,022,468,096 parameters) over 8 A10Gs, ZeRO-3, the optimizer on the host, one
+    8,192-token sequence a row (SFT), micro-batch 2, gradient checkpointing, log-probs over the whole sequence in
+    1,024-token chunks; no rollout phase. GiB = 2**30 bytes.
+
+    Resident: weights 4,022,468,096 x 2 B / 8 = 0.9366, gradients the same, no optimizer state (offloaded),
+      train reserve 1, reduce bucket 500,000,000 x 2 B = 0.9313, the norms no rank partitions
+      ((2 x 2560 + 2 x 128) x 36 + 2560 = 196,096) x 2 B x 7/8 = 0.0003                  = 3.8048
+    Update: + ZeRO-3 gathered (1e9 + 388,956,160) x 2 B = 2.5871, the trainable head gathered with its gradient
+      2 x 151,936 x 2560 x 2 B = 1.4490, activations 6.25, mask 0.25, one logits chunk 2.0286 = 16.369
+    The optimizer on the GPU adds 4,022,468,096 x 12 B / 8 = 5.6192: 21.988 of 22.488, still under the card.
+    Offload, per optimizer step and rank: 502,808,512 parameters; 4 B down + 2 B up = 3.017 GB at 24 GB/s = 0.126 s;
+    host AdamW at 56 s / 11.6e9 a parameter = 2.427 s; 2.6 s in all."""
+    resident = (4_022_468_096 * 2 / 8 * 2 + 500_000_000 * 2 + 196_096 * 2 * 7 / 8) / GIB + 1.0
+    update = resident + ((1e9 + 388_956_160) * 2 + 2 * 151_936 * 2560 * 2 + 16_384 * (36 * 2560 * 2 + 2 * 56_320 * 2)
+                         + 2 * 8192 * 8192 * 2 + 1024 * 151_936 * 14) / GIB
+    cfg = load("configs/judge_sft_cluster.yaml", [])[0].train
+    b = budget(cfg.memory_plan())
+    assert b.update_gib == pytest.approx(update, abs=1e-6) and round(update, 2) == 16.37
+    assert plan_main(["configs/judge_sft_cluster.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "train worker (hf:Qwen/Qwen3-4B, ZeRO-3, full fine-tuning): update  16.37 of 22.49 (A10G)" in out
+    assert ": rollout" not in out and "vllm" not in out
+    assert "offload_optimizer costs each rank about 2.6 s per optimizer step" in out and "0.13 s" in out
+    # control: the optimizer state on the GPU is counted, and then no offload is estimated
+    assert plan_main(["configs/judge_sft_cluster.yaml", "train.deepspeed.offload_optimizer=false"]) == 0
+    out = capsys.readouterr().out
+    assert f"update  {update + 4_022_468_096 * 12 / 8 / GIB:.2f} of 22.49" in out and "optimizer 5.62" in out
+    assert "offload_optimizer costs" not in out
+
+
+def test_a_preference_row_is_two_sequences_in_the_budget():
+    """A preference pair's chosen and rejected sequences go through one forward: twice SFT's rows a micro-batch."""
+    cfg = load("configs/judge_sft_cluster.yaml", [])[0].train
+    sft, simpo = cfg.memory_plan(), dataclasses.replace(cfg, loss="simpo").memory_plan()
+    assert (sft.micro_batch_size, simpo.micro_batch_size) == (2, 4)
+    assert budget(simpo).parts["activations"] == pytest.approx(2 * budget(sft).parts["activations"])
+
+
 def test_an_8b_engine_per_a10g_by_hand():
     """Llama-3.1-8B-Instruct: 8,030,261,248 parameters (`ModelShape` counts Qwen3's q/k norms in every layer: 32 x 256
     more, 8,030,269,440); K and V of 32 layers x 8 heads x 128 in bf16 = 131,072 B a
@@ -140,6 +179,8 @@ def test_jury_eval_refused_with_its_70b_bf16_pool_and_fits_now(capsys):
     ("configs/policy_grpo_cluster.yaml", ["grpo.collective_timeout_s=2000"], "grpo.collective_timeout_s"),
     # an adapter rank above vLLM's largest max_lora_rank, on the colocated rollout engine
     ("configs/policy_grpo_cluster.yaml", ["grpo.lora.r=1024"], "grpo.lora.r"),
+    # an SFT micro-batch of 4 x 8,192 tokens: 12.5 GiB of activations and 1 GiB of mask take the A10G past its 22.5
+    ("configs/judge_sft_cluster.yaml", ["train.micro_batch_size=4", "train.grad_accum=2"], "train.micro_batch_size"),
 ])
 def test_plan_and_run_stop_before_any_work_naming_the_key(config, overrides, key, capsys):
     assert plan_main([config, *overrides]) == 2

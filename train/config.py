@@ -30,7 +30,7 @@ from train.config_sections import (
     TrackingFields,
     WorkerFields,
 )
-from train.memory_budget import WorkerPlan, grpo_plan, problems
+from train.memory_budget import WorkerPlan, grpo_plan, problems, train_plan
 
 # the sections are declared in train.config_sections; callers import them from here with the trainers
 __all__ = ["DeepSpeedSection", "GRPOConfig", "LoraSection", "RolloutSection", "TrainConfig", "TrainerBase"]
@@ -56,6 +56,18 @@ class TrainerBase(TrackingFields, CheckpointFields, WorkerFields, OptimiserField
 
     def _check_own(self, where: str) -> None:
         """The trainer's own fields; the shared ones are checked already."""
+
+    def memory_plan(self) -> WorkerPlan | None:
+        """The GPU memory budget's inputs (`train.memory_budget`); None where it cannot be checked."""
+        return None
+
+    def _check_memory(self, where: str) -> None:
+        """Refuse a GPU config whose worker cannot fit the card it names (`gpu_type`)."""
+        plan = self.memory_plan()
+        found = problems(plan) if plan is not None else []
+        if found:
+            (key, message), *more = found
+            fail(dotted(where, key), message + "".join(f"; and {dotted(where, k)}: {m}" for k, m in more))
 
     @property
     def optimizer_steps_per_step(self) -> int:
@@ -111,6 +123,11 @@ class TrainConfig(TrainerBase):
         one_of(self.loss_config.nll_reduction, ("token_mean", "seq_mean", "sum"),
                dotted(where, "loss_config.nll_reduction"))
         positive(self.loss_config.beta, dotted(where, "loss_config.beta"))
+        self._check_memory(where)
+
+    def memory_plan(self) -> WorkerPlan | None:
+        """The update phase alone (`train.memory_budget.train_plan`); None where it cannot be checked."""
+        return train_plan(self)
 
 
 @dataclasses.dataclass
@@ -194,13 +211,5 @@ class GRPOConfig(TrainerBase):
         self._check_memory(where)
 
     def memory_plan(self) -> WorkerPlan | None:
-        """The GPU memory budget's inputs (`train.memory_budget.grpo_plan`); None where it cannot be checked."""
+        """Rollout engine and training (`train.memory_budget.grpo_plan`); None where it cannot be checked."""
         return grpo_plan(self)
-
-    def _check_memory(self, where: str) -> None:
-        """Refuse a GPU config whose worker cannot fit the card it names (rollout engine + training)."""
-        plan = self.memory_plan()
-        found = problems(plan) if plan is not None else []
-        if found:
-            (key, message), *more = found
-            fail(dotted(where, key), message + "".join(f"; and {dotted(where, k)}: {m}" for k, m in more))

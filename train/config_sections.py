@@ -210,7 +210,7 @@ class WorkerFields:
     precision: str = "auto"
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, more compute)
     # the GPU model of the workers' nodes ("" = not named): A10G | L4 | A100-40G | A100-80G | H100 | H200
-    # (train.memory_budget.GPU_MEMORY_MIB). GRPO refuses a config whose memory budget does not fit it, and with
+    # (train.memory_budget.GPU_MEMORY_MIB). A trainer refuses a config whose memory budget does not fit it, and with
     # use_gpu the workers are placed only on nodes of that type (ScalingConfig.accelerator_type)
     gpu_type: str = ""
     # extra environment variables for the workers (never secrets: core.config refuses secret-looking names)

@@ -1,5 +1,6 @@
 """Does one GRPO worker fit its GPU? The memory of a colocated worker (rollout engine + DeepSpeed training), from
-the model's shape and the config, before any work (pure: no torch, ray, vllm or deepspeed).
+the model's shape and the config, before any work (pure: no torch, ray, vllm or deepspeed). A preference / SFT
+worker (`train_plan`) has the update phase alone.
 
 A worker's GPU goes through two phases every step, and both must fit (all figures GiB, worst case: every sequence
 of a micro-batch at `max_prompt_length + max_completion_length`, since one batch can hit it):
@@ -83,7 +84,7 @@ def lora_rank_slot(r: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerPlan:
-    """Everything the budget depends on; one per GRPO config (`train.config.GRPOConfig.memory_plan`)."""
+    """Everything the budget depends on; one per trainer config (`train.config.TrainerBase.memory_plan`)."""
 
     shape: ModelShape
     gpu_type: str
@@ -102,6 +103,8 @@ class WorkerPlan:
     gradient_checkpointing: bool
     # rollouts per worker and step (prompts_per_worker x group_size): HF generate samples them in one batch
     rollouts_per_worker: int
+    # vllm | hf | none: a trainer without rollouts (preference / SFT: `train_plan`), whose only phase is the update
+    # and whose log-probs cover the whole sequence, not a completion window
     rollout_kind: str
     gpu_memory_utilization: float
     sleep_level: int
@@ -201,8 +204,8 @@ def budget(plan: WorkerPlan) -> Budget:
         "activations": _gib(activations),
         # HF builds a (b, 1, T, T) mask in the activation dtype for padded batches (SDPA)
         "attention_mask": _gib(plan.micro_batch_size * seq * seq * act_bytes),
-        "logits": logits_gib(plan.max_completion_length + 1, shape.vocab, act_bytes, plan.logprob_chunk_tokens,
-                             plan.micro_batch_size),
+        "logits": logits_gib(seq if plan.rollout_kind == "none" else plan.max_completion_length + 1, shape.vocab,
+                             act_bytes, plan.logprob_chunk_tokens, plan.micro_batch_size),
         # ZeRO-3 with chunked log-probs: the output head's weight, gathered once and copied for the whole update
         # (`train.engine.output_head`), beside ZeRO's own gathered parameters; a trainable head (full fine-tuning,
         # `train.logprobs.GatheredChunkedLogps`) is gathered in forward and backward, with its full gradient
@@ -221,6 +224,8 @@ def budget(plan: WorkerPlan) -> Budget:
     held = (VLLM_ASLEEP_GIB if plan.sleep_level else share) if vllm else 0.0
     if vllm:  # full fine-tuning's weight sync gathers one parameter at a time while the engine's weights are awake
         rollout = resident + share + (_gib(shape.largest_param() * weight_bytes) if not plan.lora_r and zero3 else 0.0)
+    elif plan.rollout_kind == "none":  # no rollout phase: between updates DeepSpeed holds its resident state only
+        rollout = resident
     else:  # HF generate on the training model: ZeRO-3 gathers, plus the KV cache of every rollout at once
         rollout = resident + update["zero3_gathered"] + _gib(
             plan.rollouts_per_worker * seq * shape.kv_bytes_per_token(act_bytes))
@@ -271,7 +276,7 @@ def problems(plan: WorkerPlan) -> list[tuple[str, str]]:
                 f"raise it to at least {low:.2f}, name a bigger gpu_type, or train a smaller model")))
     vllm = plan.rollout_kind == "vllm"
     margin = VLLM_START_MARGIN_GIB if vllm else 0.0
-    if b.rollout_gib + margin > gpu:
+    if plan.rollout_kind != "none" and b.rollout_gib + margin > gpu:
         resident = b.rollout_gib - plan.gpu_memory_utilization * gpu
         high = math.floor((gpu - margin - resident) / gpu * 100) / 100
         key = "rollout.gpu_memory_utilization" if vllm else "micro_batch_size"
@@ -308,6 +313,22 @@ def update_step_gib(plan: WorkerPlan) -> float:
 def grpo_plan(cfg) -> WorkerPlan | None:
     """The plan of a `train.config.GRPOConfig`; None off-GPU, without a `gpu_type`, or for a model whose shape
     neither a local config.json nor `train.model_shape.KNOWN_MODELS` gives."""
+    return _plan(cfg, reference=cfg.finetune == "full" and cfg.kl_coef > 0, micro_batch_size=cfg.micro_batch_size,
+                 rollouts_per_worker=cfg.prompts_per_worker * cfg.group_size, rollout_kind=cfg.rollout.kind,
+                 gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=ROLLOUT_SLEEP_LEVEL)
+
+
+def train_plan(cfg) -> WorkerPlan | None:
+    """The plan of a preference / SFT trainer (`train.config.TrainConfig`): the update phase only (no rollout
+    engine). A row is one sequence of `max_prompt_length + max_completion_length` tokens (SFT) or two (a preference
+    pair: chosen and rejected go through one forward, `train.preference.loop.loss_on_batch`), its log-probs over the
+    whole sequence; DPO under full fine-tuning adds the frozen reference copy. None as `grpo_plan`."""
+    return _plan(cfg, reference=cfg.finetune == "full" and cfg.loss == "dpo",
+                 micro_batch_size=cfg.micro_batch_size * (1 if cfg.loss == "sft" else 2), rollouts_per_worker=0,
+                 rollout_kind="none", gpu_memory_utilization=0.0, sleep_level=0)
+
+
+def _plan(cfg, **own) -> WorkerPlan | None:
     from train.ds_config import trainer_ds_config
 
     shape = model_shape(cfg.model) if cfg.use_gpu and cfg.gpu_type else None
@@ -318,9 +339,6 @@ def grpo_plan(cfg) -> WorkerPlan | None:
         precision="bf16" if cfg.precision == "auto" else cfg.precision, zero_stage=cfg.deepspeed.zero_stage,
         offload_optimizer=cfg.deepspeed.offload_optimizer, offload_params=cfg.deepspeed.offload_params,
         lora_r=0 if cfg.finetune == "full" else cfg.lora.r, lora_targets=cfg.lora.target_modules,
-        reference=cfg.finetune == "full" and cfg.kl_coef > 0, micro_batch_size=cfg.micro_batch_size,
         max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
-        gradient_checkpointing=cfg.gradient_checkpointing, rollouts_per_worker=cfg.prompts_per_worker * cfg.group_size,
-        rollout_kind=cfg.rollout.kind, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        sleep_level=ROLLOUT_SLEEP_LEVEL, logprob_chunk_tokens=cfg.logprob_chunk_tokens,
-        zero_config=trainer_ds_config(cfg, cfg.num_workers)["zero_optimization"])
+        gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk_tokens=cfg.logprob_chunk_tokens,
+        zero_config=trainer_ds_config(cfg, cfg.num_workers)["zero_optimization"], **own)
