@@ -10,6 +10,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 2048 | vLLM's CPU build, one process per engine |
 | OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
 | GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
+| a GPU trainer's `env_vars` | `QUORUM_REHEARSAL_BACKEND: nccl` | its CPU workers refuse what NCCL would (`train.collectives.guard_for_rehearsal`) |
 | workers (`num_workers`), pool `concurrency` | at most 2 | two ranks still exercise every collective |
 | CPUs per actor / worker | 1 | the local cluster has few |
 | rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
@@ -22,6 +23,8 @@ worker moves no memory). `run.rehearsal: true` marks the run directory (core.run
 from __future__ import annotations
 
 from collections.abc import Iterator
+
+from train.collectives import REHEARSAL_BACKEND_ENV
 
 REHEARSAL_MODEL = "smollm2-135m"
 REHEARSAL_ROOT = "runs/rehearsals"
@@ -85,7 +88,12 @@ def _engine_overrides(key: str, node: dict, openai_url: str) -> list[str]:
 def _scalar_overrides(key: str, name: str, value) -> list[str]:
     """The cut for one scalar by its field name (None: left as it is)."""
     if isinstance(value, bool):
-        return [f"{key}=false"] if name == "use_gpu" and value else []
+        if name != "use_gpu" or not value:
+            return []
+        # the trainer's workers check their collectives against the device rule of the backend they have on the
+        # cluster (train.collectives.guard_for_rehearsal): gloo on CPU serves what NCCL refuses
+        section = key.rpartition(".")[0]
+        return [f"{key}=false", f"{section + '.' if section else ''}env_vars.{REHEARSAL_BACKEND_ENV}=nccl"]
     if name in ("num_gpus",) and value:
         return [f"{key}=0"]
     if name == "gpu_type" and value:

@@ -48,6 +48,11 @@ def grpo_worker(config: dict) -> None:
     """Every worker's function: `train.grpo.loop.grpo_loop_per_worker`, imported in the worker. Ray pickles this
     function by reference, so the driver never imports the loop's DeepSpeed, peft and vLLM modules (seconds of a
     training stage's start on 2 cores, and memory the driver does not need)."""
+    from train.collectives import guard_for_rehearsal
+
+    # a rehearsal's check of the cluster's device rule (train.collectives; a no-op elsewhere), before the loop's
+    # modules are imported
+    guard_for_rehearsal()
     from train.grpo.loop import grpo_loop_per_worker
 
     grpo_loop_per_worker(config)

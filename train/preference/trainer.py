@@ -83,6 +83,11 @@ def preference_worker(config: dict) -> None:
     """Every worker's function: `train.preference.loop.train_loop_per_worker`, imported in the worker. Ray pickles
     this function by reference, so the driver never imports the loop's DeepSpeed and peft (~3 s of a training
     stage's start on 2 cores, and memory the driver does not need)."""
+    from train.collectives import guard_for_rehearsal
+
+    # a rehearsal's check of the cluster's device rule (train.collectives; a no-op elsewhere), before the loop's
+    # modules are imported
+    guard_for_rehearsal()
     from train.preference.loop import train_loop_per_worker
 
     train_loop_per_worker(config)
