@@ -149,6 +149,28 @@ def test_the_guard_refuses_quorum_s_direct_cpu_collectives_and_passes_the_rest(o
     dist.barrier()
 
 
+def test_a_direct_call_through_deepspeed_s_comm_layer_is_refused_too(one_rank, monkeypatch):
+    """DeepSpeed's comm layer only passes a call on: quorum's code calling it directly is the caller."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import deepspeed.comm as ds_comm
+    from deepspeed.comm import comm as ds_state
+
+    from train.engine import skip_cpu_shm_allreduce
+
+    monkeypatch.setattr(ds_state, "cdb", None)  # DeepSpeed's backend over this test's group, gone after it
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    skip_cpu_shm_allreduce()
+    deepspeed.init_distributed(dist_backend="gloo")  # adopts the group, as a training worker's build_engine does
+    ds_comm.all_reduce(torch.ones(1))  # control: unguarded, it runs
+    assert guard_for_rehearsal(NCCL)
+    with pytest.raises(RuntimeError, match=r"torch\.distributed\.all_reduce on a cpu tensor, called by "
+                                           r"tests/test_rehearsal_defects\.py:\d+ \(test_a_direct_call_through"):
+        ds_comm.all_reduce(torch.ones(1))
+
+
 def small_grpo(tiny_model_dir: str, env_vars: dict):
     """The smallest GRPO run of the judge reward (no service): 2 workers, ZeRO-3 as the cluster configs, 1 step."""
     from train.config import GRPOConfig
