@@ -46,6 +46,8 @@ from actors.engines.vllm_sync import (
     build_sampling_params,
     chat_template_kwargs,
     check_extra_args,
+    cpu_platform_args,
+    on_cpu_platform,
     shutdown_vllm,
     to_completion,
 )
@@ -76,6 +78,8 @@ class AsyncVLLMEngine:
         from actors.models import resolve_model_dir
 
         kwargs = {**build_llm_kwargs(spec, resolve_model_dir(spec.model)), **check_extra_args(extra_args)}
+        if on_cpu_platform():  # seeded requests and chunked prefill on vLLM's CPU build (vllm_sync.cpu_platform_args)
+            kwargs = {**cpu_platform_args(spec.max_model_len), **kwargs}
         if spec.adapter:
             # one slot for the adapter in use and one for the next, so a swap never waits for in-flight requests
             kwargs["max_loras"] = 2

@@ -109,6 +109,30 @@ def to_vllm_sampling_kwargs(sampling: SamplingParams) -> dict:
     }
 
 
+# vLLM 0.32 on its CPU platform: a seeded request (SamplingParams.seed: every quorum judge and rollout request has
+# one) whose prefill is split over scheduler steps kills the engine core: the step that discards its sampled token
+# rewinds the request's generator with `set_offset`, which CPU generators refuse ("CPU Generator does not use
+# offset", vllm/v1/worker/gpu_model_runner.py, _bookkeeping_sync). Without chunked prefill no prefill is split;
+# every prompt that fits max_model_len is then prefilled in one step, so the step's token budget must hold one.
+CPU_DEFAULT_BATCHED_TOKENS = 4096
+
+
+def cpu_platform_args(max_model_len: int) -> dict:
+    """What a vLLM engine on the CPU platform needs beside its spec (the comment above says why).
+
+    >>> cpu_platform_args(2048), cpu_platform_args(8192)["max_num_batched_tokens"]
+    ({'enable_chunked_prefill': False, 'max_num_batched_tokens': 4096}, 8192)
+    """
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_DEFAULT_BATCHED_TOKENS)}
+
+
+def on_cpu_platform() -> bool:
+    """vLLM's own answer: is this its CPU build (imports vllm; call only where an engine is about to start)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def build_llm_kwargs(spec: EngineSpec, model_path: str) -> dict:
     """Keyword arguments for `vllm.LLM` from the engine spec (model already resolved to a path or repo id).
 
@@ -252,6 +276,8 @@ class VLLMEngine:
         from actors.models import resolve_model_dir
 
         llm_kwargs = {**build_llm_kwargs(spec, resolve_model_dir(spec.model)), **check_extra_args(extra_args)}
+        if on_cpu_platform():
+            llm_kwargs = {**cpu_platform_args(spec.max_model_len), **llm_kwargs}
         from vllm import LLM
 
         self.spec = spec

@@ -36,7 +36,7 @@ import shutil
 import weakref
 from pathlib import Path
 
-from actors.engines.vllm_sync import eager_from_env, lora_rank_slot, shutdown_vllm
+from actors.engines.vllm_sync import cpu_platform_args, eager_from_env, lora_rank_slot, shutdown_vllm
 
 # level 1 keeps the base weights (in host memory) across a sleep: only the adapter changes between steps, so there is
 # nothing to reload; level 2 would discard them and need a full weight sync, as TRL does for full fine-tuning
@@ -199,6 +199,8 @@ class VLLMRollout:
             max_model_len=cfg.max_prompt_length + cfg.max_completion_length, seed=cfg.seed,
             sleep_mode=self.sleep_mode, visible_gpus=visible_gpu_count(os.environ), dtype=dtype)
         os.environ.update(env)
+        if on_cpu:  # seeded rollouts and chunked prefill on vLLM's CPU build (vllm_sync.cpu_platform_args)
+            kwargs.update(cpu_platform_args(kwargs["max_model_len"]))
         self.llm = LLM(**kwargs)
         # shut down on `close` or at interpreter exit, never from vLLM's __del__ at teardown (actors.engines.vllm_async)
         self._finalizer = weakref.finalize(self, shutdown_vllm, self.llm)
