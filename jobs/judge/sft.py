@@ -5,18 +5,18 @@ The paper's SFT baseline: "models directly predict 5-point grades for response p
 reasoning, trained with cross-entropy loss under teacher forcing" (TRL, lr 2e-5). The prompts are judge_grpo's (same
 template, rubrics, both A/B orders with the gold grades swapped); the target is the verdict in MENLO's output format
 with an empty think block, `<think> </think>` then the A and B grade blocks of the gold classes, which the judge's
-parser reads as format_ok. Evaluate the adapter with `judge_eval` (`judges.N.engine.adapter=RUN/train/run/adapter`).
+parser reads as format_ok. Evaluate the result with `judge_eval` (`judges.N.engine.model=RUN/train/run/model` after
+`train.finetune: full`, `judges.N.engine.adapter=RUN/train/run/adapter` after a LoRA).
 
 Local (SmolLM2-135M, 2 Ray Train workers with DeepSpeed ZeRO-2 on CPU, LoRA):
 
     quorum run configs/judge_sft_demo.yaml
     python -m jobs.judge.sft configs/judge_sft_demo.yaml train.max_steps=2 run.id=short
 
-On a cluster (the paper's lr 2e-5; Qwen3-4B on GPU workers):
+On a cluster (the paper's full fine-tuning at lr 2e-5; Qwen3-4B on 8 A10Gs):
 
     ray job submit --address http://HEAD:8265 --working-dir . --runtime-env-json "$RUNTIME_ENV" -- \\
-        quorum run configs/judge_sft_demo.yaml run.root=/shared/runs data.path=/shared/menlo/train.jsonl \\
-        train.model=hf:Qwen/Qwen3-4B train.use_gpu=true train.num_workers=8
+        quorum run configs/judge_sft_cluster.yaml data.path=/mnt/shared/data/menlo/menlo_train.jsonl
 
 Stages (under <run.root>/judge_sft/<run-id>/): rows (prompt + target per pair and shown order) -> train (SFT) ->
 summary.md.
