@@ -10,16 +10,17 @@ its node types, their GPUs and GPU model (`core.cluster_nodes`). The plan prints
 
 - stages: per stage, what it places at once (Ray Train workers, Ray Data pools, Serve replicas, the driver), on
   which node type, and how many of those nodes;
-- GPU memory: per GPU and phase, every GRPO trainer's colocated worker (`train.memory_budget`) and every vLLM engine
-  (Ray Data pools' actors, Serve replicas: `train.engine_memory`), the KV cache also as full sequences of the
-  engine's `max_model_len`;
+- GPU memory: per GPU and phase, every trainer's worker (`train.memory_budget`: a GRPO worker beside its colocated
+  rollout engine, a preference / SFT worker's update against its `gpu_type`) and every vLLM engine (Ray Data pools'
+  actors, Serve replicas: `train.engine_memory`), the KV cache also as full sequences of the engine's
+  `max_model_len`; with optimizer offload, a note with its estimated cost per optimizer step (`train.offload_cost`);
 - timeouts: the collective timeout against the worst reward wait of each phase, Serve's request and shutdown
   timeouts;
 - storage: where results, checkpoints, adapters and models live, and whether the hub models are staged.
 
-What cannot run is refused, exit 2, naming the keys: the config's own checks (`core.config.load_config`: the GRPO
-memory budget, reward waits, Serve timeouts), a stage no node type can hold, a vLLM engine its GPUs cannot hold, an
-adapter above vLLM's largest `max_lora_rank`. `quorum run` and `quorum submit` make the same check (`preflight`)
+What cannot run is refused, exit 2, naming the keys: the config's own checks (`core.config.load_config`: the
+trainers' memory budgets, reward waits, Serve timeouts), a stage no node type can hold, a vLLM engine its GPUs cannot
+hold, an adapter above vLLM's largest `max_lora_rank`. `quorum run` and `quorum submit` make the same check (`preflight`)
 before any work for a config that names shared storage (a cluster config).
 """
 
