@@ -19,6 +19,7 @@ from train.engine_memory import EngineFit, gpu_gib
 from train.engine_memory import problems as engine_problems
 from train.memory_budget import GIB, budget
 from train.model_shape import model_shape
+from train.offload_cost import offload_cost
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*_cluster.yaml"))
@@ -124,6 +125,21 @@ def test_judge_sft_cluster_memory_per_a10g_by_hand(capsys):
     out = capsys.readouterr().out
     assert f"update  {update + 4_022_468_096 * 12 / 8 / GIB:.2f} of 22.49" in out and "optimizer 5.62" in out
     assert "offload_optimizer costs" not in out
+
+
+def test_the_offload_estimate_by_hand():
+    """train/offload_cost.py for judge_sft_cluster's worker: 4,022,468,096 / 8 parameters a rank, 4 B of fp32
+    gradient down and 2 B of bf16 weight up each at 24 GB/s, 56 s / 11.6e9 of host AdamW each."""
+    plan = load("configs/judge_sft_cluster.yaml", [])[0].train.memory_plan()
+    cost, p = offload_cost(plan), 4_022_468_096 / 8
+    assert (cost.params, cost.bytes_down, cost.bytes_up) == (p, 4 * p, 2 * p)
+    assert cost.link_s == pytest.approx(6 * p / 24e9) and cost.adam_s == pytest.approx(p * 56 / 11.6e9)
+    assert cost.seconds == pytest.approx(cost.link_s + cost.adam_s) and round(cost.seconds, 1) == 2.6
+    # controls: fp32 weights come back in 4 bytes; no offload, no cost; a LoRA offloads only its own parameters
+    assert offload_cost(dataclasses.replace(plan, precision="fp32")).bytes_up == 4 * p
+    assert offload_cost(dataclasses.replace(plan, offload_optimizer=False)) is None
+    lora = dataclasses.replace(plan, lora_r=64, lora_targets="all-linear")
+    assert offload_cost(lora).params == pytest.approx(132_120_576 / 8)
 
 
 def test_a_preference_row_is_two_sequences_in_the_budget():
