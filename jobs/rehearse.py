@@ -219,7 +219,9 @@ def rehearse_serve_app(command: list[str], token_env: str) -> tuple[int, list[st
                 base = found.group(2).replace("0.0.0.0", "127.0.0.1")
                 answer = httpx.post(f"{base}/compare", json=body, headers=headers, timeout=_SERVER_TIMEOUT_S)
                 print(f"quorum rehearse: POST {base}/compare -> {answer.status_code} {answer.text[:300]}", flush=True)
-                judged = answer.status_code == 200
+                # a judgment is an answer with its verdict parsed: a 200 whose grades are missing (a verdict cut
+                # off by max_tokens) says the machinery ran, not that the judge works
+                judged = answer.status_code == 200 and answer.json().get("parse_status") == "ok"
                 child.send_signal(signal.SIGTERM)
     code = child.returncode
     return (code if code else (0 if judged else 1)), engines
@@ -244,6 +246,16 @@ def failed_stages(run_dir: str) -> list[str]:
     stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
     return [f"{name} ({entry['summary']['engine_errors']} of {entry.get('rows')} rows)" for name, entry in stages.items()
             if entry.get("rows") and (entry.get("summary") or {}).get("engine_errors", 0) >= entry["rows"]]
+
+
+def rewardless_stages(run_dir: str) -> list[str]:
+    """GRPO stages that never got a reward: every group's reward failed, so no update ran (the job counts the failed
+    groups and goes on; a rehearsal that is to show the reward path works must not)."""
+    path = Path(run_dir) / "manifest.json"
+    stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
+    return [f"{name} ({entry['summary']['groups_failed']:.0f} reward groups failed, none answered)"
+            for name, entry in stages.items()
+            if (entry.get("summary") or {}).get("groups_failed") and entry["summary"].get("reward_mean") is None]
 
 
 def started_vllm_engines(run_dir: str) -> list[str]:
@@ -320,6 +332,10 @@ def main(argv: list[str]) -> int:
     dead = failed_stages(run_dir) if run_dir else []
     if code == 0 and dead:
         print("quorum rehearse: every row an engine error in " + ", ".join(dead), file=sys.stderr)
+        return 1
+    rewardless = rewardless_stages(run_dir) if run_dir else []
+    if code == 0 and rewardless:
+        print("quorum rehearse: no reward ever came back in " + ", ".join(rewardless), file=sys.stderr)
         return 1
     if code == 0 and any(v == "vllm" for v in kinds.values()) and not engines:
         print("quorum rehearse: the config names vLLM engines but the run's log shows none starting", file=sys.stderr)

@@ -32,9 +32,11 @@ REHEARSAL_WORKERS = 2
 # logical CPUs of the local Ray cluster: every pool and worker of the job fits at once, as on the cluster (Ray
 # schedules by these counts; the processes share the machine's cores)
 REHEARSAL_CPUS = 16
-# rows each data source keeps; tokens a generation may take (judges and policies alike)
+# rows each data source keeps; tokens a generation may take (judges and policies alike): enough for the longest
+# grammar-bound verdict a shipped judge format forces (MENLO's two pairwise grade blocks after an empty <think>,
+# eval.judging.grammar.reserve_tokens: 80), so a judge's verdict is never cut off and its reward comes back
 ROWS = 4
-MAX_TOKENS = 48
+MAX_TOKENS = 128
 MAX_MODEL_LEN = 2048
 # keys whose value counts rows of input (0 is "all" for each of them)
 ROW_KEYS = {"limit", "n", "per_level", "train_texts", "dev_texts", "probe_limit"}

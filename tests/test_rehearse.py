@@ -102,3 +102,27 @@ def test_a_stage_whose_every_row_is_an_engine_error_fails_the_rehearsal(tmp_path
               "ablations": {"rows": 120, "summary": {"engine_errors": 3}}}
     (tmp_path / "manifest.json").write_text(json.dumps({"stages": stages}))
     assert failed_stages(str(tmp_path)) == ["jury (168 of 168 rows)"]
+
+
+def test_a_rehearsal_leaves_room_for_the_longest_forced_verdict():
+    """The rehearsal's token cut must leave MENLO's pairwise verdict whole: at 48 tokens the served judge's answer
+    stopped inside `<final_grade_B>`, every reward of a policy-GRPO rehearsal was null and no update ran."""
+    from eval.judging.grammar import reserve_tokens
+    from jobs.rehearse_overrides import MAX_TOKENS
+
+    pairwise = "<think></think>" + "".join(f"\n<final_grade{s}> FINAL GRADE: 2 - MINOR FAILURE </final_grade{s}>"
+                                           for s in ("_A", "_B"))
+    assert reserve_tokens(pairwise) <= MAX_TOKENS
+    assert reserve_tokens(pairwise) > 48  # the control: the old cut could not hold it
+
+
+def test_a_grpo_rehearsal_without_a_single_reward_fails(tmp_path):
+    from jobs.rehearse import rewardless_stages
+
+    manifest = {"stages": {"rows": {"rows": 7, "summary": {}},
+                           "train": {"rows": 1, "summary": {"groups_failed": 2.0, "reward_mean": None}}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert rewardless_stages(str(tmp_path)) == ["train (2 reward groups failed, none answered)"]
+    manifest["stages"]["train"]["summary"]["reward_mean"] = 0.25  # some groups answered: the run trained
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert rewardless_stages(str(tmp_path)) == []
