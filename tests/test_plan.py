@@ -176,6 +176,15 @@ def test_craft_selftrain_refused_at_its_old_values_and_fits_now(capsys):
     err = capsys.readouterr().err
     assert "planner.engine.gpu_memory_utilization" in err and "reviser.gpu_memory_utilization" in err
     assert plan_main(["configs/craft_selftrain_cluster.yaml"]) == 0
+    # its trainers name the A10G they run on: at ZeRO-2 (the whole bf16 8B on every rank) neither fits, and the
+    # CPO-SimPO rounds' chosen + rejected pair needs its frozen weights on the host as well
+    capsys.readouterr()
+    for old, key in ((["sft.trainer.deepspeed.zero_stage=2"], "sft.trainer.micro_batch_size"),
+                     (["rounds.trainer.deepspeed.zero_stage=2", "rounds.trainer.deepspeed.offload_params=false"],
+                      "rounds.trainer.micro_batch_size"),
+                     (["rounds.trainer.deepspeed.offload_params=false"], "rounds.trainer.micro_batch_size")):
+        assert plan_main(["configs/craft_selftrain_cluster.yaml", *old]) == 2
+        assert key in capsys.readouterr().err
 
 
 def test_jury_eval_refused_with_its_70b_bf16_pool_and_fits_now(capsys):
