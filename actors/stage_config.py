@@ -112,12 +112,25 @@ class PoolConfig(Section):
         ensure_fits(Ask(stage, "actors", self.min_actors, unit, keys))
         if self.max_actors > self.min_actors:
             note_unplaceable_max(Ask(stage, "actors", self.max_actors, unit, keys))
-        kwargs = {"compute": self.compute(), "batch_size": self.batch_size, "num_cpus": self.num_cpus}
+        kwargs = {"compute": self.compute(), "batch_size": self.batch_size, "num_cpus": self.num_cpus,
+                  "runtime_env": {"env_vars": dict(POOL_ACTOR_ENV)}}
         if self.num_gpus:
             kwargs["num_gpus"] = self.num_gpus
         if self.resources:
             kwargs["resources"] = {name: float(amount) for name, amount in self.resources.items()}
         return kwargs
+
+
+# A pool's actors stop their engine in order when Ray Data releases them (ChatWorker.__del__, from Ray Data's
+# `__ray_shutdown__`; otherwise the engine's atexit finalizer): a vLLM engine core process stops and unlinks its
+# `/dev/shm/psm_*` queue, and each release reaches the actor's multiprocessing resource tracker. Ray's graceful
+# actor exit SIGKILLs the worker's direct children before it calls `__ray_shutdown__`
+# (core_worker_shutdown_executor: KillChildProcessesImmediately, then the actor's shutdown callback); with that on,
+# the engine core dies before it unlinks its queue (which stays behind) and the tracker before the releases reach it
+# ('resource_tracker: process died unexpectedly', then `KeyError: '/psm_...'`). Off for the pool's actors: whatever
+# is left of an actor that crashed or was ray.kill-ed goes with its process group, which the raylet kills once the
+# worker has exited (Ray's per-worker process group cleanup, on by default).
+POOL_ACTOR_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
 
 
 def note_unplaceable_max(ask: Ask) -> None:

@@ -5,10 +5,12 @@ GPU run: `python -m pytest tests/test_vllm_engine.py -m gpu -q` (needs `pip inst
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +23,7 @@ from actors.engines.vllm_sync import (
     adapter_lora_rank,
     build_llm_kwargs,
     lora_rank_slot,
+    shutdown_vllm,
     to_completion,
     to_vllm_sampling_kwargs,
 )
@@ -141,6 +144,49 @@ def test_to_completion_splits_thinking_and_maps_finish_reasons():
     assert to_completion(output("cut", "length")).finish_reason == "length"
     aborted = to_completion(output("partial", "abort"))
     assert (aborted.text, aborted.finish_reason) == ("", "error") and aborted.error
+
+
+class FakeAsyncLLM:
+    """What `shutdown_vllm` uses of an `AsyncLLM`: its output handler task and `shutdown`."""
+
+    output_handler: asyncio.Task
+
+    def shutdown(self, timeout=None):
+        self.handler_done_at_shutdown = self.output_handler.done()
+
+
+def test_shutdown_stops_an_async_engines_output_handler_before_its_engine_core():
+    """`AsyncLLM.shutdown` cancels its output handler only after the engine core has exited: shut down off the
+    engine's loop while the loop runs on (a Ray async actor's `__ray_shutdown__` on the main thread), the handler saw
+    the engine core die and logged an `EngineDeadError` traceback. On the loop's own thread (a Serve replica's
+    `__del__`) the cancel must not wait for the loop it blocks."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        engine = FakeAsyncLLM()
+
+        async def start():
+            engine.output_handler = asyncio.create_task(asyncio.Event().wait())
+
+        asyncio.run_coroutine_threadsafe(start(), loop).result(5)
+        shutdown_vllm(engine)
+        assert engine.handler_done_at_shutdown and engine.output_handler.cancelled()
+
+        on_loop = FakeAsyncLLM()
+
+        async def shut_down_on_the_loop():
+            on_loop.output_handler = asyncio.create_task(asyncio.Event().wait())
+            await asyncio.sleep(0)
+            shutdown_vllm(on_loop)
+            await asyncio.sleep(0)
+            return on_loop.output_handler.cancelled()
+
+        assert asyncio.run_coroutine_threadsafe(shut_down_on_the_loop(), loop).result(5)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
 
 
 def test_module_imports_without_vllm():

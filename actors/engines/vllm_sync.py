@@ -13,6 +13,9 @@ chat-template arguments and completions with the same functions.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import gc
 import json
 import os
@@ -254,8 +257,38 @@ def shutdown_vllm(engine, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
             client.shutdown(timeout=timeout_s)
             client.shutdown = _no_shutdown
         return
+    stop_output_handler(engine)
     engine.shutdown(timeout=timeout_s)
     engine.shutdown = _no_shutdown
+
+
+def stop_output_handler(engine, timeout_s: float = 10.0) -> None:
+    """Cancel an `AsyncLLM`'s output handler (the task that reads the engine core's outputs) before its engine core
+    stops. `AsyncLLM.shutdown` cancels it only after the engine core has exited; when the shutdown runs off the
+    engine's event loop while that loop keeps running (a Ray async actor's `__ray_shutdown__` runs on the main
+    thread, its calls on a loop thread), the handler sees the engine core go first and logs `AsyncLLM
+    output_handler failed` with an `EngineDeadError` traceback. On the loop's own thread (a Serve replica's
+    `__del__`) the loop cannot run the handler meanwhile: cancelling is enough."""
+    handler = getattr(engine, "output_handler", None)
+    if handler is None or handler.done():
+        return
+    loop = handler.get_loop()
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if on_loop or not loop.is_running():
+        if not loop.is_closed():
+            handler.cancel()
+        return
+
+    async def cancel_and_wait() -> None:
+        handler.cancel()
+        await asyncio.wait([handler])
+
+    # a loop that does not answer in time (or closed meanwhile): AsyncLLM.shutdown still cancels the handler itself
+    with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+        asyncio.run_coroutine_threadsafe(cancel_and_wait(), loop).result(timeout_s)
 
 
 def _no_shutdown(*args, **kwargs) -> None:
