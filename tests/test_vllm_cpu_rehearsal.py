@@ -1,7 +1,9 @@
 """The vLLM-CPU tier's rehearsals: `quorum rehearse` of the cluster configs CI runs, whole, on vLLM's CPU build.
 
 policy_grpo_cluster: two Ray Train workers on gloo, each with a colocated vLLM engine that sleeps and wakes, ZeRO-3,
-the r = 64 adapter published every step, the GRM served by `serve_grm` on vLLM's async engine, validation.
+full fine-tuning's weights pushed into the engines every step, the GRM served by `serve_grm` on vLLM's async engine
+answering every reward request with a parsed verdict, validation; the workers' collectives checked against NCCL's
+device rule (train.collectives.guard_for_rehearsal).
 jury_eval_cluster: the writer, simplifier and judge pools on vLLM in Ray Data, the hosted judges on a local
 `vllm serve`. Each must exit 0 with its manifest saying it was a rehearsal that ran vLLM, no engine shutdown may log
 a traceback, and no `/dev/shm/psm_*` segment may be left behind (vLLM's shared-memory queues).
@@ -56,7 +58,11 @@ def test_policy_grpo_cluster_rehearses_whole_on_vllm(tmp_path):
     assert record["engines"]["configs/grm_cluster.yaml:judge.engine"] == "vllm"
     # two colocated rollout engines and the served judge's
     assert record["vllm_engines_started"] >= 3
-    assert manifest["stages"]["train"]["status"] == "complete"
+    train = manifest["stages"]["train"]
+    assert train["status"] == "complete"
+    # rewards came back and the policy was updated (a rehearsal whose every reward failed trains nothing)
+    assert train["summary"]["reward_mean"] is not None and not train["summary"]["groups_failed"]
+    assert "grpo.env_vars.QUORUM_REHEARSAL_BACKEND=nccl" in record["overrides"]
     check_clean(manifest, text)
 
 
