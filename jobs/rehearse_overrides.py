@@ -7,11 +7,12 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | what | becomes | why |
 |---|---|---|
 | every hf:/local model of an engine or trainer | the bundled `smollm2-135m` | no weights are downloaded or staged |
-| vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 2048 | vLLM's CPU build, one process per engine |
+| vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 4096 | vLLM's CPU build, one process per engine |
 | OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
 | GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
 | a GPU trainer's `env_vars` | `QUORUM_REHEARSAL_BACKEND: nccl` | its CPU workers refuse what NCCL would (`train.collectives.guard_for_rehearsal`) |
 | workers (`num_workers`), pool `concurrency` | at most 2 | two ranks still exercise every collective |
+| a trainer's `micro_batch_size`, `grad_accum` | 1 | a global batch the few rows of a rehearsal fill |
 | CPUs per actor / worker | 1 | the local cluster has few |
 | rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
 | `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
@@ -37,7 +38,8 @@ REHEARSAL_CPUS = 16
 # eval.judging.grammar.reserve_tokens: 80), so a judge's verdict is never cut off and its reward comes back
 ROWS = 4
 MAX_TOKENS = 128
-MAX_MODEL_LEN = 2048
+# a judge's prompt holds the source and every candidate of up to MAX_TOKENS each: 2,049 tokens and more at 2048
+MAX_MODEL_LEN = 4096
 # keys whose value counts rows of input (0 is "all" for each of them)
 ROW_KEYS = {"limit", "n", "per_level", "train_texts", "dev_texts", "probe_limit"}
 ENGINE_KINDS = ("hf", "vllm", "openai")
@@ -102,6 +104,8 @@ def _scalar_overrides(key: str, name: str, value) -> list[str]:
         return [f"{key}="]
     if name in ("num_workers",) and isinstance(value, int) and value > REHEARSAL_WORKERS:
         return [f"{key}={REHEARSAL_WORKERS}"]
+    if name in ("micro_batch_size", "grad_accum") and isinstance(value, int) and value > 1 and "grpo" not in key.split("."):
+        return [f"{key}=1"]
     if name == "concurrency" and isinstance(value, int) and value > REHEARSAL_WORKERS and ".pool." in f".{key}.":
         return [f"{key}={REHEARSAL_WORKERS}"]
     if name in ("num_cpus", "cpus_per_worker") and isinstance(value, (int, float)) and value > 1:
