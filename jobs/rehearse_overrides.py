@@ -15,6 +15,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | a trainer's `micro_batch_size`, `grad_accum` | 1 | a global batch the few rows of a rehearsal fill |
 | CPUs per actor / worker | 1 | the local cluster has few |
 | rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
+| data groups (CORD's `levels`, `per_level`) | the first level, one row of it | a CRAFT search per row costs minutes |
 | `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
 
 A colocated vLLM rollout keeps sleep mode (`rollout.vllm_cpu`: vLLM's CPU platform is let to accept it; its CPU
@@ -41,7 +42,14 @@ MAX_TOKENS = 128
 # a judge's prompt holds the source and every candidate of up to MAX_TOKENS each: 2,049 tokens and more at 2048
 MAX_MODEL_LEN = 4096
 # keys whose value counts rows of input (0 is "all" for each of them)
-ROW_KEYS = {"limit", "n", "per_level", "train_texts", "dev_texts", "probe_limit"}
+ROW_KEYS = {"limit", "n", "train_texts", "dev_texts", "probe_limit"}
+# keys that count rows per group of the data (CORD's per_level: one row of each of its four levels)
+PER_GROUP_KEYS = {"per_level"}
+# generation budgets under their own names (CRAFT's planner and reviser), cut like max_tokens
+# (a reviser's budget stays: the job refuses one that cannot rewrite its longest input)
+TOKEN_KEYS = {"max_tokens", "max_completion_length", "planner_max_tokens"}
+# lists that select groups of the data (CORD's levels): a rehearsal keeps the first
+GROUP_LISTS = {"levels"}
 ENGINE_KINDS = ("hf", "vllm", "openai")
 
 
@@ -112,9 +120,12 @@ def _scalar_overrides(key: str, name: str, value) -> list[str]:
         return [f"{key}=1"]
     if name in ROW_KEYS and isinstance(value, int) and (value == 0 or value > ROWS):
         return [f"{key}={ROWS}"]
-    if name in ("max_tokens", "max_completion_length") and isinstance(value, int) and value > MAX_TOKENS:
+    if name in PER_GROUP_KEYS and isinstance(value, int) and value != 1:
+        return [f"{key}=1"]
+    if name in TOKEN_KEYS and isinstance(value, int) and value > MAX_TOKENS:
         return [f"{key}={MAX_TOKENS}"]
-    if name in ("epochs", "max_rounds", "rounds", "max_iterations", "max_steps") and isinstance(value, int) and value > 1:
+    if name in ("epochs", "max_rounds", "rounds", "max_iterations", "max_steps", "iter_rounds") and isinstance(
+            value, int) and value > 1:
         return [f"{key}=1"]
     if name == "n_boot" and isinstance(value, int) and value > 100:
         return [f"{key}=100"]
@@ -166,6 +177,8 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
                       "resources.num_cpus=0", "autoscaling.max_replicas=1"]
             out.append(f"{key}.overrides=[{', '.join(_quoted(o) for o in listed)}]")
             out.append(f"{key}.start_timeout_s=1800")
+        elif isinstance(node, list) and path[-1] in GROUP_LISTS and len(node) > 1:
+            out.append(f"{key}=[{node[0]}]")
         elif not isinstance(node, (dict, list)):
             if any(path[:len(e)] == e for e in engines) or path[-1] == "overrides" or isinstance(path[-1], int):
                 continue  # engine fields were handled with their engine; list items are data
