@@ -126,7 +126,8 @@ def start_openai_server(python: Path, port: int, log_path: Path) -> subprocess.P
                "--served-model-name", REHEARSAL_MODEL, "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", str(MAX_MODEL_LEN), "--structured-outputs-config.backend", "guidance", "--enforce-eager",
                # seeded requests and chunked prefill on vLLM's CPU build (actors.engines.vllm_sync.cpu_platform_args)
-               "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(CPU_DEFAULT_BATCHED_TOKENS),
+               "--no-enable-chunked-prefill",
+               "--max-num-batched-tokens", str(max(MAX_MODEL_LEN, CPU_DEFAULT_BATCHED_TOKENS)),
                # the grace its engine core gets on SIGTERM: enough to unlink its shared memory on a busy machine
                "--shutdown-timeout", str(int(SHUTDOWN_TIMEOUT_S))]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)

@@ -7,7 +7,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | what | becomes | why |
 |---|---|---|
 | every hf:/local model of an engine or trainer | the bundled `smollm2-135m` | no weights are downloaded or staged |
-| vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 4096 | vLLM's CPU build, one process per engine |
+| vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 8192 | vLLM's CPU build, one process per engine |
 | OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
 | GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
 | a GPU trainer's `env_vars` | `QUORUM_REHEARSAL_BACKEND: nccl` | its CPU workers refuse what NCCL would (`train.collectives.guard_for_rehearsal`) |
@@ -39,8 +39,9 @@ REHEARSAL_CPUS = 16
 # eval.judging.grammar.reserve_tokens: 80), so a judge's verdict is never cut off and its reward comes back
 ROWS = 4
 MAX_TOKENS = 128
-# a judge's prompt holds the source and every candidate of up to MAX_TOKENS each: 2,049 tokens and more at 2048
-MAX_MODEL_LEN = 4096
+# SmolLM2's own context: a judge's prompt holds the paper's rubric (configs/prompts/judge_policy.yaml, over 4,096
+# tokens), the source and every candidate
+MAX_MODEL_LEN = 8192
 # keys whose value counts rows of input (0 is "all" for each of them)
 ROW_KEYS = {"limit", "n", "train_texts", "dev_texts", "probe_limit"}
 # keys that count rows per group of the data (CORD's per_level: one row of each of its four levels)
