@@ -127,6 +127,18 @@ def colocated_engine_args(model_dir: str, *, rank: int, local_rank: int, world_s
     return kwargs, env
 
 
+def _repack_tied_head(worker) -> None:
+    """vLLM 0.32's CPU platform packs the output head's weight for its CPU GEMM at load (`dispatch_cpu_unquantized_gemm`
+    in `UnquantizedEmbeddingMethod.process_weights_after_loading`). A tied head's weight is the embedding's, which
+    `reload_weights` updates, but the model's `load_weights` skips `lm_head.weight`, so the head is never re-processed
+    and keeps packing the first load's values: the engine samples with the new body and the old head. Re-packing it
+    from the (updated) shared weight makes the logits the HF model's (tests/test_vllm_cpu_full_sync.py). Run in
+    vLLM's worker through `collective_rpc`; GPUs use the weight itself and need none of this."""
+    head = getattr(worker.model_runner.model, "lm_head", None)
+    if head is not None and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
+
+
 def visible_gpu_count(environ) -> int | None:
     """How many GPUs `CUDA_VISIBLE_DEVICES` shows; None when it is unset (all of the machine's)."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
@@ -186,6 +198,7 @@ class VLLMRollout:
         self.version = 0
         self.full = getattr(cfg, "finetune", "lora") == "full"
         on_cpu = getattr(cfg.rollout, "vllm_cpu", False) and not torch.cuda.is_available()
+        self.on_cpu = not torch.cuda.is_available()
         if sleep_mode is None:
             sleep_mode = torch.cuda.is_available() or on_cpu
         if sleep_mode and on_cpu:
@@ -248,6 +261,8 @@ class VLLMRollout:
         self.llm.collective_rpc("reload_weights", kwargs={
             "weights_iterator": gathered_weights(engine.module, self.cfg.deepspeed.zero_stage == 3),
             "is_checkpoint_format": True})
+        if self.on_cpu:
+            self.llm.collective_rpc(_repack_tied_head)
         self.llm.reset_prefix_cache()
         self.version += 1
 
