@@ -14,6 +14,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | workers (`num_workers`), pool `concurrency` | at most 2 | two ranks still exercise every collective |
 | a trainer's `micro_batch_size`, `grad_accum` | 1 | a global batch the few rows of a rehearsal fill |
 | CPUs per actor / worker | 1 | the local cluster has few |
+| the 2nd, 3rd, ... of sibling engines over distinct models (a job's generators, a jury's judges) | its own sampling seed, and temperature 0.7 where it decodes greedily | one SmolLM2 for all of them would write the same text: nothing left to compare or pair |
 | rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
 | data groups (CORD's `levels`, `per_level`) | the first level, one row of it | a CRAFT search per row costs minutes |
 | `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
@@ -52,6 +53,8 @@ TOKEN_KEYS = {"max_tokens", "max_completion_length", "planner_max_tokens"}
 # lists that select groups of the data (CORD's levels): a rehearsal keeps the first
 GROUP_LISTS = {"levels"}
 ENGINE_KINDS = ("hf", "vllm", "openai")
+# the temperature a greedy sibling of a swapped-in model samples at (SmolLM2 stays on topic at it)
+SIBLING_TEMPERATURE = 0.7
 
 
 def _walk(node, path: tuple = ()) -> Iterator[tuple[tuple, object]]:
@@ -147,6 +150,27 @@ def grpo_overrides(key: str, grpo: dict) -> list[str]:
     return out
 
 
+def sibling_overrides(key: str, items: list) -> list[str]:
+    """Keep sibling engines apart once one model replaces them all (module docstring's table).
+
+    On the cluster a list of engines over distinct models (policy_lexical's four generators) yields distinct texts; in
+    the rehearsal they are all SmolLM2, and greedy decoding makes them one system: every source's candidates are
+    identical and the pairs stage has nothing to pair. Each sibling after the first gets its own seed (offset from its
+    config's) and, where it decodes greedily, SIBLING_TEMPERATURE. Lists of one model stay as written.
+    """
+    if len(items) < 2 or not all(isinstance(i, dict) and is_engine(i.get("engine")) for i in items):
+        return []
+    if len({i["engine"]["model"] for i in items}) < 2:
+        return []
+    out = []
+    for index, item in enumerate(items[1:], start=1):
+        sampling = item.get("sampling") or {}
+        out.append(f"{key}.{index}.sampling.seed={int(sampling.get('seed', 0)) + index}")
+        if float(sampling.get("temperature", 0.0)) == 0.0:
+            out.append(f"{key}.{index}.sampling.temperature={SIBLING_TEMPERATURE}")
+    return out
+
+
 def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, openai_url: str = "",
                         serve_port: int = 0) -> list[str]:
     """The overrides that make `data` (a job config as written) its rehearsal (module docstring).
@@ -180,6 +204,8 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
             out.append(f"{key}.start_timeout_s=1800")
         elif isinstance(node, list) and path[-1] in GROUP_LISTS and len(node) > 1:
             out.append(f"{key}=[{node[0]}]")
+        elif isinstance(node, list):
+            out += sibling_overrides(key, node)
         elif not isinstance(node, (dict, list)):
             if any(path[:len(e)] == e for e in engines) or path[-1] == "overrides" or isinstance(path[-1], int):
                 continue  # engine fields were handled with their engine; list items are data

@@ -142,3 +142,20 @@ def test_engines_are_counted_from_this_attempt_of_a_reused_run_directory(tmp_pat
                                                             line.format("18:00:01")]))
     assert started_vllm_engines(str(tmp_path), since) == ["0.32.0"]
     assert started_vllm_engines(str(tmp_path)) == ["0.32.0"] * 3  # the control: every attempt's lines
+
+
+def test_sibling_generators_stay_distinct_systems_once_one_model_replaces_them():
+    # policy_lexical's four generators are four models, greedy: as four SmolLM2s at temperature 0 every source's
+    # candidates were one text and the pairs stage made 0 pairs (sources_identical_texts)
+    data, _, cfg = rehearsed("configs/policy_lexical_cluster.yaml")
+    assert len({g["engine"]["model"] for g in data["generate"]}) == 4
+    systems = [(g.engine.model, g.sampling.seed, g.sampling.temperature) for g in cfg.generate]
+    assert systems == [(REHEARSAL_MODEL, 0, 0.0), (REHEARSAL_MODEL, 1, 0.7), (REHEARSAL_MODEL, 2, 0.7),
+                       (REHEARSAL_MODEL, 3, 0.7)]
+    # the decoding a sibling chose is kept; only its seed moves off its first sibling's
+    two = {"generate": [{"engine": {"kind": "vllm", "model": "hf:a/x"}, "sampling": {"temperature": 0.6, "seed": 5}},
+                        {"engine": {"kind": "vllm", "model": "hf:a/y"}, "sampling": {"temperature": 0.6, "seed": 5}}]}
+    assert [o for o in rehearsal_overrides(two) if "sampling" in o] == ["generate.1.sampling.seed=6"]
+    # siblings of one model are one system on the cluster as well: left as written
+    same = {"generate": [dict(two["generate"][0]), dict(two["generate"][0])]}
+    assert not [o for o in rehearsal_overrides(same) if "sampling" in o]
