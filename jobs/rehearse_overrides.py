@@ -14,7 +14,8 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | workers (`num_workers`), pool `concurrency` | at most 2 | two ranks still exercise every collective |
 | a trainer's `micro_batch_size`, `grad_accum` | 1 | a global batch the few rows of a rehearsal fill |
 | CPUs per actor / worker | 1 | the local cluster has few |
-| the 2nd, 3rd, ... of sibling engines over distinct models (a job's generators, a jury's judges) | its own sampling seed, and temperature 0.7 where it decodes greedily | one SmolLM2 for all of them would write the same text: nothing left to compare or pair |
+| each engine of a list over distinct models (a job's generators, a jury's judges, evaluation's extra systems beside its engine) but the first | its own sampling seed, and temperature 0.7 where it decodes greedily | one SmolLM2 for all of them would write the same text: nothing left to compare, pair or rejudge |
+| the shared request cache (`run.request_cache`) | off | every engine runs, as on the cluster's first run, none answered from an earlier rehearsal's cache |
 | rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
 | data groups (CORD's `levels`, `per_level`) | the first level, one row of it | a CRAFT search per row costs minutes |
 | `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
@@ -150,22 +151,27 @@ def grpo_overrides(key: str, grpo: dict) -> list[str]:
     return out
 
 
-def sibling_overrides(key: str, items: list) -> list[str]:
+def sibling_overrides(key: str, items: list, beside: list[str] = ()) -> list[str]:
     """Keep sibling engines apart once one model replaces them all (module docstring's table).
 
-    On the cluster a list of engines over distinct models (policy_lexical's four generators) yields distinct texts; in
-    the rehearsal they are all SmolLM2, and greedy decoding makes them one system: every source's candidates are
-    identical and the pairs stage has nothing to pair. Each sibling after the first gets its own seed (offset from its
-    config's) and, where it decodes greedily, SIBLING_TEMPERATURE. Lists of one model stay as written.
+    On the cluster a list of engines over distinct models (policy_lexical's four generators; evaluation's GPT-4o beside
+    its own engine) yields distinct texts; in the rehearsal they are all SmolLM2, and greedy decoding makes them one
+    system: every source's candidates are one text, the pairs stage has nothing to pair and the rejudge nothing to
+    judge. `beside`: the models of the engines of the list's own section, which come first. Each engine after the first
+    gets its own seed (its config's, offset by its place) and, where it decodes greedily, SIBLING_TEMPERATURE. A list
+    whose engines are all one model (and the models beside it) stays as written.
     """
-    if len(items) < 2 or not all(isinstance(i, dict) and is_engine(i.get("engine")) for i in items):
+    if not items or not all(isinstance(i, dict) and is_engine(i.get("engine")) for i in items):
         return []
-    if len({i["engine"]["model"] for i in items}) < 2:
+    if len({*beside, *(i["engine"]["model"] for i in items)}) < 2:
         return []
     out = []
-    for index, item in enumerate(items[1:], start=1):
+    for index, item in enumerate(items):
+        place = index + len(beside)
+        if place == 0:
+            continue
         sampling = item.get("sampling") or {}
-        out.append(f"{key}.{index}.sampling.seed={int(sampling.get('seed', 0)) + index}")
+        out.append(f"{key}.{index}.sampling.seed={int(sampling.get('seed', 0)) + place}")
         if float(sampling.get("temperature", 0.0)) == 0.0:
             out.append(f"{key}.{index}.sampling.temperature={SIBLING_TEMPERATURE}")
     return out
@@ -181,7 +187,7 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
     the job listens on, free on this machine.
     """
     nested = nested or {}
-    out = ["run.rehearsal=true", f"run.root={REHEARSAL_ROOT}", "ray.address=", "ray.shared_storage=",
+    out = ["run.rehearsal=true", f"run.root={REHEARSAL_ROOT}", "run.request_cache=false", "ray.address=", "ray.shared_storage=",
            "ray.models.hub_access=offline", "ray.models.hf_home=", f"ray.num_cpus={REHEARSAL_CPUS}", "wandb.mode=offline"]
     if "job" not in data or data.get("job") == "serve_grm":
         out = ["ray.address=", "ray.shared_storage=", "ray.models.hub_access=offline", "ray.models.hf_home="]
@@ -205,7 +211,11 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
         elif isinstance(node, list) and path[-1] in GROUP_LISTS and len(node) > 1:
             out.append(f"{key}=[{node[0]}]")
         elif isinstance(node, list):
-            out += sibling_overrides(key, node)
+            section = data
+            for part in path[:-1]:
+                section = section[part]
+            out += sibling_overrides(key, node, [v["model"] for v in section.values() if is_engine(v)]
+                                     if isinstance(section, dict) else [])
         elif not isinstance(node, (dict, list)):
             if any(path[:len(e)] == e for e in engines) or path[-1] == "overrides" or isinstance(path[-1], int):
                 continue  # engine fields were handled with their engine; list items are data

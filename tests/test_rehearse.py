@@ -156,6 +156,13 @@ def test_sibling_generators_stay_distinct_systems_once_one_model_replaces_them()
     two = {"generate": [{"engine": {"kind": "vllm", "model": "hf:a/x"}, "sampling": {"temperature": 0.6, "seed": 5}},
                         {"engine": {"kind": "vllm", "model": "hf:a/y"}, "sampling": {"temperature": 0.6, "seed": 5}}]}
     assert [o for o in rehearsal_overrides(two) if "sampling" in o] == ["generate.1.sampling.seed=6"]
+    # evaluation's extra system (GPT-4o on the cluster) beside evaluation's own engine: apart from it too, so the
+    # rejudge has two texts to judge
+    _, _, cfg = rehearsed("configs/policy_lexical_cluster.yaml")
+    extra = cfg.evaluate.extra_systems[0]
+    assert (extra.sampling.seed, extra.sampling.temperature, cfg.evaluate.sampling.temperature) == (1, 0.7, 0.0)
+    # no rehearsal answers from an earlier one's request cache: every engine the config names runs
+    assert cfg.run.request_cache is False
     # siblings of one model are one system on the cluster as well: left as written
     same = {"generate": [dict(two["generate"][0]), dict(two["generate"][0])]}
     assert not [o for o in rehearsal_overrides(same) if "sampling" in o]
