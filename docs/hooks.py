@@ -10,6 +10,8 @@ A block sits between `<!-- generated: KIND ARG -->` and `<!-- end generated -->`
   entries as `NAME`), with type, default and what it does (read from source by `docs/config_source.py`); a table of
   more than SPLIT_ROWS rows gets a `###` sub-heading per top-level section.
 - `corpora`: the corpus registry `core/corpora.yaml` (`quorum data list`).
+- `docstring-table jobs.rehearse_overrides`: the Markdown table in that module's docstring (read from its source, not
+  imported), so a page and the code it describes hold one copy of it.
 
 As an mkdocs hook it regenerates every block of a page as it builds it.
 """
@@ -109,11 +111,31 @@ def render_corpora() -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_docstring_table(module: str) -> str:
+    """The first Markdown table (consecutive lines starting with '|') of `module`'s docstring."""
+    import ast
+
+    path = ROOT / (module.replace(".", "/") + ".py")
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    lines, started = [], False
+    for line in doc.splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+            started = True
+        elif started:
+            break
+    if not lines:
+        raise ConfigTableError(f"{path}: its docstring holds no Markdown table")
+    return "\n".join(lines) + "\n"
+
+
 def generate(kind: str, arg: str | None) -> str:
     if kind == "config-table" and arg and ":" in arg:
         return render(arg)
     if kind == "corpora":
         return render_corpora()
+    if kind == "docstring-table" and arg:
+        return render_docstring_table(arg)
     raise ConfigTableError(f"unknown generated block {kind!r} {arg or ''}".rstrip())
 
 

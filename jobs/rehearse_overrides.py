@@ -16,7 +16,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | CPUs per actor / worker | 1 | the local cluster has few |
 | each engine of a list over distinct models (a job's generators, a jury's judges, evaluation's extra systems beside its engine) but the first | its own sampling seed, and temperature 0.7 where it decodes greedily | one SmolLM2 for all of them would write the same text: nothing left to compare, pair or rejudge |
 | the shared request cache (`run.request_cache`) | off | every engine runs, as on the cluster's first run, none answered from an earlier rehearsal's cache |
-| rows (`limit`, `n`, ...), steps, epochs, group sizes, tokens | a handful | minutes, not hours |
+| rows (`limit`, `n`, ...), steps, epochs and rounds, GRPO groups, generated tokens | 4 per source, 2 GRPO steps (else 1), 1, groups of 2, 128 | minutes, not hours; 128 tokens hold the longest verdict a judge format forces (MENLO's two pairwise grade blocks, 80) |
 | data groups (CORD's `levels`, `per_level`) | the first level, one row of it | a CRAFT search per row costs minutes |
 | `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
 

@@ -113,6 +113,12 @@ def test_the_generated_tables_in_the_markdown_sources_are_current():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data_page = (DOCS / "data.md").read_text(encoding="utf-8")
     assert "<!-- generated: corpora -->" in data_page and "| `newsela` |" in data_page
+    # the rehearsal's cuts: one copy, the module's docstring, rendered into the page that explains them
+    submitting = (DOCS / "submitting.md").read_text(encoding="utf-8")
+    assert hooks.render_docstring_table("jobs.rehearse_overrides") in submitting
+    assert "| the shared request cache (`run.request_cache`) | off |" in submitting
+    with pytest.raises(hooks.ConfigTableError, match="holds no Markdown table"):
+        hooks.render_docstring_table("jobs.entry")
 
 
 @pytest.mark.parametrize("page", sorted(DOCS.rglob("*.md")), ids=lambda p: str(p.relative_to(DOCS)))

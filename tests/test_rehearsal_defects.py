@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,11 @@ def test_the_guard_refuses_quorum_s_direct_cpu_collectives_and_passes_the_rest(o
     got = [None]
     dist.all_gather_object(got, "x")
     assert got == ["x"]
-    library = compile("dist.all_reduce(tensor)", str(Path(torch.__file__).parent / "some_library.py"), "exec")
-    exec(library, {"dist": dist, "tensor": tensor})  # noqa: S102 - a call whose frame is outside quorum's source
+    # a library's own dist.all_reduce (torch.distributed.nn's autograd all-reduce: its frame is torch's file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the module for _functional_collectives
+        from torch.distributed.nn import functional as dist_nn
+        assert dist_nn.all_reduce(tensor.clone()).tolist() == [1.0, 1.0]
     dist.barrier()
 
 
