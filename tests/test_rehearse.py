@@ -94,14 +94,17 @@ def test_a_rehearsal_run_directory_is_never_a_real_runs(tmp_path):
         RunStore(str(tmp_path), "job", "real", rehearsal=True)
 
 
-def test_a_stage_whose_every_row_is_an_engine_error_fails_the_rehearsal(tmp_path):
+def test_a_stage_whose_every_row_failed_fails_the_rehearsal(tmp_path):
     from jobs.rehearse import failed_stages
 
+    # CRAFT's runs failed every system of its row (the BARTScore stand-in could not load) and the rehearsal exited 0
     stages = {"simplify": {"rows": 16, "summary": {"failed": 0}},
               "jury": {"rows": 168, "summary": {"engine_errors": 168}},
-              "ablations": {"rows": 120, "summary": {"engine_errors": 3}}}
+              "ablations": {"rows": 120, "summary": {"engine_errors": 3}},
+              "runs": {"rows": 6, "summary": {"failed": 6, "llm_calls": 21}},
+              "partly": {"rows": 6, "summary": {"failed": 5}}}
     (tmp_path / "manifest.json").write_text(json.dumps({"stages": stages}))
-    assert failed_stages(str(tmp_path)) == ["jury (168 of 168 rows)"]
+    assert failed_stages(str(tmp_path)) == ["jury (168 of 168 rows engine errors)", "runs (6 of 6 rows failed)"]
 
 
 def test_a_rehearsal_leaves_room_for_the_longest_forced_verdict():
@@ -166,3 +169,34 @@ def test_sibling_generators_stay_distinct_systems_once_one_model_replaces_them()
     # siblings of one model are one system on the cluster as well: left as written
     same = {"generate": [dict(two["generate"][0]), dict(two["generate"][0])]}
     assert not [o for o in rehearsal_overrides(same) if "sampling" in o]
+
+
+def test_craft_s_bartscore_stand_in_is_a_causal_lm():
+    # as a seq2seq BARTScore model SmolLM2 did not load (AutoModelForSeq2SeqLM refuses a Llama config): every system
+    # of the rehearsal's CORD row failed
+    for path in ("configs/craft_cluster.yaml", "configs/craft_selftrain_cluster.yaml"):
+        _, _, cfg = rehearsed(path)
+        assert (cfg.quality.bart_model, cfg.quality.bart_kind, cfg.quality.ppl_model) == (
+            REHEARSAL_MODEL, "causal", REHEARSAL_MODEL), path
+
+
+def test_a_terminated_rehearsal_stops_its_job_in_order(tmp_path):
+    """SIGTERM to `quorum rehearse` (a `timeout`, a CI runner) reached only the rehearsal: its job ran on as an
+    orphan with its Ray cluster and engines. Now the job gets SIGINT, its KeyboardInterrupt, and is waited for."""
+    import signal
+    import subprocess
+    import sys
+
+    marker = tmp_path / "job-stopped"
+    job = ("import pathlib, sys, time\nprint('job running', flush=True)\ntry:\n    time.sleep(120)\n"
+           f"except KeyboardInterrupt:\n    pathlib.Path({str(marker)!r}).write_text('interrupted')\n    sys.exit(130)\n")
+    rehearsal = ("import signal, sys\nfrom jobs.rehearse import _terminated, run_child\n"
+                 "signal.signal(signal.SIGTERM, _terminated)\n"
+                 f"run_child([sys.executable, '-c', {job!r}])\n")
+    with subprocess.Popen([sys.executable, "-c", rehearsal], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+        assert process.stdout.readline().strip() == "job running"
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode != 0 and "KeyboardInterrupt: signal 15" in output, output
+    assert marker.read_text() == "interrupted"
