@@ -47,6 +47,8 @@ _ENGINE_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)")
 _STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[")
 _RUN_DIR_LINE = re.compile(r"^quorum: run directory(?: \(incomplete[^)]*\))?: (.+)$")
 _SERVER_TIMEOUT_S = 900
+# how long the rehearsal waits for its processes' shared-memory segments to go after the job exits (segments_left)
+SHM_GRACE_S = 60.0
 # a stage summary's counters of rows that failed (actors.generate, the juries, CRAFT's runs)
 FAILED_COUNTERS = ("engine_errors", "failed")
 
@@ -209,6 +211,17 @@ def shm_segments() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("psm_*")} if Path("/dev/shm").is_dir() else set()
 
 
+def segments_left(before: set[str], grace_s: float = SHM_GRACE_S) -> list[str]:
+    """The vLLM segments the rehearsal created that are still in /dev/shm once its processes have had `grace_s` to
+    exit: the job returns when its driver has called ray.shutdown(), and a Ray worker whose engine core is still
+    closing unlinks its queue a few seconds later (craft_selftrain: one segment at the job's exit, gone seconds on). One
+    still there after the grace is left behind."""
+    deadline = time.time() + grace_s
+    while (left := sorted(shm_segments() - before)) and time.time() < deadline:
+        time.sleep(1)
+    return left
+
+
 def run_child(command: list[str]) -> tuple[int, str]:
     """Run the job, its output streamed through; returns its exit code and the run directory it printed."""
     run_dir = ""
@@ -295,6 +308,18 @@ def rewardless_stages(run_dir: str) -> list[str]:
             if (entry.get("summary") or {}).get("groups_failed") and entry["summary"].get("reward_mean") is None]
 
 
+def untrained_rounds(run_dir: str) -> list[str]:
+    """Self-training rounds (CRAFT's r<k>_pairs) that formed no preference pair, so the round's trainer never ran:
+    the job stops there by design (it says why in stop_reason); a rehearsal that is to show the round's training
+    runs must not call that a success."""
+    path = Path(run_dir) / "manifest.json"
+    stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
+    return [f"{name} (0 pairs: {', '.join(f'{k}={v}' for k, v in entry['summary'].items() if k.startswith('dropped_'))})"
+            for name, entry in stages.items()
+            if re.fullmatch(r"r\d+_pairs", name) and not (entry.get("summary") or {}).get("pairs")
+            and name.replace("_pairs", "_train") not in stages]
+
+
 def started_vllm_engines(run_dir: str, since: float = 0.0) -> list[str]:
     """The vLLM versions of the engines whose start-up lines the run's log holds (one per engine), from `since` (a
     time.time()) on: a run directory resumed after a failed attempt appends to the same log. vLLM stamps its lines
@@ -375,7 +400,7 @@ def main(argv: list[str]) -> int:
         if server is not None:
             stop(server)
     seconds = time.time() - started
-    left = sorted(shm_segments() - before)
+    left = segments_left(before)
     engines = started_vllm_engines(run_dir, started) if run_dir else served
     entry = {"config": config_path, "overrides": plan, "engines": kinds, "python": str(python),
              "vllm_version": version, "vllm_engines_started": len(engines) + (1 if server is not None else 0),
@@ -391,6 +416,10 @@ def main(argv: list[str]) -> int:
     rewardless = rewardless_stages(run_dir) if run_dir else []
     if code == 0 and rewardless:
         print("quorum rehearse: no reward ever came back in " + ", ".join(rewardless), file=sys.stderr)
+        return 1
+    untrained = untrained_rounds(run_dir) if run_dir else []
+    if code == 0 and untrained:
+        print("quorum rehearse: a self-training round trained nothing in " + ", ".join(untrained), file=sys.stderr)
         return 1
     if code == 0 and any(v == "vllm" for v in kinds.values()) and not engines:
         print("quorum rehearse: the config names vLLM engines but the run's log shows none starting", file=sys.stderr)

@@ -8,6 +8,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 |---|---|---|
 | every hf:/local model of an engine or trainer | the bundled `smollm2-135m` | no weights are downloaded or staged |
 | CRAFT's BARTScore model (`bart_model`, an encoder-decoder) | SmolLM2 with `bart_kind: causal`, as `configs/craft_demo.yaml` | no encoder-decoder is bundled; a causal LM scores log p(revision given input) through the same scorer |
+| CRAFT self-training's planner prompt (the paper's `craft_planner`) | `craft_planner_brief`, as `configs/craft_selftrain_demo.yaml` | SmolLM2 does not follow the paper's prompt: every sampled plan is degenerate, a round forms no pair and its trainer never runs |
 | vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 8192 | vLLM's CPU build, one process per engine |
 | OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
 | GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
@@ -55,6 +56,8 @@ TOKEN_KEYS = {"max_tokens", "max_completion_length", "planner_max_tokens"}
 # lists that select groups of the data (CORD's levels): a rehearsal keeps the first
 GROUP_LISTS = {"levels"}
 ENGINE_KINDS = ("hf", "vllm", "openai")
+# CRAFT self-training's planner prompt: the paper's, and the one a 135M planner follows (the demo's)
+PAPER_PLANNER, REHEARSAL_PLANNER = "craft_planner", "craft_planner_brief"
 # the temperature a greedy sibling of a swapped-in model samples at (SmolLM2 stays on topic at it)
 SIBLING_TEMPERATURE = 0.7
 
@@ -196,6 +199,8 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
     if "job" not in data or data.get("job") == "serve_grm":
         out = ["ray.address=", "ray.shared_storage=", "ray.models.hub_access=offline", "ray.models.hf_home="]
         out += [f"serve.port={serve_port}"] if serve_port else []
+    if "rounds" in data and (data.get("agent") or {}).get("planner_prompt", PAPER_PLANNER) == PAPER_PLANNER:
+        out.append(f"agent.planner_prompt={REHEARSAL_PLANNER}")
     engines = set()
     for path, node in _walk(data):
         if not path or path[0] in ("run", "ray", "wandb", "job"):

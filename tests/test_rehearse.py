@@ -178,6 +178,22 @@ def test_craft_s_bartscore_stand_in_is_a_causal_lm():
         _, _, cfg = rehearsed(path)
         assert (cfg.quality.bart_model, cfg.quality.bart_kind, cfg.quality.ppl_model) == (
             REHEARSAL_MODEL, "causal", REHEARSAL_MODEL), path
+    # self-training's planner: the brief prompt SmolLM2 follows (with the paper's every plan was degenerate, round 1
+    # formed no pair and its trainer never ran); CRAFT's evaluation keeps the paper's
+    assert rehearsed("configs/craft_selftrain_cluster.yaml")[2].agent.planner_prompt == "craft_planner_brief"
+    assert rehearsed("configs/craft_cluster.yaml")[2].agent.planner_prompt == "craft_planner"
+
+
+def test_a_self_training_round_that_trained_nothing_fails_the_rehearsal(tmp_path):
+    from jobs.rehearse import untrained_rounds
+
+    stages = {"r1_candidates": {"rows": 4, "summary": {"states": 4}},
+              "r1_pairs": {"rows": 0, "summary": {"pairs": 0, "dropped_no_usable": 4}}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"stages": stages}))
+    assert untrained_rounds(str(tmp_path)) == ["r1_pairs (0 pairs: dropped_no_usable=4)"]
+    stages.update({"r1_pairs": {"rows": 3, "summary": {"pairs": 3}}, "r1_train": {"rows": 1, "summary": {}}})
+    (tmp_path / "manifest.json").write_text(json.dumps({"stages": stages}))
+    assert untrained_rounds(str(tmp_path)) == []
 
 
 def test_a_terminated_rehearsal_stops_its_job_in_order(tmp_path):
