@@ -180,7 +180,8 @@ def test_craft_s_bartscore_stand_in_is_a_causal_lm():
             REHEARSAL_MODEL, "causal", REHEARSAL_MODEL), path
     # self-training's planner: the brief prompt SmolLM2 follows (with the paper's every plan was degenerate, round 1
     # formed no pair and its trainer never ran); CRAFT's evaluation keeps the paper's
-    assert rehearsed("configs/craft_selftrain_cluster.yaml")[2].agent.planner_prompt == "craft_planner_brief"
+    selftrain = rehearsed("configs/craft_selftrain_cluster.yaml")[2]
+    assert (selftrain.agent.planner_prompt, selftrain.data.max_sentences) == ("craft_planner_brief", 2)
     assert rehearsed("configs/craft_cluster.yaml")[2].agent.planner_prompt == "craft_planner"
 
 
