@@ -8,8 +8,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 |---|---|---|
 | every hf:/local model of an engine or trainer | the bundled `smollm2-135m` | no weights are downloaded or staged |
 | CRAFT's BARTScore model (`bart_model`, an encoder-decoder) | SmolLM2 with `bart_kind: causal`, as `configs/craft_demo.yaml` | no encoder-decoder is bundled; a causal LM scores log p(revision given input) through the same scorer |
-| CRAFT self-training's texts (`max_sentences`, 0 = whole) | their first 2 sentences, as the demo | a plan names every sentence: for a whole CORD text it does not fit 128 tokens, and a round of unfinished plans forms no pair |
-| CRAFT self-training's planner prompt (the paper's `craft_planner`) | `craft_planner_brief`, as `configs/craft_selftrain_demo.yaml` | SmolLM2 does not follow the paper's prompt: every sampled plan is degenerate, a round forms no pair and its trainer never runs |
+| CRAFT self-training's pair filters (`rounds.min_margin`, `agent.guard`) | -1 and off, as `tests/test_craft_selftrain_job.py` | a 135M planner writes no plan the guard passes (every candidate of round 1 degenerate, 0 pairs) and the round's trainer, which the rehearsal is to reach, never ran; a rehearsal whose round still forms no pair fails |
 | vLLM engines | `device: cpu`, `tensor_parallel_size: 1`, `max_model_len` <= 8192 | vLLM's CPU build, one process per engine |
 | OpenAI-compatible engines | `base_url` of the rehearsal's local OpenAI server (`vllm serve` of SmolLM2) | hosted APIs are not called |
 | GPUs (`use_gpu`, `num_gpus`, `gpu_type`) | none | the machine has none |
@@ -47,9 +46,6 @@ MAX_TOKENS = 128
 # SmolLM2's own context: a judge's prompt holds the paper's rubric (configs/prompts/judge_policy.yaml, over 4,096
 # tokens), the source and every candidate
 MAX_MODEL_LEN = 8192
-# sentences a CRAFT self-training text keeps (`max_sentences`, 0 = all), as the demo: the planner writes a plan for
-# every sentence, which for a whole CORD text does not fit the token cut, and a round with no plan forms no pair
-REHEARSAL_SENTENCES = 2
 # keys whose value counts rows of input (0 is "all" for each of them)
 ROW_KEYS = {"limit", "n", "train_texts", "dev_texts", "probe_limit"}
 # keys that count rows per group of the data (CORD's per_level: one row of each of its four levels)
@@ -60,8 +56,9 @@ TOKEN_KEYS = {"max_tokens", "max_completion_length", "planner_max_tokens"}
 # lists that select groups of the data (CORD's levels): a rehearsal keeps the first
 GROUP_LISTS = {"levels"}
 ENGINE_KINDS = ("hf", "vllm", "openai")
-# CRAFT self-training's planner prompt: the paper's, and the one a 135M planner follows (the demo's)
-PAPER_PLANNER, REHEARSAL_PLANNER = "craft_planner", "craft_planner_brief"
+# CRAFT self-training's pair filters in a rehearsal: a margin every pair of distinct non-empty answers clears (Eq. 1's
+# S_a is >= 0), the degenerate-revision guard off, as tests/test_craft_selftrain_job.py reaches the round's trainer
+PAIR_MARGIN = -1
 # the temperature a greedy sibling of a swapped-in model samples at (SmolLM2 stays on topic at it)
 SIBLING_TEMPERATURE = 0.7
 
@@ -133,8 +130,6 @@ def _scalar_overrides(key: str, name: str, value) -> list[str]:
         return [f"{key}=1"]
     if name in ROW_KEYS and isinstance(value, int) and (value == 0 or value > ROWS):
         return [f"{key}={ROWS}"]
-    if name == "max_sentences" and isinstance(value, int) and (value == 0 or value > REHEARSAL_SENTENCES):
-        return [f"{key}={REHEARSAL_SENTENCES}"]
     if name in PER_GROUP_KEYS and isinstance(value, int) and value != 1:
         return [f"{key}=1"]
     if name in TOKEN_KEYS and isinstance(value, int) and value > MAX_TOKENS:
@@ -205,8 +200,8 @@ def rehearsal_overrides(data: dict, nested: dict[str, dict] | None = None, opena
     if "job" not in data or data.get("job") == "serve_grm":
         out = ["ray.address=", "ray.shared_storage=", "ray.models.hub_access=offline", "ray.models.hf_home="]
         out += [f"serve.port={serve_port}"] if serve_port else []
-    if "rounds" in data and (data.get("agent") or {}).get("planner_prompt", PAPER_PLANNER) == PAPER_PLANNER:
-        out.append(f"agent.planner_prompt={REHEARSAL_PLANNER}")
+    if "rounds" in data:
+        out += [f"rounds.min_margin={PAIR_MARGIN}", "agent.guard.enabled=false"]
     engines = set()
     for path, node in _walk(data):
         if not path or path[0] in ("run", "ray", "wandb", "job"):

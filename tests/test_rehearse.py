@@ -178,11 +178,12 @@ def test_craft_s_bartscore_stand_in_is_a_causal_lm():
         _, _, cfg = rehearsed(path)
         assert (cfg.quality.bart_model, cfg.quality.bart_kind, cfg.quality.ppl_model) == (
             REHEARSAL_MODEL, "causal", REHEARSAL_MODEL), path
-    # self-training's planner: the brief prompt SmolLM2 follows (with the paper's every plan was degenerate, round 1
-    # formed no pair and its trainer never ran); CRAFT's evaluation keeps the paper's
+    # self-training's pair filters: off, so the round's trainer is reached (with them SmolLM2's 16 candidates of
+    # round 1 were all degenerate, 0 pairs); the prompt and texts stay the config's, and CRAFT's evaluation has none
     selftrain = rehearsed("configs/craft_selftrain_cluster.yaml")[2]
-    assert (selftrain.agent.planner_prompt, selftrain.data.max_sentences) == ("craft_planner_brief", 2)
-    assert rehearsed("configs/craft_cluster.yaml")[2].agent.planner_prompt == "craft_planner"
+    assert (selftrain.rounds.min_margin, selftrain.agent.guard.enabled) == (-1, False)
+    assert (selftrain.agent.planner_prompt, selftrain.data.max_sentences) == ("craft_planner", 0)
+    assert rehearsed("configs/craft_cluster.yaml")[2].agent.guard.enabled is True
 
 
 def test_a_self_training_round_that_trained_nothing_fails_the_rehearsal(tmp_path):
