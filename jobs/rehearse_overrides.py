@@ -18,7 +18,7 @@ batch size), the reward scheme, timeouts. It swaps and cuts only what a laptop c
 | CPUs per actor / worker | 1 | the local cluster has few |
 | each engine of a list over distinct models (a job's generators, a jury's judges, evaluation's extra systems beside its engine) but the first | its own sampling seed, and temperature 0.7 where it decodes greedily | one SmolLM2 for all of them would write the same text: nothing left to compare, pair or rejudge |
 | the shared request cache (`run.request_cache`) | off | every engine runs, as on the cluster's first run, none answered from an earlier rehearsal's cache |
-| rows (`limit`, `n`, ...), steps, epochs and rounds, GRPO groups, generated tokens | 4 per source, 2 GRPO steps (else 1), 1, groups of 2, 128 | minutes, not hours; 128 tokens hold the longest verdict a judge format forces (MENLO's two pairwise grade blocks, 80) |
+| rows (`limit`, `n`, ...), steps, epochs and rounds, GRPO groups, generated tokens, a trainer's prompt tokens | 4 per source, 2 GRPO steps (else 1), 1, groups of 2, 128, 1,024 | minutes, not hours; 128 tokens hold the longest verdict a judge format forces (MENLO's two pairwise grade blocks, 80) |
 | data groups (CORD's `levels`, `per_level`) | the first level, one row of it | a CRAFT search per row costs minutes |
 | `run.root`, `ray.*` | a local rehearsal root, a local Ray cluster | no cluster, no shared storage |
 
@@ -43,6 +43,10 @@ REHEARSAL_CPUS = 16
 # eval.judging.grammar.reserve_tokens: 80), so a judge's verdict is never cut off and its reward comes back
 ROWS = 4
 MAX_TOKENS = 128
+# a trainer's prompt tokens (`max_prompt_length`, kept from the end as the trainers do), as GRPO's: at craft_selftrain's
+# 8,192 the logits of a chosen and a rejected sequence over SmolLM2's 49,152-token vocabulary filled the machine's
+# 24 GB with two ZeRO-3 workers (Ray's OOM killer stopped round 1's training)
+MAX_PROMPT_TOKENS = 1024
 # SmolLM2's own context: a judge's prompt holds the paper's rubric (configs/prompts/judge_policy.yaml, over 4,096
 # tokens), the source and every candidate
 MAX_MODEL_LEN = 8192
@@ -132,6 +136,8 @@ def _scalar_overrides(key: str, name: str, value) -> list[str]:
         return [f"{key}={ROWS}"]
     if name in PER_GROUP_KEYS and isinstance(value, int) and value != 1:
         return [f"{key}=1"]
+    if name == "max_prompt_length" and isinstance(value, int) and value > MAX_PROMPT_TOKENS and "grpo" not in key.split("."):
+        return [f"{key}={MAX_PROMPT_TOKENS}"]
     if name in TOKEN_KEYS and isinstance(value, int) and value > MAX_TOKENS:
         return [f"{key}={MAX_TOKENS}"]
     if name in ("epochs", "max_rounds", "rounds", "max_iterations", "max_steps", "iter_rounds") and isinstance(
@@ -151,7 +157,7 @@ def grpo_overrides(key: str, grpo: dict) -> list[str]:
     """GRPO at toy scale: 2 steps of one prompt per worker, groups of 2, validated and checkpointed every step."""
     out = [f"{key}.group_size=2", f"{key}.prompts_per_step={REHEARSAL_WORKERS}", f"{key}.micro_batch_size=2",
            f"{key}.max_steps=2", f"{key}.eval_every=1", f"{key}.checkpoint_every=1", f"{key}.log_samples_every=1",
-           f"{key}.max_prompt_length={min(int(grpo.get('max_prompt_length') or 1024), 1024)}",
+           f"{key}.max_prompt_length={min(int(grpo.get('max_prompt_length') or MAX_PROMPT_TOKENS), MAX_PROMPT_TOKENS)}",
            f"{key}.logprob_chunk_tokens=0", f"{key}.precision=fp32"]
     rollout = grpo.get("rollout") or {}
     if rollout.get("kind") == "vllm":

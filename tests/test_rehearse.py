@@ -218,3 +218,10 @@ def test_a_terminated_rehearsal_stops_its_job_in_order(tmp_path):
         output = process.communicate(timeout=60)[0]
     assert process.returncode != 0 and "KeyboardInterrupt: signal 15" in output, output
     assert marker.read_text() == "interrupted"
+
+
+def test_a_trainer_s_prompts_are_cut_as_grpo_s():
+    # craft_selftrain's round trainer at 8,192 prompt tokens: two ZeRO-3 workers ran the machine out of memory
+    cfg = rehearsed("configs/craft_selftrain_cluster.yaml")[2]
+    assert (cfg.sft.trainer.max_prompt_length, cfg.rounds.trainer.max_prompt_length) == (1024, 1024)
+    assert rehearsed("configs/policy_lexical_cluster.yaml")[2].train.trainer.max_prompt_length == 256  # kept
