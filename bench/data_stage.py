@@ -37,6 +37,7 @@ WORDS = ("the", "committee", "postponed", "its", "deliberations", "because", "se
          "throughout", "region", "during", "preceding", "week")
 MAX_MODEL_LEN = 512
 CPU_MEMORY_SHARE = 0.05  # on the CPU backend a share of RAM; VLLM_CPU_KVCACHE_SPACE sets the KV cache itself
+EXIT_WAIT_S = 240  # a released pool actor's process and its engine core to exit
 
 
 def chats(n: int, seed: int = 0) -> list[list[dict]]:
@@ -85,14 +86,14 @@ def stage_rows(messages: list[list[dict]], sampling: SamplingParams):
                          "sampling_json": json.dumps(sampling.as_dict())})
 
 
-def start_ray() -> None:
+def start_ray(log_to_driver: bool = False) -> None:
     import ray
     import ray.data
 
     env = {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "PYTHONPATH")
            if k in os.environ}
     # logical CPUs: the actor takes 2 (vLLM's CPU worker binds every core itself), the driver's reads get the rest
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=log_to_driver, runtime_env={"env_vars": env})
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
@@ -139,17 +140,23 @@ def reject_every_answer(text: str, row: dict) -> str:
 
 def tier_case(answer_path: str, rows: int = 24, batch_size: int = 4, batches_in_flight: int = 3) -> None:
     """tests/test_vllm_cpu_data_stage.py's case: a stage on vLLM with batches in flight, a parse retry per row and
-    the request cache, run twice (the second from the cache); writes what the test asserts on as JSON."""
+    the request cache, run twice (the second from the cache); after each run Ray Data releases the run's actor, whose
+    `__ray_shutdown__` closes its engine, and this process waits until the actor's process and its children have
+    exited. Writes what the test asserts on as JSON; the actors' output comes to this process's stderr
+    (log_to_driver: the test reads their shutdown lines and finds no traceback there)."""
     import tempfile
     from pathlib import Path
 
     import ray
 
+    from bench.vllm_cpu.segments import SegmentWatch, wait_gone
+
     spec = spec_for(resolve_model_dir("smollm2-135m"))
     frame = stage_rows(chats(rows), SamplingParams(temperature=0.0, max_tokens=8, seed=1))
+    watch = SegmentWatch()
     with tempfile.TemporaryDirectory(prefix="quorum-data-stage-") as tmp:
         runs = []
-        start_ray()
+        start_ray(log_to_driver=True)
         try:
             for name in ("first", "cached"):
                 timeline = Path(tmp) / f"timeline-{name}"
@@ -158,14 +165,18 @@ def tier_case(answer_path: str, rows: int = 24, batch_size: int = 4, batches_in_
                 out = out.sort_values("id")
                 batches = [json.loads(line) for log in sorted(timeline.glob("*.jsonl"))
                            for line in log.read_text().splitlines()]
+                actors = sorted({b["pid"] for b in batches})
                 runs.append({"ids": out["id"].tolist(), "completion": out["completion"].tolist(),
                              "completion_tokens": out["completion_tokens"].tolist(),
                              "engine_error": out["engine_error"].tolist(), "cached": out["cached"].tolist(),
                              "attempts": out["attempts"].tolist(), "check_error": out["check_error"].tolist(),
-                             "worker_seconds": out["worker_seconds"].tolist(), "batches": batches})
+                             "worker_seconds": out["worker_seconds"].tolist(), "batches": batches,
+                             "actors": actors, "actors_exited": all(wait_gone(pid, EXIT_WAIT_S) for pid in actors)})
+            time.sleep(3)  # the log monitor forwards the actors' last lines
         finally:
             ray.shutdown()
-    Path(answer_path).write_text(json.dumps({"runs": runs}), encoding="utf-8")
+            watch.stop()
+    Path(answer_path).write_text(json.dumps({"runs": runs, "segments": sorted(watch.segments)}), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,8 +4,8 @@ real Ray head (token auth on), through the real CLIs.
 A small policy_simplify job (configs/demo_scores.yaml, 4 sources, one tiny-model generator and one judge: sources ->
 generate -> jury) is submitted, stopped during the jury stage and submitted again with the documented command: it
 resumes from the run store with exact row counts, its results land under QUORUM_HOME, outside Ray's session folder,
-and the job's last lines say where. `quorum submit` does the same stop / re-submit / resume with none of the documented
-exports: only the token's file in the environment.
+and the job's last lines say where. Then `quorum submit` submits the same job with none of the documented exports
+(only the token's file in the environment) and follows it: it finds the same run directory and reuses every stage.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def _manifest(path: Path) -> dict:
 
 
 
-def test_stop_during_jury_then_documented_resubmit_resumes_and_writes_results_outside_ray(head, tiny_model_dir,
-                                                                                          tmp_path):
+def test_stop_during_jury_then_documented_resubmit_resumes_then_quorum_submit_finds_the_run(head, tiny_model_dir,
+                                                                                            tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     head.set_home(str(home))
@@ -155,45 +155,30 @@ def test_stop_during_jury_then_documented_resubmit_resumes_and_writes_results_ou
     assert stages["jury"]["rows"] == len(judgments)
     assert os.path.isdir(run_dir / "wandb")
 
-
-def test_quorum_submit_stop_resubmit_resume_without_exports(head, tiny_model_dir, tmp_path):
-    """`quorum submit` in a shell that has only the token's file: no RAY_AUTH_MODE, QUORUM_HOME or runtime env."""
+    # `quorum submit` in a shell that has only the token's file (no RAY_AUTH_MODE, QUORUM_HOME or runtime env), the
+    # same job and home, following the logs: the same run directory, every stage reused, the job's status at the end
     token = Path(head.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
     env = {k: v for k, v in head.env.items() if k not in ("RAY_AUTH_MODE", "QUORUM_HOME", "RUNTIME_ENV")}
-    home = tmp_path / "home"
-    run_dir = home / "runs" / "policy_simplify" / "short"
-    args = [str(VENV_BIN / "quorum"), "submit", "configs/demo_scores.yaml", "data.limit=2", "run.id=short",
-            *shlex.split(tiny_overrides(tiny_model_dir)), "--address", head.address, "--home", str(home),
-            "--entrypoint-num-cpus", "0.25"]
-
-    def submit(*extra: str, timeout: float = 120) -> str:
-        done = subprocess.run([*args, *extra], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              check=False)
-        out = done.stdout + done.stderr
-        assert done.returncode == 0, out[-4000:]
-        assert token not in out
-        return out
-
-    first = submit()
-    job = submission_id(first)
-    assert printed(first, "submission id") == [job] and printed(first, "run directory") == [str(run_dir)]
+    done = subprocess.run([str(VENV_BIN / "quorum"), "submit", "configs/demo_scores.yaml", "data.limit=4",
+                           *shlex.split(tiny_overrides(tiny_model_dir)), "--address", head.address, "--home",
+                           str(home), "--entrypoint-num-cpus", "0.25", "--follow"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=420, check=False)
+    followed = done.stdout + done.stderr
+    assert done.returncode == 0, followed[-4000:]
+    assert token not in followed
+    job = submission_id(followed)
+    assert printed(followed, "submission id") == [job] and f"quorum: job {job} SUCCEEDED" in followed, followed[-6000:]
+    assert printed(followed, "run directory") == [str(run_dir)] * 2  # quorum submit's line, then the job's own
     info = head.client().get_job_info(job)
     assert info.runtime_env["env_vars"] == {"QUORUM_HOME": str(home)}
     assert {"*.whl", "runs/", ".venv/", ".git/", ".env"} <= set(info.runtime_env["excludes"])
     assert info.metadata["quorum_run_dir"] == str(run_dir)
-    stopped = stop_during_jury(head, job, run_dir, lambda: head.client().stop_job(job))
-
-    # the same command again, following the logs: it resumes the stopped run and ends with the job's status
-    again = submit("--follow", timeout=420)
-    resumed = submission_id(again)
-    assert resumed != job and f"quorum: job {resumed} SUCCEEDED" in again, again[-6000:]
-    assert re.search(r"generate: reus(ing|ed) (the|complete)", again), again[-6000:]
-    assert printed(again, "run directory") == [str(run_dir)] * 2  # quorum submit's line, then the job's own
-    manifest = _manifest(run_dir / "manifest.json")
-    assert manifest["finished_at"] and all(s["status"] == "complete" for s in manifest["stages"].values())
-    for name in ("sources", "generate"):
-        assert manifest["stages"][name]["finished_at"] == stopped["stages"][name]["finished_at"], name
-    assert len(pd.read_parquet(run_dir / "jury")) == 2 * POLICIES
+    for name in ("sources", "generate", "jury"):
+        assert re.search(rf"{name}: reus(ing|ed) (the|complete)", followed), (name, followed[-6000:])
+    again = _manifest(run_dir / "manifest.json")
+    assert {name: s["finished_at"] for name, s in again["stages"].items()} == {
+        name: s["finished_at"] for name, s in stages.items()}
+    assert len(pd.read_parquet(run_dir / "jury")) == SOURCES * POLICIES
 
 
 JOIN_CHECK = """

@@ -23,3 +23,13 @@ TIER_MARKS = [
     pytest.mark.skipif(not os.path.isfile(VLLM_PYTHON),
                        reason="QUORUM_VLLM_CPU_PYTHON names no vLLM CPU environment (see docs/engine-vllm.md)"),
 ]
+
+# what an engine's disorderly shutdown prints (vLLM's `__del__` at interpreter teardown, a killed engine core, a
+# resource tracker that lost its process): no tier child's output may hold one
+TEARDOWN_ERRORS = ("object is not callable", "Traceback", "leaked shared_memory", "Exception ignored",
+                   "KeyError: '/psm_", "resource_tracker: process died")
+
+
+def segments() -> set[str]:
+    """The `/dev/shm/psm_*` segments on the machine now."""
+    return {p.name for p in Path("/dev/shm").glob("psm_*")}

