@@ -142,13 +142,16 @@ class ChatWorker:
             if engine_args:
                 raise ValueError(f"engine_args: only a vllm engine takes them, this one is {engine.kind!r}")
             build = build_engine
-        # the engine (loaded on the first call) and the request cache: actors.engines.cached
+        # the engine and the request cache (actors.engines.cached): the model is loaded at the first cache miss, so
+        # an actor whose every row is answered from the cache (a stage run again over a warm cache) never loads it
+        # and records worker_ready_at 0 (the jury's restart count skips such rows). The sync path's miss runs on the
+        # engine thread, which then loads the model; the async path's load blocks the event loop, so batches in
+        # flight cannot start a second one
         self.model = CachedEngine(engine, cache_dir, build=build)
         self.spec = self.model.spec
         self.check, self.max_parse_retries, self.retry_temperature = check, max_parse_retries, retry_temperature
         # sync engines: every call (and the model load) on this one thread, in arrival order
         self._engine_thread = None if self.asynchronous else ThreadPoolExecutor(1, thread_name_prefix="chat-engine")
-        self._load_lock: asyncio.Lock | None = None
         self.clock = BusyClock()
         self.timeline = Path(timeline_dir) / f"{os.getpid()}.jsonl" if timeline_dir else None
 
@@ -157,7 +160,6 @@ class ChatWorker:
         rows = batch.to_dict("records")
         mark = self.clock.enter(len(rows), arrived)
         try:
-            await self._load()
             results, attempts, errors = await self._complete_with_retries(rows)
         finally:
             finished = time.time()
@@ -181,18 +183,6 @@ class ChatWorker:
                 f.write(json.dumps({"pid": os.getpid(), "arrived": arrived, "finished": finished,
                                     "rows": len(rows)}) + "\n")
         return out
-
-    async def _load(self) -> None:
-        if self.model.engine is not None:
-            return
-        if self._load_lock is None:
-            self._load_lock = asyncio.Lock()  # made on the event loop that runs the calls
-        async with self._load_lock:  # one load, however many batches arrive before it ends
-            if self.asynchronous:
-                # AsyncLLM's constructor blocks while the engine core starts; nothing else can run before it anyway
-                self.model.load()
-            else:
-                await asyncio.get_running_loop().run_in_executor(self._engine_thread, self.model.load)
 
     async def _complete_with_retries(self, rows: list[dict]) -> tuple[list[tuple[Completion, bool]], list[int],
                                                                        list[str]]:

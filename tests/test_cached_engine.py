@@ -57,3 +57,27 @@ def test_usage_add():
     total.add(Usage(calls=1, prompt_tokens=2, completion_tokens=3, seconds=0.5, cache_hits=1))
     total.add(Usage(calls=2, seconds=0.25))
     assert total == Usage(calls=3, prompt_tokens=2, completion_tokens=3, seconds=0.75, cache_hits=1)
+
+
+def test_a_chat_worker_answered_wholly_from_the_cache_never_loads_its_model(tmp_path, tiny_model_dir):
+    """A stage run again over a warm request cache: its actor answers every row from the cache and never loads the
+    model (worker_ready_at 0, which the jury's restart count skips); the first actor, with every row a miss, did."""
+    import asyncio
+    import json
+
+    import pandas as pd
+
+    from actors.chat_worker import ChatWorker
+
+    spec = {"kind": "hf", "model": tiny_model_dir, "num_threads": 1}
+    sampling = json.dumps(SamplingParams(temperature=0.0, max_tokens=4).as_dict())
+    batch = pd.DataFrame({"id": ["a", "b"], "sampling_json": sampling,
+                          "messages_json": [json.dumps([{"role": "user", "content": t}]) for t in ("Hi.", "Bye.")]})
+    cache = str(tmp_path / "cache")
+    first = ChatWorker(spec, cache_dir=cache)
+    cold = asyncio.run(first(batch))
+    assert first.model.engine is not None and (cold["worker_ready_at"] > 0).all() and not cold["cached"].any()
+    second = ChatWorker(spec, cache_dir=cache)
+    warm = asyncio.run(second(batch))
+    assert second.model.engine is None and (warm["worker_ready_at"] == 0).all() and warm["cached"].all()
+    assert list(warm["completion"]) == list(cold["completion"]) and (warm["worker_seconds"] == 0).all()
